@@ -1,0 +1,114 @@
+"""What every language model in ``ten`` shares: the interface the trainer relies on.
+
+    forward(ids (B, T), state=None) -> (logits (B, T, V), state)
+
+``state`` is whatever the architecture carries between calls (TEN: one fixed-size
+eigenstate per layer; transformer: a growing key/value cache). Feeding a sequence in
+pieces with the returned state gives the same logits as feeding it whole, which is
+what generation and long-document evaluation build on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class LanguageModel(nn.Module):
+    """Base class: parameter groups, counting and sampling shared by all architectures."""
+
+    config: Any
+
+    def forward(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    # --- optimizer support ----------------------------------------------------------------
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of parameters that must not be weight-decayed.
+
+        Every vector (norm gains and biases, eigenvalue decay/frequency parameters) and
+        every embedding table. Decaying ν would push |λ| towards 1 and θ towards 0 for
+        no reason but the regulariser: the public reference implementation did that.
+        """
+        names = {name for name, p in self.named_parameters() if p.dim() < 2}
+        for mod_name, module in self.named_modules():
+            if isinstance(module, nn.Embedding):
+                names.add(f"{mod_name}.weight" if mod_name else "weight")
+        return names
+
+    def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """Two AdamW parameter groups: decayed matrices and the no-decay set."""
+        skip = self.no_weight_decay()
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                (no_decay if name in skip else decay).append(p)
+        return [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    # --- counting ---------------------------------------------------------------------
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count; the tied embedding/head is counted once."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:  # pragma: no cover
+        """Training FLOPs (forward + backward) per token at this sequence length."""
+        raise NotImplementedError
+
+    # --- generation -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``prompt_ids`` (B, P) by ``max_new_tokens`` tokens; returns (B, P + new).
+
+        The prompt is read in one forward pass; every new token then costs one
+        single-token forward with the carried state. ``temperature=0`` is greedy.
+        """
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+            shape = tuple(prompt_ids.shape)
+            raise ValueError(f"prompt_ids must be (B, P) with P >= 1, got {shape}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        was_training = self.training
+        self.eval()
+        try:
+            logits, state = self(prompt_ids)
+            tokens = [prompt_ids]
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits[:, -1], temperature, top_k, generator)  # (B, 1)
+                tokens.append(nxt)
+                if i + 1 < max_new_tokens:
+                    logits, state = self(nxt, state)
+            return torch.cat(tokens, dim=1)
+        finally:
+            self.train(was_training)
+
+
+def sample_next(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> Tensor:
+    """Pick one token per row from (B, V) logits: greedy, or top-k sampling at a temperature."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)

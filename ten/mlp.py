@@ -1,0 +1,38 @@
+"""The position-wise feed-forward block shared by both architectures."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MLP_KINDS = ("swiglu", "gelu")
+
+
+def mlp_hidden_size(d_model: int, ratio: float, multiple: int = 64) -> int:
+    """Hidden width ratio·d rounded up to a multiple (tensor-core friendly)."""
+    return max(multiple, -(-int(ratio * d_model) // multiple) * multiple)
+
+
+class MLP(nn.Module):
+    """SwiGLU (``down(silu(a) * b)``, no biases) or GELU (``down(gelu(up(x)))``)."""
+
+    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu"):
+        super().__init__()
+        if kind not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {MLP_KINDS}, got {kind!r}")
+        self.kind = kind
+        if kind == "swiglu":
+            self.up = nn.Linear(d_model, 2 * hidden, bias=False)
+            self.down = nn.Linear(hidden, d_model, bias=False)
+        else:
+            self.up = nn.Linear(d_model, hidden)
+            self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
+        h = self.up(x)
+        if self.kind == "swiglu":
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        else:
+            h = F.gelu(h)
+        return self.down(h)

@@ -1,0 +1,206 @@
+"""The Temporal Eigenstate Network language model (see shared/TEN_MATH.md).
+
+Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
+
+    β_t  = γ ⊙ W_in · LN(x_t)                       drive, K complex numbers
+    c_t  = λ_t ⊙ c_{t-1} + β_t                        the scan (ten.scan)
+    c̃_t  = (I + M_h) c_t   per head                   coupling, re and im alike
+    y_t  = σ(W_g · LN(x_t) + b_g) ⊙ W_out [Re c̃_t; Im c̃_t]
+
+with λ_k = exp(-exp(ν_k) + iθ_k), so 0 < |λ_k| < 1 whatever ν is, and
+γ_k = sqrt(1 - |λ_k|²) keeping the state's variance O(1). In selective mode
+λ_k(t) = exp(-exp(ν_k + Δν_k(t)) + i(θ_k + Δθ_k(t))), with Δν, Δθ bounded projections
+of LN(x_t) that start at zero.
+
+There is no position table: the recurrence carries position, so any length runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ten.lm import LanguageModel
+from ten.mlp import MLP, MLP_KINDS, mlp_hidden_size
+from ten.scan import check_backend, scan
+
+State = tuple[Tensor, ...]  # one (B, 2K) float32 tensor per layer
+
+
+@dataclass(frozen=True)
+class TENConfig:
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4
+    n_eigenstates: int = 64  # K, complex states per layer
+    n_heads: int = 4  # coupling blocks of K/H states
+    seq_len: int = 256  # training length (the model itself runs at any length)
+    chunk_size: int = 64  # Q for the chunked scan
+    scan_backend: str = "chunked"
+    selective: bool = False
+    mlp: str = "swiglu"
+    mlp_ratio: float = 8 / 3
+    lambda_min: float = 0.9  # |λ| at init is uniform in [lambda_min, lambda_max]:
+    lambda_max: float = 0.999  # memory spans ~10 to ~1000 tokens from the first step
+    theta_max: float = math.pi / 10  # θ at init is uniform in [0, theta_max]
+    gate_bias: float = 0.0  # b_g at init; σ(0) = 0.5
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    grad_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, what: str) -> None:
+            if not ok:
+                raise ValueError(f"{field}: {what}, got {getattr(self, field)!r}")
+
+        for f in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "seq_len",
+                  "chunk_size"):
+            need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f,
+                 "must be a positive integer")
+        need(self.n_eigenstates % self.n_heads == 0, "n_heads",
+             f"must divide n_eigenstates={self.n_eigenstates}")
+        need(0.0 < self.lambda_min < self.lambda_max < 1.0, "lambda_min",
+             f"need 0 < lambda_min < lambda_max={self.lambda_max} < 1")
+        need(self.mlp in MLP_KINDS, "mlp", f"must be one of {MLP_KINDS}")
+        need(self.mlp_ratio > 0, "mlp_ratio", "must be > 0")
+        check_backend(self.scan_backend)
+
+    @property
+    def mlp_hidden(self) -> int:
+        return mlp_hidden_size(self.d_model, self.mlp_ratio)
+
+
+class EigenstateMixer(nn.Module):
+    """One TEN mixing layer: input is the pre-normed x, output goes on the residual."""
+
+    # Selective mode bounds: Δν ∈ (-1, 1) scales the decay rate by at most e^{±1};
+    # Δθ ∈ (-theta_max, theta_max).
+    def __init__(self, cfg: TENConfig):
+        super().__init__()
+        d, K, H = cfg.d_model, cfg.n_eigenstates, cfg.n_heads
+        self.cfg = cfg
+        self.in_proj = nn.Linear(d, 2 * K, bias=False)
+        self.out_proj = nn.Linear(2 * K, d, bias=False)
+        self.gate = nn.Linear(d, d)
+        self.nu = nn.Parameter(torch.empty(K))  # log decay rate: |λ| = exp(-exp(ν))
+        self.theta = nn.Parameter(torch.empty(K))  # rotation per step
+        self.coupling = nn.Parameter(torch.empty(H, K // H, K // H))  # M_h in R_h = I + M_h
+        self.select = nn.Linear(d, 2 * K) if cfg.selective else None
+        self.reset_eigen_parameters()
+
+    def reset_eigen_parameters(self) -> None:
+        cfg, K = self.cfg, self.cfg.n_eigenstates
+        with torch.no_grad():
+            mag = torch.empty_like(self.nu).uniform_(cfg.lambda_min, cfg.lambda_max)
+            self.nu.copy_(torch.log(-torch.log(mag)))
+            self.theta.uniform_(0.0, cfg.theta_max)
+            r = K // cfg.n_heads
+            self.coupling.normal_(0.0, 0.01 / math.sqrt(r))
+            if self.select is not None:
+                self.select.weight.zero_()
+                self.select.bias.zero_()
+
+    def log_lambda(self, xn: Tensor | None = None) -> Tensor:
+        """[log|λ| | θ]: (2K,) fixed, or (B, T, 2K) in selective mode (needs xn)."""
+        if self.select is None:
+            return torch.cat([-torch.exp(self.nu), self.theta])
+        d_nu, d_theta = torch.tanh(self.select(xn).float()).chunk(2, dim=-1)
+        return torch.cat([-torch.exp(self.nu + d_nu), self.theta + self.cfg.theta_max * d_theta],
+                         dim=-1)
+
+    def forward(self, xn: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+        B, T, _ = xn.shape
+        K, H = self.cfg.n_eigenstates, self.cfg.n_heads
+        # γ from the base eigenvalues; -expm1 keeps 1 - |λ|² accurate as |λ| → 1.
+        gamma = torch.sqrt(-torch.expm1(-2.0 * torch.exp(self.nu))).repeat(2)  # (2K,)
+        beta = self.in_proj(xn) * gamma  # (B, T, 2K)
+        c, state = scan(beta, self.log_lambda(xn), state,
+                        backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
+        cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
+        c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)).reshape(B, T, 2 * K)
+        return torch.sigmoid(self.gate(xn)) * self.out_proj(c), state
+
+
+class TENBlock(nn.Module):
+    """Pre-LN block: x + mixer(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, cfg: TENConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mixer = EigenstateMixer(cfg)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
+
+    def forward(self, x: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+        y, state = self.mixer(self.norm1(x), state)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), state
+
+
+class TENLM(LanguageModel):
+    """Embedding (tied to the head) → blocks → final LayerNorm → logits."""
+
+    def __init__(self, config: TENConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(TENBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        cfg = self.config
+        std = cfg.init_std
+        # Projections that write into the residual stream shrink with depth (GPT-2).
+        resid_std = std / math.sqrt(2 * cfg.n_layers)
+        with torch.no_grad():
+            nn.init.normal_(self.embed.weight, 0.0, std)
+            for block in self.blocks:
+                mixer = block.mixer
+                nn.init.normal_(mixer.in_proj.weight, 0.0, std)
+                nn.init.normal_(mixer.gate.weight, 0.0, std)
+                nn.init.constant_(mixer.gate.bias, cfg.gate_bias)
+                nn.init.normal_(mixer.out_proj.weight, 0.0, resid_std)
+                nn.init.normal_(block.mlp.up.weight, 0.0, std)
+                nn.init.normal_(block.mlp.down.weight, 0.0, resid_std)
+                for lin in (block.mlp.up, block.mlp.down):
+                    if lin.bias is not None:
+                        lin.bias.zero_()
+
+    def forward(self, ids: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """ids (B, T) → logits (B, T, V) and the per-layer states after the last token."""
+        if state is not None and len(state) != len(self.blocks):
+            raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
+        x = self.embed(ids)  # (B, T, d)
+        new_state = []
+        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            s = None if state is None else state[i]
+            if use_ckpt:
+                x, s = checkpoint(block, x, s, use_reentrant=False)
+            else:
+                x, s = block(x, s)
+            new_state.append(s)
+        logits = F.linear(self.norm(x), self.embed.weight)  # tied head
+        return logits, tuple(new_state)
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6 × matmul weights (head included) + 3 × the scan.
+
+        The chunked scan's forward does a dense Q×Q complex matrix-vector product per
+        chunk and eigenstate (8·Q real FLOPs per state per token) plus O(K) between
+        chunks; backward is counted as twice the forward, as for the matmuls.
+        """
+        cfg = self.config
+        seq_len = cfg.seq_len if seq_len is None else seq_len
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        matmul += self.embed.weight.numel()  # the tied LM head
+        matmul += sum(2 * b.mixer.coupling.numel() for b in self.blocks)  # re and im
+        q = min(cfg.chunk_size, seq_len)
+        scan_fwd = cfg.n_layers * (8 * q + 16) * cfg.n_eigenstates
+        return 6.0 * matmul + 3.0 * scan_fwd

@@ -1,0 +1,171 @@
+"""Named model sizes, and the transformer baseline matched to each.
+
+Parameter counts and FLOPs are computed by building the model on the ``meta`` device
+(no memory, no init cost), never written by hand. ``python -m ten.presets`` prints the
+table; ``ten-runner presets`` prints the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import torch
+
+from ten.lm import LanguageModel
+from ten.model import TENLM, TENConfig
+from ten.transformer import TransformerConfig, TransformerLM
+
+ARCHS = ("ten", "transformer")
+
+PRESETS: dict[str, TENConfig] = {
+    # CPU/CI: a few steps per second on 2 cores.
+    "tiny": TENConfig(vocab_size=4096, d_model=128, n_layers=4, n_eigenstates=64, n_heads=4,
+                      seq_len=256, chunk_size=64),
+    "small": TENConfig(vocab_size=32000, d_model=768, n_layers=12, n_eigenstates=128,
+                       n_heads=4, seq_len=4096, chunk_size=128),
+    "small_32k": TENConfig(vocab_size=32000, d_model=1024, n_layers=8, n_eigenstates=128,
+                           n_heads=4, seq_len=32768, chunk_size=256),
+    "medium": TENConfig(vocab_size=32000, d_model=1536, n_layers=16, n_eigenstates=192,
+                        n_heads=6, seq_len=16384, chunk_size=256),
+    "large": TENConfig(vocab_size=32000, d_model=2048, n_layers=24, n_eigenstates=256,
+                       n_heads=8, seq_len=32768, chunk_size=256),
+}
+
+# Fields both architectures have: an override of one of these shapes the TEN reference
+# *and* the transformer matched to it.
+_SHARED = {"vocab_size", "d_model", "n_layers", "seq_len", "mlp", "norm_eps", "init_std",
+           "grad_checkpointing"}
+_TEN_FIELDS = {f.name for f in dataclasses.fields(TENConfig)}
+_TRANSFORMER_FIELDS = {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+def _unknown(kind: str, name: str, known: set[str] | list[str]) -> ValueError:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")
+
+
+def ten_config(preset: str, **overrides: Any) -> TENConfig:
+    """The named TEN preset with any field overridden."""
+    if preset not in PRESETS:
+        raise _unknown("preset", preset, list(PRESETS))
+    for name in overrides:
+        if name not in _TEN_FIELDS:
+            raise _unknown("TEN model field", name, _TEN_FIELDS)
+    return dataclasses.replace(PRESETS[preset], **overrides)
+
+
+def transformer_config(preset: str, **overrides: Any) -> TransformerConfig:
+    """A transformer with the TEN preset's width, depth and vocabulary, and its MLP
+    width chosen so the total parameter count matches the TEN model's.
+
+    Overrides of shared or TEN-only fields change the TEN model being matched;
+    transformer-only fields (n_heads, pos, mlp_hidden, ...) apply to the result.
+    Giving ``mlp_hidden`` turns the matching off.
+    """
+    for name in overrides:
+        if name not in _TEN_FIELDS | _TRANSFORMER_FIELDS:
+            raise _unknown("model field", name, _TEN_FIELDS | _TRANSFORMER_FIELDS)
+    own = {k: v for k, v in overrides.items() if k in _TRANSFORMER_FIELDS and k not in _SHARED}
+    ten = ten_config(preset, **{k: v for k, v in overrides.items() if k in _TEN_FIELDS
+                                and k not in own})
+    shared = {k: getattr(ten, k) for k in _SHARED}
+    base = TransformerConfig(**shared, n_heads=max(1, ten.d_model // 64), mlp_hidden=64)
+    base = dataclasses.replace(base, **own)
+    if "mlp_hidden" in own:
+        return base
+    # Parameters are affine in mlp_hidden: solve for the TEN model's count.
+    target = count_params(TENLM, ten)
+    n64 = count_params(TransformerLM, base)
+    n128 = count_params(TransformerLM, dataclasses.replace(base, mlp_hidden=128))
+    per_unit = (n128 - n64) / 64
+    hidden = round((target - n64) / per_unit + 64)
+    if hidden < 8:
+        raise ValueError(f"cannot match TEN preset {preset!r} ({target:,} parameters): "
+                         "its attention layers alone are larger; set mlp_hidden explicitly")
+    return dataclasses.replace(base, mlp_hidden=hidden)
+
+
+def model_config(arch: str, preset: str, **overrides: Any) -> TENConfig | TransformerConfig:
+    if arch == "ten":
+        return ten_config(preset, **overrides)
+    if arch == "transformer":
+        return transformer_config(preset, **overrides)
+    raise _unknown("arch", arch, list(ARCHS))
+
+
+def build_model(config: TENConfig | TransformerConfig) -> LanguageModel:
+    """Instantiate the model for a config (on the current default device)."""
+    if isinstance(config, TENConfig):
+        return TENLM(config)
+    return TransformerLM(config)
+
+
+def count_params(cls: type[LanguageModel], config: Any) -> int:
+    with torch.device("meta"):
+        return cls(config).num_params()
+
+
+def preset_table(arch: str = "ten") -> list[dict[str, Any]]:
+    """One row per preset: shapes, parameter counts and training FLOPs per token."""
+    rows = []
+    for name in PRESETS:
+        cfg = model_config(arch, name)
+        with torch.device("meta"):
+            model = build_model(cfg)
+        rows.append({
+            "name": name,
+            "arch": arch,
+            "d_model": cfg.d_model,
+            "layers": cfg.n_layers,
+            "eigenstates": getattr(cfg, "n_eigenstates", None),
+            "heads": cfg.n_heads,
+            "seq_len": cfg.seq_len,
+            "params": model.num_params(),
+            "params_non_embedding": model.num_params(exclude_embeddings=True),
+            "flops_per_token": model.flops_per_token(cfg.seq_len),
+        })
+    return rows
+
+
+def _human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def format_preset_table(arch: str = "ten") -> str:
+    header = ["name", "d_model", "layers", "eigenstates", "heads", "seq_len", "params",
+              "non-emb params", "train FLOPs/token"]
+    lines = [header]
+    for r in preset_table(arch):
+        lines.append([
+            r["name"], str(r["d_model"]), str(r["layers"]),
+            "-" if r["eigenstates"] is None else str(r["eigenstates"]),
+            str(r["heads"]), str(r["seq_len"]), _human(r["params"]),
+            _human(r["params_non_embedding"]), _human(r["flops_per_token"]),
+        ])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    out = [f"{arch} presets (heads: TEN coupling blocks / transformer attention heads)"]
+    for j, row in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=ARCHS, default="ten")
+    args = parser.parse_args(argv)
+    print(format_preset_table(args.arch))
+
+
+if __name__ == "__main__":
+    main()

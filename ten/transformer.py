@@ -1,0 +1,170 @@
+"""The baseline: a pre-LN GPT with the same interface as the TEN model.
+
+It exists so that every speed and quality claim about TEN is an A/B on the same data,
+tokens and trainer. Attention is ``scaled_dot_product_attention`` (FlashAttention on
+GPU); positions are RoPE (any length) or a learned table (fixed maximum length).
+The carried ``state`` is the key/value cache, so generation and chunked evaluation use
+the same ``forward(ids, state)`` call as TEN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ten.lm import LanguageModel
+from ten.mlp import MLP, MLP_KINDS
+
+KVCache = tuple[tuple[Tensor, Tensor], ...]  # per layer: keys, values (B, H, T_past, hd)
+POSITIONS = ("rope", "learned")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 2
+    seq_len: int = 256
+    mlp: str = "swiglu"
+    mlp_hidden: int = 384
+    pos: str = "rope"
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    grad_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "mlp_hidden"):
+            v = getattr(self, f)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{f}: must be a positive integer, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: must divide d_model={self.d_model}, got {self.n_heads}")
+        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"n_heads: RoPE needs an even head size, got "
+                             f"{self.d_model // self.n_heads}")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"pos: must be one of {POSITIONS}, got {self.pos!r}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"mlp: must be one of {MLP_KINDS}, got {self.mlp!r}")
+
+
+def rope(x: Tensor, offset: int, base: float) -> Tensor:
+    """Rotate pairs (x[..., :h/2], x[..., h/2:]) of (B, H, T, hd) by position·frequency."""
+    T, hd = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    pos = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+    angles = pos[:, None] * inv_freq[None, :]  # (T, hd/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(
+        self, xn: Tensor, cache: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        B, T, d = xn.shape
+        H = self.cfg.n_heads
+        q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in self.qkv(xn).split(d, -1))
+        past = 0 if cache is None else cache[0].shape[2]
+        if self.cfg.pos == "rope":
+            q, k = rope(q, past, self.cfg.rope_base), rope(k, past, self.cfg.rope_base)
+        if cache is not None:
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+        if past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:  # one new token sees the whole cache
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:  # is_causal aligns top-left; with a cache the diagonal is shifted by `past`
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=xn.device).tril(past)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, T, d)
+        return self.proj(out), (k, v)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
+
+    def forward(self, x: Tensor, cache: tuple[Tensor, Tensor] | None):
+        y, cache = self.attn(self.norm1(x), cache)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), cache
+
+
+class TransformerLM(LanguageModel):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = (nn.Embedding(config.seq_len, config.d_model)
+                          if config.pos == "learned" else None)
+        self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        std = self.config.init_std
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() < 2:
+                    continue  # LayerNorm defaults, zero biases
+                is_resid = name.endswith(("attn.proj.weight", "mlp.down.weight"))
+                nn.init.normal_(p, 0.0, resid_std if is_resid else std)
+            for block in self.blocks:
+                for lin in (block.mlp.up, block.mlp.down):
+                    if lin.bias is not None:
+                        lin.bias.zero_()
+
+    def forward(self, ids: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
+        B, T = ids.shape
+        past = 0 if state is None else state[0][0].shape[2]
+        x = self.embed(ids)
+        if self.pos_embed is not None:
+            if past + T > self.config.seq_len:
+                raise ValueError(
+                    f"learned positions cover {self.config.seq_len} tokens, got {past + T}; "
+                    "use pos: rope to run longer inputs")
+            x = x + self.pos_embed(torch.arange(past, past + T, device=ids.device))
+        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
+        caches = []
+        for i, block in enumerate(self.blocks):
+            c = None if state is None else state[i]
+            if use_ckpt:
+                x, c = checkpoint(block, x, c, use_reentrant=False)
+            else:
+                x, c = block(x, c)
+            caches.append(c)
+        logits = F.linear(self.norm(x), self.embed.weight)
+        return logits, tuple(caches)
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6 × matmul weights (head included) + causal attention.
+
+        Causal attention computes about half of the T×T scores: per token and layer
+        2·d·T FLOPs forward for QKᵀ and AV together, ×3 for training.
+        """
+        cfg = self.config
+        seq_len = cfg.seq_len if seq_len is None else seq_len
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        matmul += self.embed.weight.numel()
+        return 6.0 * matmul + 6.0 * cfg.n_layers * cfg.d_model * seq_len
