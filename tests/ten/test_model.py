@@ -1,0 +1,190 @@
+"""Model-level behaviour users rely on, for both architectures."""
+
+import pytest
+import torch
+
+from ten.model import TENLM, TENConfig
+from ten.presets import build_model, model_config
+from ten.scan import ScanBackendError
+
+V = 97
+
+
+def tiny(arch, **kw):
+    overrides = dict(vocab_size=V, d_model=32, n_layers=2, seq_len=32)
+    if arch == "ten":
+        overrides.update(n_eigenstates=8, n_heads=2, chunk_size=8)
+    overrides.update(kw)
+    return build_model(model_config(arch, "tiny", **overrides)).double()
+
+
+ARCHS = [
+    pytest.param("ten", {}, id="ten"),
+    pytest.param("ten", {"selective": True}, id="ten-selective"),
+    pytest.param("transformer", {}, id="transformer-rope"),
+    pytest.param("transformer", {"pos": "learned"}, id="transformer-learned"),
+]
+
+
+@pytest.mark.parametrize("arch,kw", ARCHS)
+def test_causal(arch, kw):
+    model = tiny(arch, **kw)
+    ids = torch.randint(0, V, (2, 30))
+    ref, _ = model(ids)
+    ids2 = ids.clone()
+    ids2[:, 17] = (ids2[:, 17] + 1) % V
+    out, _ = model(ids2)
+    assert torch.equal(out[:, :17], ref[:, :17])
+    assert not torch.allclose(out[:, 17:], ref[:, 17:])
+
+
+@pytest.mark.parametrize("arch,kw", ARCHS)
+def test_state_carry(arch, kw):
+    model = tiny(arch, **kw)
+    ids = torch.randint(0, V, (2, 29))
+    whole, _ = model(ids)
+    first, state = model(ids[:, :13])
+    second, _ = model(ids[:, 13:], state)
+    assert (torch.cat([first, second], 1) - whole).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("arch,kw", ARCHS)
+def test_token_by_token_logits_match_full_forward(arch, kw):
+    model = tiny(arch, **kw)
+    ids = torch.randint(0, V, (2, 20))
+    full, _ = model(ids)
+    state, steps = None, []
+    for t in range(ids.shape[1]):
+        logits, state = model(ids[:, t : t + 1], state)
+        steps.append(logits)
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("arch,kw", ARCHS)
+def test_generate_greedy_agrees_with_full_forward(arch, kw):
+    model = tiny(arch, **kw)
+    prompt = torch.randint(0, V, (2, 5))
+    out = model.generate(prompt, max_new_tokens=12, temperature=0)
+    assert out.shape == (2, 17) and torch.equal(out[:, :5], prompt)
+    logits, _ = model(out)
+    assert torch.equal(logits[:, 4:-1].argmax(-1), out[:, 5:])
+
+
+def test_generate_sampling_respects_top_k_and_seed():
+    model = tiny("ten")
+    prompt = torch.randint(0, V, (1, 4))
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    a = model.generate(prompt, 16, temperature=1.0, top_k=1, generator=g1)
+    assert torch.equal(a, model.generate(prompt, 16, temperature=0))  # top_k=1 is greedy
+    b = model.generate(prompt, 16, temperature=1.5, top_k=20, generator=g2)
+    c = model.generate(prompt, 16, temperature=1.5, top_k=20,
+                       generator=torch.Generator().manual_seed(7))
+    assert torch.equal(b, c)
+
+
+def test_ten_state_is_constant_size_during_generation():
+    """O(1) memory per token: the carried state never grows with the sequence."""
+    model = tiny("ten")
+    _, state = model(torch.randint(0, V, (1, 3)))
+    sizes = {tuple(s.shape) for s in state}
+    for _ in range(50):
+        _, state = model(torch.randint(0, V, (1, 1)), state)
+    assert {tuple(s.shape) for s in state} == sizes == {(1, 16)}
+
+
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+def test_runs_at_four_times_training_length(arch):
+    model = tiny(arch).float()
+    ids = torch.randint(0, V, (1, 4 * model.config.seq_len))
+    logits, _ = model(ids)
+    logits.float().logsumexp(-1).sum().backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_learned_positions_refuse_longer_inputs_clearly():
+    model = tiny("transformer", pos="learned")
+    with pytest.raises(ValueError, match="learned positions cover 32 tokens.*rope"):
+        model(torch.randint(0, V, (1, 33)))
+
+
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+def test_bf16_autocast_close_to_fp32(arch):
+    model = tiny(arch).float()
+    ids = torch.randint(0, V, (2, 64))
+    ref, _ = model(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = model(ids)
+    assert torch.isfinite(out).all()
+    p_ref, p_out = ref.softmax(-1), out.float().softmax(-1)
+    assert (p_ref - p_out).abs().max() < 0.02
+    assert (ref.argmax(-1) == out.float().argmax(-1)).float().mean() > 0.95
+
+
+def test_eigenvalue_magnitudes_at_init_lie_in_range():
+    cfg = TENConfig(vocab_size=V, d_model=32, n_layers=3, n_eigenstates=64, n_heads=4)
+    model = TENLM(cfg)
+    for block in model.blocks:
+        mag = torch.exp(-torch.exp(block.mixer.nu.detach()))
+        assert mag.min() >= cfg.lambda_min - 1e-6 and mag.max() <= cfg.lambda_max + 1e-6
+        # memory well beyond 6 tokens: the slowest modes keep 1e-3 after 100 steps
+        assert mag.max() ** 100 > 1e-3
+        assert mag.min() > 0.48
+        theta = block.mixer.theta.detach()
+        assert theta.min() >= 0 and theta.max() <= cfg.theta_max
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    torch.manual_seed(1)
+    a = tiny("ten")
+    b = tiny("ten", grad_checkpointing=True)
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, V, (2, 20))
+    for m in (a, b):
+        m.train()
+        m(ids)[0].logsumexp(-1).sum().backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-12), name
+
+
+def test_no_weight_decay_group():
+    model = tiny("ten", selective=True)
+    names = model.no_weight_decay()
+    for i in range(2):
+        assert {f"blocks.{i}.mixer.nu", f"blocks.{i}.mixer.theta",
+                f"blocks.{i}.mixer.gate.bias", f"blocks.{i}.norm1.weight",
+                f"blocks.{i}.mixer.select.bias"} <= names
+        assert f"blocks.{i}.mixer.in_proj.weight" not in names
+        assert f"blocks.{i}.mixer.coupling" not in names
+    assert "embed.weight" in names
+    decay, no_decay = model.optimizer_groups(0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    n_total = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == n_total
+    # an AdamW step with weight decay leaves ν untouched when its gradient is zero
+    opt = torch.optim.AdamW(model.optimizer_groups(0.5), lr=0.1)
+    nu = model.blocks[0].mixer.nu.detach().clone()
+    model.blocks[0].mixer.in_proj.weight.sum().backward()
+    opt.step()
+    assert torch.equal(model.blocks[0].mixer.nu.detach(), nu)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="n_heads: must divide n_eigenstates=10"):
+        TENConfig(n_eigenstates=10, n_heads=4)
+    with pytest.raises(ValueError, match="lambda_min"):
+        TENConfig(lambda_min=0.999, lambda_max=0.99)
+    with pytest.raises(ScanBackendError, match="fused"):
+        TENConfig(scan_backend="fused")
+
+
+def test_gate_bias_and_selective_init():
+    model = tiny("ten", selective=True, gate_bias=-2.0)
+    mixer = model.blocks[0].mixer
+    assert torch.all(mixer.gate.bias == -2.0)
+    assert torch.all(mixer.select.weight == 0)  # starts exactly as the fixed model
+    fixed = tiny("ten")
+    missing, unexpected = fixed.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(".select." in k for k in unexpected)
+    ids = torch.randint(0, V, (1, 10))
+    assert torch.allclose(fixed(ids)[0], model(ids)[0], atol=1e-12)
