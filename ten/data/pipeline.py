@@ -1,0 +1,175 @@
+"""``open_data(cfg)``: source + tokenizer + (shards or stream) behind one small object.
+
+What the trainer sees is the same in every mode::
+
+    data = open_data(cfg)
+    loader = data.train_loader(batch_size, num_workers, rank, world_size)
+    batch = next(iter(loader))            # (B, seq_len + 1) int64
+    state = loader.state_dict()           # JSON-able cursor
+    data.val_batches(batch_size)          # finite, deterministic
+
+Cache layout under ``cfg.cache_path``::
+
+    builtin/       extracted builtin corpus (JSONL, keyed by botocore version)
+    tokenizers/K/  tokenizer.model, K = hash(source fingerprint, tokenizer settings)
+    shards/N-F/    shards + manifest.json, F = hash(source, tokenizer, seq_len, split, ...)
+    hf/            datasets' own cache (download mode)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ten.data import prepare as prep
+from ten.data.config import DataConfig
+from ten.data.errors import DataError
+from ten.data.fingerprint import digest
+from ten.data.loader import ShardLoader, sequential_batches
+from ten.data.shards import TokenStream, verify
+from ten.data.sources import Source, is_val, open_source, usable
+from ten.data.streaming import DocumentStream, StreamLoader, stream_val_batches
+from ten.data.tokenizer import Tokenizer, load_or_train, training_key
+
+# Streaming val_batches(max_batches=None) stops here: the held-out documents are
+# scattered through the stream, so "all of them" can mean reading the whole dataset.
+STREAM_VAL_MAX_BATCHES = 64
+
+
+def _val_fraction(cfg: DataConfig, source: Source) -> float:
+    return source.fixed_val_fraction if source.fixed_val_fraction is not None \
+        else cfg.val_fraction
+
+
+def open_tokenizer(cfg: DataConfig, source: Source) -> Tokenizer:
+    """The given ``.model``, or one trained on the source's training documents (cached)."""
+    if cfg.tokenizer_path:
+        return Tokenizer(Path(cfg.tokenizer_path).expanduser())
+    fraction = _val_fraction(cfg, source)
+    keyed = source.fixed_val_fraction is not None
+
+    def texts() -> Iterator[str]:
+        docs = source.documents()
+        for i, (key, text) in enumerate(docs):
+            if cfg.max_documents is not None and i >= cfg.max_documents:
+                return
+            if usable(text) and not is_val(key if keyed else text, fraction):
+                yield text
+
+    key = training_key(source.fingerprint(), cfg.vocab_size, cfg.tokenizer_type,
+                       cfg.byte_fallback, cfg.tokenizer_sample_chars, fraction)
+    key = digest({"key": key, "max_documents": cfg.max_documents})
+    return load_or_train(cfg.cache_path, key, texts(), vocab_size=cfg.vocab_size,
+                         model_type=cfg.tokenizer_type, byte_fallback=cfg.byte_fallback,
+                         max_chars=cfg.tokenizer_sample_chars, num_threads=cfg.processes)
+
+
+class ShardData:
+    """Pre-tokenized / downloaded data: verified shards on local disk."""
+
+    def __init__(self, cfg: DataConfig, source: Source, tokenizer: Tokenizer,
+                 directory: Path, manifest: dict[str, Any]) -> None:
+        self.cfg, self.source, self.tokenizer = cfg, source, tokenizer
+        self.prepared_dir: Path | None = directory
+        self.manifest = manifest
+        self.fingerprint: str = manifest["fingerprint"]
+        self.train = TokenStream(directory, manifest["splits"]["train"]["shards"],
+                                 manifest["dtype"])
+        self.val = TokenStream(directory, manifest["splits"]["val"]["shards"], manifest["dtype"])
+
+    def train_loader(self, batch_size: int, num_workers: int = 0, rank: int = 0,
+                     world_size: int = 1) -> ShardLoader:
+        return ShardLoader(self.train, self.cfg.seq_len, batch_size, num_workers, rank,
+                           world_size, self.cfg.seed, self.cfg.shuffle, self.fingerprint)
+
+    def val_batches(self, batch_size: int, max_batches: int | None = None
+                    ) -> Iterator[torch.Tensor]:
+        _check_val(len(self.val), self.cfg.seq_len, batch_size, self.manifest["val_fraction"])
+        return sequential_batches(self.val, self.cfg.seq_len, batch_size, max_batches)
+
+
+def _check_val(tokens: int, seq_len: int, batch_size: int, fraction: float) -> None:
+    have = max(0, (tokens - 1) // seq_len)
+    if have < batch_size:
+        raise DataError(f"the validation split has {have} sequences of {seq_len} tokens, "
+                        f"fewer than one batch of {batch_size} (val_fraction={fraction}); "
+                        "raise data.val_fraction or lower the eval batch size")
+
+
+class StreamData:
+    """Streaming data: nothing prepared on disk, tokenized in loader workers."""
+
+    prepared_dir = None
+
+    def __init__(self, cfg: DataConfig, source: Source, tokenizer: Tokenizer) -> None:
+        self.cfg, self.source, self.tokenizer = cfg, source, tokenizer
+        self.fraction = _val_fraction(cfg, source)
+        self.fingerprint = digest({
+            "kind": "stream", "source": source.fingerprint(), "tokenizer": tokenizer.fingerprint,
+            "seq_len": cfg.seq_len, "val_fraction": self.fraction,
+            "max_documents": cfg.max_documents, "block_docs": cfg.stream_block_docs,
+            "shuffle": cfg.shuffle})
+
+    def _docs(self, split: str, shuffle: bool) -> DocumentStream:
+        return DocumentStream(self.source, self.fraction, self.source.fixed_val_fraction
+                              is not None, split, self.cfg.max_documents, shuffle,
+                              self.cfg.seed, self.cfg.stream_block_docs)
+
+    def train_loader(self, batch_size: int, num_workers: int = 0, rank: int = 0,
+                     world_size: int = 1) -> StreamLoader:
+        return StreamLoader(self._docs("train", self.cfg.shuffle), self.tokenizer,
+                            self.cfg.seq_len, batch_size, num_workers, rank, world_size,
+                            self.fingerprint)
+
+    def val_batches(self, batch_size: int, max_batches: int | None = None
+                    ) -> Iterator[torch.Tensor]:
+        cap = STREAM_VAL_MAX_BATCHES if max_batches is None else max_batches
+        batches = stream_val_batches(self._docs("val", False), self.tokenizer, self.cfg.seq_len,
+                                     batch_size, cap)
+        first = next(batches, None)
+        if first is None and cap > 0:
+            _check_val(0, self.cfg.seq_len, batch_size, self.fraction)
+        return _prepend(first, batches)
+
+
+def _prepend(first: torch.Tensor | None, rest: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+    if first is not None:
+        yield first
+        yield from rest
+
+
+def shard_identity(cfg: DataConfig, source: Source, tokenizer: Tokenizer) -> dict[str, Any]:
+    """What a shard directory must have been built from: recorded in its manifest."""
+    sfp = source.fingerprint()
+    fingerprint = digest({
+        "kind": "shards", "source": sfp, "tokenizer": tokenizer.fingerprint,
+        "seq_len": cfg.seq_len, "val_fraction": _val_fraction(cfg, source),
+        "max_documents": cfg.max_documents, "shard_tokens": cfg.shard_tokens})
+    return {"fingerprint": fingerprint, "seq_len": cfg.seq_len,
+            "source": {"fingerprint": sfp}, "tokenizer": {"fingerprint": tokenizer.fingerprint}}
+
+
+def shard_dir(cfg: DataConfig, source: Source, identity: dict[str, Any]) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.name).name or source.name)[:40]
+    return cfg.cache_path / "shards" / f"{slug}-{identity['fingerprint']}"
+
+
+def open_data(cfg: DataConfig, on_commit: Any = None) -> ShardData | StreamData:
+    """Prepare (or reuse) the tokenizer and shards, or set up streaming. Raises DataError."""
+    source = open_source(cfg.dataset, cfg.text_field, cfg.cache_path, cfg.data_files)
+    tokenizer = open_tokenizer(cfg, source)
+    if cfg.mode == "streaming":
+        return StreamData(cfg, source, tokenizer)
+    identity = shard_identity(cfg, source, tokenizer)
+    directory = shard_dir(cfg, source, identity)
+    prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
+    expected = {"fingerprint": identity["fingerprint"], "seq_len": cfg.seq_len,
+                "tokenizer.fingerprint": tokenizer.fingerprint,
+                "source.fingerprint": identity["source"]["fingerprint"],
+                "dtype": tokenizer.dtype.name}
+    manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
+    return ShardData(cfg, source, tokenizer, directory, manifest)

@@ -1,0 +1,296 @@
+"""Tokenize a source once into headered shards: the pre-tokenized and full-download modes.
+
+Pre-tokenized mode reads documents in the main process, hands chunks of about
+``CHUNK_CHARS`` characters to ``num_proc`` worker processes that tokenize them (EOS
+after every document) and split them train/val, and appends the results *in source
+order* to the shard writers. At most two chunks per worker are in flight, so memory
+stays flat on any corpus size. After each chunk the shards are fsynced and
+``progress.json`` records (documents read, tokens committed per split): an interrupted
+run restarts from there, dropping any half-written tail, so no document is read twice
+or lost.
+
+Download mode gets the same documents as a ``datasets.Dataset`` (``load_dataset`` for
+hub names), tokenizes with ``Dataset.map(num_proc=...)`` (cached by datasets), and
+writes the same shards in the same order: with the same source and tokenizer, both
+modes produce byte-identical shards.
+
+Either way the manifest is written last; a directory with one is reused with no work.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ten.data.config import DataConfig
+from ten.data.errors import DataError
+from ten.data.shards import MANIFEST, PROGRESS, VERSION, SplitWriter, write_json
+from ten.data.sources import Source, is_val, usable
+from ten.data.tokenizer import Tokenizer, file_lock
+
+CHUNK_CHARS = 1 << 21  # ~2 MB of text per unit of work
+CHUNK_DOCS = 4096
+
+# A chunk: rows read, rows skipped as empty, texts, split keys (None: the text is the
+# key), val fraction.
+Chunk = tuple[int, int, list[str], list[str] | None, float]
+# A result: counts (rows, skipped_empty, train_docs, val_docs, invalid_utf8, chars),
+# train tokens, val tokens.
+Result = tuple[dict[str, int], np.ndarray, np.ndarray]
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def tokenize_chunk(chunk: Chunk, tokenizer: Tokenizer | None = None) -> Result:
+    """Tokenize one chunk and split it: runs in a worker process (or inline)."""
+    tok = tokenizer or _worker_tokenizer
+    assert tok is not None
+    rows, skipped, texts, keys, fraction = chunk
+    val = [is_val(k, fraction) for k in (keys if keys is not None else texts)]
+    train_texts = [t for t, v in zip(texts, val, strict=True) if not v]
+    val_texts = [t for t, v in zip(texts, val, strict=True) if v]
+    counts = {"rows": rows, "skipped_empty": skipped, "train_docs": len(train_texts),
+              "val_docs": len(val_texts), "invalid_utf8": sum("\ufffd" in t for t in texts),
+              "chars": sum(map(len, texts))}
+    return counts, tok.encode_documents(train_texts), tok.encode_documents(val_texts)
+
+
+def _chunks(docs: Iterator[tuple[str, str]], fraction: float, keyed: bool) -> Iterator[Chunk]:
+    rows, skipped, texts, keys, chars = 0, 0, [], [], 0
+    for key, text in docs:
+        rows += 1
+        if not usable(text):
+            skipped += 1
+        else:
+            texts.append(text)
+            keys.append(key)
+            chars += len(text)
+        if chars >= CHUNK_CHARS or rows >= CHUNK_DOCS:
+            yield rows, skipped, texts, keys if keyed else None, fraction
+            rows, skipped, texts, keys, chars = 0, 0, [], [], 0
+    if rows:
+        yield rows, skipped, texts, keys if keyed else None, fraction
+
+
+def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> Iterator[Result]:
+    """Tokenized chunks in source order, ``processes`` at a time, bounded look-ahead."""
+    if processes == 1:
+        for chunk in chunks:
+            yield tokenize_chunk(chunk, tokenizer)
+        return
+    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    with ctx.Pool(processes, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        pending: deque[Any] = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(tokenize_chunk, (chunk,)))
+            if len(pending) >= 2 * processes:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+class _Progress:
+    """tqdm over characters read, with tokens/s in the postfix (stderr)."""
+
+    def __init__(self, cfg: DataConfig, source: Source, desc: str) -> None:
+        self.bar = tqdm(total=source.total_bytes(), unit="B", unit_scale=True, desc=desc,
+                        disable=not cfg.progress, file=sys.stderr, mininterval=1.0)
+        self.t0, self.tokens = time.perf_counter(), 0
+
+    def update(self, chars: int, tokens: int) -> None:
+        self.tokens += tokens
+        self.bar.update(chars)
+        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{rate / 1e3:,.0f}K tok/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _fresh(directory: Path) -> None:
+    for path in directory.glob("*.bin"):
+        path.unlink()
+    (directory / PROGRESS).unlink(missing_ok=True)
+
+
+def prepare(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
+            identity: dict[str, Any],
+            on_commit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Build (or reuse, or resume) the shards in ``directory``; returns the manifest.
+
+    ``identity`` is recorded in the manifest and must match for progress to be resumed
+    (fingerprints, seq_len). ``on_commit`` is called with the progress after each chunk
+    (tests use it to interrupt a run half way).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory / ".lock"):
+        if (directory / MANIFEST).exists():
+            return {}  # already complete: the caller verifies it
+        if cfg.mode == "download":
+            return _prepare_download(cfg, source, tokenizer, directory, identity)
+        return _prepare_pretokenized(cfg, source, tokenizer, directory, identity, on_commit)
+
+
+def _load_progress(directory: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    import json
+
+    path = directory / PROGRESS
+    if not path.exists():
+        return None
+    try:
+        progress = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return progress if progress.get("identity") == identity else None
+
+
+def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
+                          directory: Path, identity: dict[str, Any],
+                          on_commit: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    progress = _load_progress(directory, identity)
+    if progress is None:
+        _fresh(directory)
+        progress = {"identity": identity, "rows": 0,
+                    "counts": dict.fromkeys(("train_docs", "val_docs", "skipped_empty",
+                                             "invalid_utf8"), 0),
+                    "writers": {"train": None, "val": None}}
+    writers = {split: SplitWriter(directory, split, tokenizer.dtype, cfg.shard_tokens, state)
+               for split, state in progress["writers"].items()}
+    counts = progress["counts"]
+    fraction = _val_fraction(cfg, source)
+    limit = cfg.max_documents
+    bar = _Progress(cfg, source, f"tokenizing {source.name}")
+    try:
+        docs: Iterator[tuple[str, str]] = source.documents(progress["rows"])
+        if limit is not None:
+            docs = _take(docs, max(0, limit - progress["rows"]))
+        keyed = source.fixed_val_fraction is not None
+        for got, train, val in _in_order(_chunks(docs, fraction, keyed), tokenizer,
+                                         cfg.processes):
+            writers["train"].append(train)
+            writers["val"].append(val)
+            progress["rows"] += got["rows"]
+            for name in counts:
+                counts[name] += got[name]
+            progress["writers"] = {s: w.sync() for s, w in writers.items()}
+            write_json(directory / PROGRESS, progress)
+            bar.update(got["chars"], len(train) + len(val))
+            if on_commit is not None:
+                on_commit(progress)
+    finally:
+        bar.close()
+    return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"], counts)
+
+
+def _take(docs: Iterator[tuple[str, str]], n: int) -> Iterator[tuple[str, str]]:
+    for i, doc in enumerate(docs):
+        if i >= n:
+            return
+        yield doc
+
+
+def _val_fraction(cfg: DataConfig, source: Source) -> float:
+    return source.fixed_val_fraction if source.fixed_val_fraction is not None \
+        else cfg.val_fraction
+
+
+def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
+            identity: dict[str, Any], writers: dict[str, SplitWriter], rows: int,
+            counts: dict[str, int]) -> dict[str, Any]:
+    if counts["train_docs"] + counts["val_docs"] == 0:
+        for w in writers.values():
+            w.finish()
+        _fresh(directory)
+        raise DataError(f"data.dataset {source.name!r} has no non-empty documents "
+                        f"({rows} rows read, {counts['skipped_empty']} empty)")
+    splits = {}
+    for split, writer in writers.items():
+        tokens = writer.tokens
+        splits[split] = {"tokens": tokens, "documents": counts[f"{split}_docs"],
+                         "sequences": max(0, (tokens - 1) // cfg.seq_len),
+                         "shards": writer.finish()}
+    if counts["invalid_utf8"]:
+        print(f"ten.data: {counts['invalid_utf8']} documents of {source.name} contain "
+              "U+FFFD (invalid UTF-8 bytes were replaced)", file=sys.stderr)
+    manifest = {
+        "format": "ten-token-shards", "version": VERSION, **identity,
+        "dtype": tokenizer.dtype.name, "mode": cfg.mode,
+        "source": {**identity["source"], "name": source.name},
+        "tokenizer": {**identity["tokenizer"], "vocab_size": tokenizer.vocab_size,
+                      "eos_id": tokenizer.eos_id, "path": str(tokenizer.path)},
+        "documents": {"rows_read": rows, **counts}, "val_fraction": _val_fraction(cfg, source),
+        "splits": splits, "command": cfg.prepare_command(),
+    }
+    write_json(directory / MANIFEST, manifest)
+    (directory / PROGRESS).unlink(missing_ok=True)
+    return manifest
+
+
+# --- download mode: datasets.load_dataset + map(num_proc) ------------------------------
+
+
+def _tokenize_rows(batch: dict[str, list[Any]], model_path: str, tokenizer_fp: str,
+                   fraction: float) -> dict[str, list[Any]]:
+    """datasets.map function: per row, its stream piece (ids + EOS) and its split."""
+    global _worker_tokenizer
+    if _worker_tokenizer is None or _worker_tokenizer.fingerprint != tokenizer_fp:
+        _worker_tokenizer = Tokenizer(model_path)
+    texts = batch["text"]
+    keys = batch.get("key") or texts
+    ok = [usable(t) for t in texts]
+    good = [t for t, k in zip(texts, ok, strict=True) if k]
+    encoded = iter(_worker_tokenizer.encode_batch(good))
+    eos = _worker_tokenizer.eos_id
+    ids = [next(encoded) + [eos] if k else [] for k in ok]
+    return {"ids": ids, "usable": ok,
+            "val": [k and is_val(key, fraction) for k, key in zip(ok, keys, strict=True)],
+            "bad": [k and "\ufffd" in t for k, t in zip(ok, texts, strict=True)]}
+
+
+def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
+                      identity: dict[str, Any]) -> dict[str, Any]:
+    _fresh(directory)  # the expensive part (map) is cached by datasets; writing is cheap
+    ds = source.to_dataset(cfg.cache_path)
+    rows = len(ds)
+    if cfg.max_documents is not None and cfg.max_documents < rows:
+        ds, rows = ds.select(range(cfg.max_documents)), cfg.max_documents
+    fraction = _val_fraction(cfg, source)
+    ds = ds.map(_tokenize_rows, batched=True, batch_size=256, num_proc=min(cfg.processes, rows),
+                remove_columns=ds.column_names, desc=f"tokenizing {source.name}",
+                fn_kwargs={"model_path": str(tokenizer.path), "tokenizer_fp": tokenizer.fingerprint,
+                           "fraction": fraction})
+    writers = {split: SplitWriter(directory, split, tokenizer.dtype, cfg.shard_tokens)
+               for split in ("train", "val")}
+    counts = dict.fromkeys(("train_docs", "val_docs", "skipped_empty", "invalid_utf8"), 0)
+    for batch in ds.with_format("arrow").iter(batch_size=1024):
+        val = batch.column("val").to_numpy(zero_copy_only=False)
+        usable_ = batch.column("usable").to_numpy(zero_copy_only=False)
+        ids = batch.column("ids")
+        for split, mask in (("train", usable_ & ~val), ("val", val)):
+            picked = ids.filter(mask)
+            if len(picked):
+                writers[split].append(picked.flatten().to_numpy())
+            counts[f"{split}_docs"] += int(mask.sum())
+        counts["skipped_empty"] += int((~usable_).sum())
+        counts["invalid_utf8"] += int(batch.column("bad").to_numpy(zero_copy_only=False).sum())
+    return _finish(cfg, source, tokenizer, directory, identity, writers, rows, counts)
+
+
+def remove(directory: Path) -> None:
+    """Delete a prepared directory (``prepare --force``)."""
+    if directory.exists():
+        shutil.rmtree(directory)

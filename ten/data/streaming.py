@@ -1,0 +1,181 @@
+"""Streaming mode: tokenize in DataLoader workers, pack in the main process, resumable.
+
+Nothing is written to disk: documents are read from the source as training runs
+(``datasets`` streaming for hub names), so the first batch arrives in seconds.
+
+The work is cut into *blocks* of ``block_docs`` consecutive documents. Block ``b`` is
+tokenized by worker ``(b - start) % num_workers``; the DataLoader collects worker
+outputs round-robin, so the main process receives the blocks in order whatever the
+number of workers (and checks it). The main process packs the token stream into the
+same windows as the shard loader (``seq_len + 1`` tokens every ``seq_len``), so with
+shuffling off both modes yield the same batches.
+
+Why our own cursor rather than ``datasets``' ``state_dict``: with DataLoader workers,
+each worker iterates its own copy of the dataset, so a single ``state_dict`` of what
+the *caller* has consumed does not exist there. Ours is ``(epoch, block, offset)``: the
+first block still in the pack buffer and how many of its stream's tokens have been
+used. It is independent of ``num_workers``. Resuming re-reads the source up to that
+block without tokenizing the skipped blocks (for hub datasets, ``IterableDataset.skip``).
+
+Shuffling is a seeded document shuffle buffer (``SHUFFLE_BUFFER`` documents, seed from
+``(seed, epoch)``), replayed identically on resume.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ten.data.errors import DataError
+from ten.data.loader import CURSOR_VERSION, WORKER_TIMEOUT_S, check_cursor
+from ten.data.sources import Doc, Source, is_val, usable
+from ten.data.tokenizer import Tokenizer
+
+SHUFFLE_BUFFER = 1024
+
+
+def shuffled(docs: Iterator[Doc], seed: int, epoch: int, size: int = SHUFFLE_BUFFER
+             ) -> Iterator[Doc]:
+    """A deterministic shuffle buffer: same (seed, epoch, input) -> same order."""
+    rng = np.random.default_rng([seed, epoch, 7])
+    buf: list[Doc] = []
+    for doc in docs:
+        if len(buf) < size:
+            buf.append(doc)
+            continue
+        i = int(rng.integers(size))
+        buf[i], doc = doc, buf[i]
+        yield doc
+    rng.shuffle(buf)  # type: ignore[arg-type]
+    yield from buf
+
+
+class DocumentStream:
+    """One split's documents in a given epoch's order, as numbered blocks."""
+
+    def __init__(self, source: Source, fraction: float, keyed: bool, split: str,
+                 max_documents: int | None, shuffle: bool, seed: int, block_docs: int) -> None:
+        self.source, self.fraction, self.keyed, self.split = source, fraction, keyed, split
+        self.max_documents, self.shuffle, self.seed = max_documents, shuffle, seed
+        self.block_docs = block_docs
+
+    def blocks(self, epoch: int, start: int) -> Iterator[tuple[int, list[str]]]:
+        """(block number, its texts of this split) from block ``start`` on."""
+        skip = 0 if self.shuffle else start * self.block_docs
+        limit = None if self.max_documents is None else max(0, self.max_documents - skip)
+        docs: Iterator[Doc] = itertools.islice(self.source.documents(skip), limit)
+        if self.shuffle:
+            docs = shuffled(docs, self.seed, epoch)
+        want_val = self.split == "val"
+        number = 0 if self.shuffle else start
+        while True:
+            block = list(itertools.islice(docs, self.block_docs))
+            if not block:
+                return
+            if number >= start:
+                yield number, [t for k, t in block if usable(t) and
+                               is_val(k if self.keyed else t, self.fraction) == want_val]
+            number += 1
+
+
+class _Blocks(IterableDataset):
+    """Each worker tokenizes its share of the blocks (b - start) % num_workers == id."""
+
+    def __init__(self, docs: DocumentStream, tokenizer: Tokenizer, epoch: int, start: int) -> None:
+        self.docs, self.tokenizer, self.epoch, self.start = docs, tokenizer, epoch, start
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        info = get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for number, texts in self.docs.blocks(self.epoch, self.start):
+            if (number - self.start) % workers == wid:
+                ids = self.tokenizer.encode_documents(texts).astype(np.int64)
+                yield number, torch.from_numpy(ids)
+
+
+class StreamLoader:
+    """Infinite, resumable iterable of (B, seq_len + 1) int64 batches from a live stream."""
+
+    kind = "stream"
+
+    def __init__(self, docs: DocumentStream, tokenizer: Tokenizer, seq_len: int, batch_size: int,
+                 num_workers: int = 0, rank: int = 0, world_size: int = 1,
+                 fingerprint: str = "") -> None:
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"bad loader geometry: batch_size={batch_size}, rank={rank}, "
+                            f"world_size={world_size}")
+        self.docs, self.tokenizer, self.seq_len = docs, tokenizer, seq_len
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.rank, self.world_size, self.fingerprint = rank, world_size, fingerprint
+        self.epoch, self.block, self.offset = 0, 0, 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        L, B, W = self.seq_len, self.batch_size, self.world_size
+        group = W * B  # windows cut at once: every rank advances the same cursor
+        while True:
+            fresh = self.block == 0 and self.offset == 0
+            produced = 0
+            loader = DataLoader(_Blocks(self.docs, self.tokenizer, self.epoch, self.block),
+                                batch_size=None, num_workers=self.num_workers,
+                                timeout=WORKER_TIMEOUT_S if self.num_workers else 0)
+            buf: list[np.ndarray] = []  # token arrays of blocks self.block, self.block + 1, ...
+            have, expected = 0, self.block
+            for number, ids in loader:
+                if number != expected:  # would be a bug, never a silently wrong stream
+                    raise RuntimeError(f"stream blocks out of order: got {number}, "
+                                       f"expected {expected}")
+                expected += 1
+                buf.append(ids.numpy())
+                have += len(ids)
+                while have - self.offset >= group * L + 1:
+                    stream = np.concatenate(buf)
+                    lo = self.rank * B  # this rank's windows within the group
+                    starts = self.offset + L * np.arange(lo, lo + B)
+                    batch = np.stack([stream[s:s + L + 1] for s in starts])  # (B, L + 1)
+                    self.offset += group * L
+                    while buf and len(buf[0]) <= self.offset:  # drop fully used blocks
+                        self.offset -= len(buf[0])
+                        have -= len(buf[0])
+                        buf.pop(0)
+                        self.block += 1
+                    produced += 1
+                    yield torch.from_numpy(batch)
+            if fresh and produced == 0:
+                raise DataError(f"the streamed training split is shorter than one batch of "
+                                f"{B} x {W} rank(s) x {L} tokens; lower batch_size or seq_len, "
+                                "or use more data")
+            self.epoch, self.block, self.offset = self.epoch + 1, 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "version": CURSOR_VERSION, "epoch": self.epoch,
+                "block": self.block, "offset": self.offset, "seed": self.docs.seed,
+                "batch_size": self.batch_size, "world_size": self.world_size,
+                "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_cursor(state, self.kind, {"seed": self.docs.seed, "batch_size": self.batch_size,
+                                        "world_size": self.world_size,
+                                        "fingerprint": self.fingerprint})
+        self.epoch, self.block, self.offset = (int(state["epoch"]), int(state["block"]),
+                                               int(state["offset"]))
+
+
+def stream_val_batches(docs: DocumentStream, tokenizer: Tokenizer, seq_len: int,
+                       batch_size: int, max_batches: int) -> Iterator[torch.Tensor]:
+    """Held-out batches from the start of the stream, in order (no workers)."""
+    L, B = seq_len, batch_size
+    buf = np.empty(0, dtype=np.int64)
+    done = 0
+    for _, texts in docs.blocks(0, 0):
+        if done >= max_batches:
+            return
+        buf = np.concatenate([buf, tokenizer.encode_documents(texts).astype(np.int64)])
+        while len(buf) >= B * L + 1 and done < max_batches:
+            yield torch.from_numpy(np.stack([buf[i * L:i * L + L + 1] for i in range(B)]))
+            buf = buf[B * L:]
+            done += 1
