@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["BACKENDS", "ScanBackendError", "scan", "scan_ref", "scan_chunked"]
@@ -95,67 +96,102 @@ def scan_chunked(
     exp(A_j)·exp(-A_s), which overflows for long chunks and strong decay.
     """
     B, T, K2 = beta.shape
-    K = K2 // 2
     if T == 0:
         return beta, beta.new_zeros(B, K2) if state is None else state
     Q = min(chunk_size, T)
     n = math.ceil(T / Q)
-    pad = n * Q - T
     selective = log_lam.dim() == 3
-    if pad:
+    if n * Q > T:
         # Padded steps sit after every real one, so they change no real output. The
         # final state is read at T-1, before them.
-        beta = torch.nn.functional.pad(beta, (0, 0, 0, pad))
+        beta = F.pad(beta, (0, 0, 0, n * Q - T))
         if selective:
-            log_lam = torch.nn.functional.pad(log_lam, (0, 0, 0, pad))
+            log_lam = F.pad(log_lam, (0, 0, 0, n * Q - T))
+    if selective:
+        c = _chunked_selective(beta, log_lam, state, Q)
+    else:
+        c = _chunked_fixed(beta, log_lam, state, Q)
+    c = c[:, :T]
+    return c, c[:, -1]
 
-    br, bi = _split(beta.view(B, n, Q, K2))  # (B, n, Q, K) each
+
+def _chunked_fixed(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: int) -> Tensor:
+    """Fixed λ: L is one Toeplitz matrix per eigenstate, so every chunk of every batch
+    row is a column of one GEMM per eigenstate. Complex products are written as real
+    2×2 blocks, [[re, -im], [im, re]], so the GEMMs are real and need no slicing."""
+    B, TQ, K2 = beta.shape
+    K, n = K2 // 2, TQ // Q
+    ar, ai = (v[:, None, None] for v in _split(log_lam))  # (K, 1, 1)
+    pos = torch.arange(Q, device=beta.device)
+    lag = (pos[:, None] - pos[None, :]).to(beta.dtype)  # (Q, Q): j - s
+    # λ^{j-s} for s <= j, else 0. Masked before exp: positive lags would overflow.
+    E = torch.exp(torch.where(lag >= 0, ar * lag, torch.tensor(-math.inf, dtype=beta.dtype)))
+    Lr, Li = E * torch.cos(ai * lag), E * torch.sin(ai * lag)  # (K, Q, Q)
+    L = torch.cat([torch.cat([Lr, -Li], 2), torch.cat([Li, Lr], 2)], 1)  # (K, 2Q, 2Q)
+
+    # (K, [Q re rows; Q im rows], B·n): batch rows and chunks become GEMM columns.
+    x = beta.view(B, n, Q, 2, K).permute(4, 3, 2, 0, 1).reshape(K, 2 * Q, B * n)
+    u = L[:, [Q - 1, 2 * Q - 1]] @ x  # (K, 2, B·n): each chunk's own end state
+    lam_q = torch.exp(Q * ar[:, :, 0]), Q * ai[:, :, 0]  # λ^Q as (|.|, angle), (K, 1)
+    s_prev = _states_entering_chunks(u.view(K, 2, B, n), lam_q, state)  # (K, 2, B, n)
+
+    # The carried state enters row j as λ^{j+1} · S_prev.
+    steps = (pos + 1).to(beta.dtype)  # (Q,)
+    E1 = torch.exp(ar[:, :, 0] * steps)  # (K, Q)
+    Pr, Pi = E1 * torch.cos(ai[:, :, 0] * steps), E1 * torch.sin(ai[:, :, 0] * steps)
+    P = torch.stack([torch.cat([Pr, Pi], 1), torch.cat([-Pi, Pr], 1)], dim=2)  # (K, 2Q, 2)
+    out = torch.baddbmm(P @ s_prev.reshape(K, 2, B * n), L, x)  # (K, 2Q, B·n)
+    return out.view(K, 2, Q, B, n).permute(3, 4, 2, 1, 0).reshape(B, TQ, K2)
+
+
+def _states_entering_chunks(
+    u: Tensor, lam_q: tuple[Tensor, Tensor], state: Tensor | None
+) -> Tensor:
+    """S_c = λ^Q · S_{c-1} + u_c over the n chunks; returns S_{c-1} for every c.
+
+    u: (K, 2, B, n) chunk-end states from inside each chunk; lam_q: (|λ^Q|, arg λ^Q),
+    each (K, 1); state: (B, 2K) or None. A loop of n = T/Q small steps.
+    """
+    K, _, B, n = u.shape
+    mag, ang = lam_q
+    lr, li = mag * torch.cos(ang), mag * torch.sin(ang)  # (K, 1)
+    if state is None:
+        sr = si = u.new_zeros(K, B)
+    else:
+        sr, si = state.view(B, 2, K).permute(1, 2, 0)  # (K, B) each
+    prev = []
+    for c in range(n):
+        prev.append(torch.stack([sr, si]))
+        sr, si = lr * sr - li * si + u[:, 0, :, c], lr * si + li * sr + u[:, 1, :, c]
+    return torch.stack(prev, dim=-1).transpose(0, 1)  # (K, 2, B, n)
+
+
+def _chunked_selective(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: int) -> Tensor:
+    """Input-dependent λ: every (batch row, chunk, eigenstate) has its own L, so the
+    intra-chunk product is a batched matrix-vector product; memory O(B·T·Q·K)."""
+    B, TQ, K2 = beta.shape
+    n = TQ // Q
+    A = torch.cumsum(log_lam.view(B, n, Q, K2), dim=2)  # (B, n, Q, 2K): decay chunk start..j
+    Ar, Ai = (x.transpose(2, 3) for x in _split(A))  # (B, n, K, Q) each
+    Dr = Ar[..., :, None] - Ar[..., None, :]  # (B, n, K, Q, Q): segment sums D[j, s]
+    Di = Ai[..., :, None] - Ai[..., None, :]
     pos = torch.arange(Q, device=beta.device)
     causal = pos[:, None] >= pos[None, :]  # (Q, Q): j >= s
+    E = torch.exp(torch.where(causal, Dr, torch.tensor(-math.inf, dtype=beta.dtype)))
+    L = torch.cat([E * torch.cos(Di), E * torch.sin(Di)], dim=-2)  # (B, n, K, 2Q, Q): [Lr; Li]
 
-    if selective:
-        a = log_lam.view(B, n, Q, K2)
-        A = torch.cumsum(a, dim=2)  # (B, n, Q, 2K) decay from chunk start to j, inclusive
-        Ar, Ai = (x.transpose(2, 3) for x in _split(A))  # (B, n, K, Q) each
-        Dr = Ar[..., :, None] - Ar[..., None, :]  # (B, n, K, Q, Q)
-        Di = Ai[..., :, None] - Ai[..., None, :]
-        A_end = A[:, :, -1]  # (B, n, 2K)
-    else:
-        ar, ai = _split(log_lam)  # (K,)
-        lag = (pos[:, None] - pos[None, :]).to(beta.dtype)  # (Q, Q): j - s
-        Dr = ar[:, None, None] * lag  # (K, Q, Q)
-        Di = ai[:, None, None] * lag
-        A = (pos + 1).to(beta.dtype)[:, None] * log_lam  # (Q, 2K)
-        A_end = A[-1]  # (2K,)
-
-    # Mask before exp: above the diagonal D > 0 and exp would overflow.
-    E = torch.exp(torch.where(causal, Dr, torch.full_like(Dr, -math.inf)))
-    L = torch.cat([E * torch.cos(Di), E * torch.sin(Di)], dim=-2)  # (..., K, 2Q, Q): [Lr; Li]
-
-    # Arrange β as (..., K, Q, N) so one matmul serves both cases: for fixed λ the batch
-    # and chunk dims go into N (a real GEMM); for selective λ they lead (batched matvec).
-    if selective:
-        rhs = torch.stack([br, bi], dim=-1).transpose(2, 3)  # (B, n, K, Q, 2)
-        P = torch.matmul(L, rhs)  # (B, n, K, 2Q, 2)
-        Ur = P[..., :Q, 0] - P[..., Q:, 1]  # Lr·br - Li·bi   (B, n, K, Q)
-        Ui = P[..., :Q, 1] + P[..., Q:, 0]  # Lr·bi + Li·br
-        U = torch.cat([Ur, Ui], dim=2).transpose(2, 3)  # (B, n, Q, 2K)
-    else:
-        N = B * n
-        rhs = torch.cat([br, bi], dim=0)  # (2B, n, Q, K)
-        rhs = rhs.permute(3, 2, 0, 1).reshape(K, Q, 2 * N)  # (K, Q, [br | bi])
-        P = torch.matmul(L, rhs)  # (K, 2Q, 2N)
-        Ur = P[:, :Q, :N] - P[:, Q:, N:]
-        Ui = P[:, :Q, N:] + P[:, Q:, :N]
-        U = torch.cat([Ur, Ui], dim=0).view(K2, Q, B, n).permute(2, 3, 1, 0)  # (B, n, Q, 2K)
+    br, bi = _split(beta.view(B, n, Q, K2))  # (B, n, Q, K) each
+    P = torch.matmul(L, torch.stack([br, bi], dim=-1).transpose(2, 3))  # (B, n, K, 2Q, 2)
+    Ur = P[..., :Q, 0] - P[..., Q:, 1]  # Lr·br - Li·bi   (B, n, K, Q)
+    Ui = P[..., :Q, 1] + P[..., Q:, 0]  # Lr·bi + Li·br
+    U = torch.cat([Ur, Ui], dim=2).transpose(2, 3)  # (B, n, Q, 2K)
 
     # Inter-chunk: the state entering every chunk, by the same recurrence over chunks.
-    S, _ = scan_ref(U[:, :, -1], A_end, state)  # (B, n, 2K): state at each chunk's end
+    S, _ = scan_ref(U[:, :, -1], A[:, :, -1], state)  # (B, n, 2K): state at each chunk's end
     s0 = beta.new_zeros(B, 1, K2) if state is None else state[:, None]
     S_prev = torch.cat([s0, S[:, :-1]], dim=1)  # (B, n, 2K)
     c = U + _cmul(_cexp(A), S_prev[:, :, None, :])  # (B, n, Q, 2K)
-    c = c.reshape(B, n * Q, K2)[:, :T]
-    return c, c[:, -1]
+    return c.reshape(B, TQ, K2)
 
 
 BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
