@@ -1,0 +1,15 @@
+"""Process exit codes of ``ten-runner``: a supervisor (the managed relaunch loop, a
+container restart policy, a shell script) decides what to do from these alone."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0  # the budget is done
+    CRASH = 1  # a bug or an unexpected failure: relaunch at most max_restarts times
+    CONFIG = 2  # the job (YAML, --set, environment) is wrong: fix it, do not retry
+    DATA = 3  # the dataset, tokenizer or shards are wrong: fix them, do not retry
+    STORAGE = 4  # the checkpoint store cannot be read or written
+    PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)
