@@ -1,0 +1,59 @@
+"""Where training figures go: ``metrics.jsonl`` (one JSON object per line, appended and
+flushed, so a crash loses nothing already logged) and TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Append-only metrics log; TensorBoard too when the package is installed."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional at run time
+                self._tb = None
+            else:
+                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        record = {"kind": kind, "step": step, "time": time.time(), **values}
+        self._file.write(json.dumps(record, default=_jsonable) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and math.isfinite(value):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _jsonable(value: Any) -> Any:
+    return str(value)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
+    records = []
+    if not path.exists():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
