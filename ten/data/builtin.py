@@ -120,7 +120,7 @@ def corpus_path(cache_dir: Path) -> Path:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         for doc in extract(data_dir):
-            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            f.write(json.dumps(doc) + "\n")  # ASCII-escaped: no U+2028 surprises
     os.replace(tmp, path)
     return path
 

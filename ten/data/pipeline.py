@@ -167,9 +167,10 @@ def open_data(cfg: DataConfig, on_commit: Any = None) -> ShardData | StreamData:
     identity = shard_identity(cfg, source, tokenizer)
     directory = shard_dir(cfg, source, identity)
     prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
-    expected = {"fingerprint": identity["fingerprint"], "seq_len": cfg.seq_len,
-                "tokenizer.fingerprint": tokenizer.fingerprint,
+    # Most specific first, so a mismatch names its cause (e.g. another tokenizer).
+    expected = {"tokenizer.fingerprint": tokenizer.fingerprint,
                 "source.fingerprint": identity["source"]["fingerprint"],
-                "dtype": tokenizer.dtype.name}
+                "seq_len": cfg.seq_len, "dtype": tokenizer.dtype.name,
+                "fingerprint": identity["fingerprint"]}
     manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
     return ShardData(cfg, source, tokenizer, directory, manifest)

@@ -136,10 +136,13 @@ def prepare(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
     (fingerprints, seq_len). ``on_commit`` is called with the progress after each chunk
     (tests use it to interrupt a run half way).
     """
+    if (directory / MANIFEST).exists():
+        return {}  # already complete: the caller verifies it
     directory.mkdir(parents=True, exist_ok=True)
-    with file_lock(directory / ".lock"):
-        if (directory / MANIFEST).exists():
-            return {}  # already complete: the caller verifies it
+    # The lock sits beside the directory, which holds nothing but what gets uploaded.
+    with file_lock(directory.with_name(directory.name + ".lock")):
+        if (directory / MANIFEST).exists():  # another process finished it meanwhile
+            return {}
         if cfg.mode == "download":
             return _prepare_download(cfg, source, tokenizer, directory, identity)
         return _prepare_pretokenized(cfg, source, tokenizer, directory, identity, on_commit)
@@ -279,7 +282,7 @@ def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dir
     for batch in ds.with_format("arrow").iter(batch_size=1024):
         val = batch.column("val").to_numpy(zero_copy_only=False)
         usable_ = batch.column("usable").to_numpy(zero_copy_only=False)
-        ids = batch.column("ids")
+        ids = batch.column("ids").combine_chunks()  # ListArray: per-row ids
         for split, mask in (("train", usable_ & ~val), ("val", val)):
             picked = ids.filter(mask)
             if len(picked):

@@ -277,11 +277,13 @@ class HubSource(Source):
         _check_field(ds.column_names, self.text_field, self.name)
         if start:
             ds = ds.skip(start)
-        for row in ds:
-            if self.text_field not in row:
-                _check_field(list(row), self.text_field, self.name)
-            text = row[self.text_field]
-            yield (text or ""), (text or "")
+        # ds.iter, not iter(ds): inside a DataLoader worker, iter(ds) silently yields only
+        # that worker's share of the files; the streaming loader needs every document.
+        for batch in ds.iter(batch_size=256):
+            if self.text_field not in batch:
+                _check_field(list(batch), self.text_field, self.name)
+            for text in batch[self.text_field]:
+                yield (text or ""), (text or "")
 
     def to_dataset(self, cache_dir: Path) -> Any:
         ds = load_hub(self.spec, streaming=False, data_files=self.data_files, cache_dir=cache_dir)

@@ -176,7 +176,7 @@ def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock: two jobs preparing the same cache entry take turns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -1,0 +1,73 @@
+"""builtin:botocore-docs: extracted from botocore's files by path, cached, fixed split."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ten.data import DataConfig, builtin, open_data
+from ten.data.sources import BuiltinSource, is_val
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("builtin-cache")
+    builtin.corpus_path(path)  # the one extraction (a few seconds)
+    return path
+
+
+def test_clean_html():
+    raw = ("<p>Creates a <code>Bucket</code> &amp; returns its ARN.</p><ul><li>one</li>"
+           "<li>two&nbsp;items</li></ul>  <p/>")
+    assert builtin.clean_html(raw) == "Creates a Bucket & returns its ARN.\none\ntwo items"
+
+
+def test_corpus_is_deduplicated_sorted_prose(cache):
+    path = builtin.corpus_path(cache)
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line]
+    keys = [r["key"] for r in rows]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys) and len(keys) > 300
+    assert {"s3", "ec2", "lambda", "dynamodb"} <= set(keys)
+    size = sum(len(r["text"].encode()) for r in rows)
+    assert size > 15e6  # ~27 MB with botocore 1.43
+    paragraphs = [p for r in rows for p in r["text"].split("\n\n")]
+    assert len(paragraphs) == len(set(paragraphs))  # deduplicated across services
+    assert min(map(len, paragraphs)) >= builtin.MIN_CHARS
+    sample = "".join(r["text"] for r in rows[:50])
+    assert "<p>" not in sample and "&amp;" not in sample
+
+
+def test_extraction_is_cached(cache):
+    path = builtin.corpus_path(cache)
+    mtime = path.stat().st_mtime_ns
+    assert builtin.corpus_path(cache) == path and path.stat().st_mtime_ns == mtime
+    assert builtin.botocore_data_dir()[1] in path.name
+
+
+def test_fixed_held_out_split_by_service_name(cache):
+    source = BuiltinSource(cache_dir=cache)
+    held = [k for k, _ in source.documents() if is_val(k, source.fixed_val_fraction)]
+    assert 3 <= len(held) <= 40
+    data = open_data(DataConfig(mode="streaming", cache_dir=str(cache), vocab_size=400,
+                                seq_len=32, val_fraction=0.5, max_documents=40,
+                                tokenizer_sample_chars=200_000, progress=False))
+    assert data.fraction == builtin.VAL_FRACTION  # the job's val_fraction does not move it
+
+
+def test_streams_without_importing_boto(cache):
+    code = (
+        "import sys\n"
+        "from ten.data import DataConfig, open_data\n"
+        f"cfg = DataConfig(mode='streaming', cache_dir={str(cache)!r}, vocab_size=400,\n"
+        "                 seq_len=32, max_documents=20, tokenizer_sample_chars=100_000,\n"
+        "                 progress=False)\n"
+        "batch = next(iter(open_data(cfg).train_loader(batch_size=2, num_workers=1)))\n"
+        "assert tuple(batch.shape) == (2, 33)\n"
+        "bad = {'boto3', 'botocore', 'runner', 'click'} & {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

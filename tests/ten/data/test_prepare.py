@@ -1,0 +1,169 @@
+"""Pre-tokenize-and-pack: exact stream, parallel == serial, idempotent, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ten.data import DataError, open_data
+from ten.data import prepare as prep
+from ten.data.sources import is_val
+
+from .conftest import make_docs, write_jsonl
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Many small units of work, so parallelism and resumption are really exercised."""
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)
+
+
+def _shas(directory):
+    m = json.loads((directory / "manifest.json").read_text())
+    return {name: [s["sha256"] for s in split["shards"]] for name, split in m["splits"].items()}
+
+
+def test_stream_is_documents_with_eos_between_no_padding(cfg, docs):
+    data = open_data(cfg)
+    tok = data.tokenizer
+    expect = {"train": [], "val": []}
+    for d in docs:
+        expect["val" if is_val(d, cfg.val_fraction) else "train"] += tok.encode(d) + [tok.eos_id]
+    assert data.train.read(0, len(data.train)).tolist() == expect["train"]
+    assert data.val.read(0, len(data.val)).tolist() == expect["val"]
+    counts = data.manifest["documents"]
+    assert counts["train_docs"] + counts["val_docs"] == len(docs)
+    assert 0 < counts["val_docs"] < len(docs) * 0.25
+    train = data.manifest["splits"]["train"]
+    assert train["sequences"] == (train["tokens"] - 1) // cfg.seq_len
+    # 2 bytes per token on disk (uint16) plus one 64-byte header per shard.
+    size = sum(s["bytes"] for s in train["shards"])
+    assert size == 2 * train["tokens"] + 64 * len(train["shards"])
+
+
+def test_parallel_equals_serial(cfg, tmp_path, small_chunks):
+    one = open_data(cfg.replace(shard_tokens=5000))
+    two = open_data(cfg.replace(shard_tokens=5000, num_proc=2,
+                                cache_dir=str(tmp_path / "two")))
+    assert _shas(one.prepared_dir) == _shas(two.prepared_dir)
+    assert len(_shas(one.prepared_dir)["train"]) > 2
+
+
+def test_idempotent_reuse_does_no_work(cfg):
+    first = open_data(cfg)
+    mtimes = {p: p.stat().st_mtime_ns for p in first.prepared_dir.iterdir()}
+    calls = []
+    again = open_data(cfg, on_commit=calls.append)
+    assert calls == [] and again.prepared_dir == first.prepared_dir
+    assert {p: p.stat().st_mtime_ns for p in again.prepared_dir.iterdir()} == mtimes
+    assert again.fingerprint == first.fingerprint
+    # A different seq_len is a different preparation (the manifest records it).
+    assert open_data(cfg.replace(seq_len=16)).fingerprint != first.fingerprint
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_after(n):
+    seen = []
+
+    def hook(progress):
+        seen.append(progress["rows"])
+        if len(seen) == n:
+            raise _Interrupt
+
+    return hook
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_interrupted_preparation_resumes_without_duplicates(cfg, tmp_path, small_chunks,
+                                                            num_proc):
+    cfg = cfg.replace(shard_tokens=3000, num_proc=num_proc)
+    clean = open_data(cfg.replace(cache_dir=str(tmp_path / "clean")))
+    with pytest.raises(_Interrupt):
+        open_data(cfg, on_commit=_interrupt_after(4))
+    directory = clean.prepared_dir.parent.parent.parent / "cache" / "shards" / \
+        clean.prepared_dir.name
+    progress = json.loads((directory / "progress.json").read_text())
+    assert not (directory / "manifest.json").exists() and progress["rows"] > 0
+    # Simulate a crash mid-chunk: bytes past the committed point, and a stray next shard.
+    open_name = f"train-{len(progress['writers']['train']['shards']):06d}.bin"
+    with open(directory / open_name, "ab") as f:
+        f.write(b"\x01\x02" * 777)
+    (directory / "train-000099.bin").write_bytes(b"junk")
+    calls = []
+    resumed = open_data(cfg, on_commit=calls.append)
+    assert calls and calls[0]["rows"] > progress["rows"]  # continued, did not restart
+    assert _shas(resumed.prepared_dir) == _shas(clean.prepared_dir)
+    assert resumed.manifest["documents"] == clean.manifest["documents"]
+    assert not (directory / "progress.json").exists()
+    assert not (directory / "train-000099.bin").exists()
+
+
+def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs):
+    path = write_jsonl(tmp_path / "e.jsonl", [docs[0], "", "   \n ", docs[1], ""])
+    data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0,
+                                 tokenizer_path=str(open_data(cfg).tokenizer.path)))
+    assert data.manifest["documents"]["skipped_empty"] == 3
+    assert data.manifest["documents"]["train_docs"] == 2
+    tok = data.tokenizer
+    assert data.train.read(0, len(data.train)).tolist() == \
+        tok.encode(docs[0]) + [tok.eos_id] + tok.encode(docs[1]) + [tok.eos_id]
+
+
+def test_empty_source_is_an_error(cfg, tmp_path):
+    path = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
+    with pytest.raises(DataError, match="no non-empty training documents"):
+        open_data(cfg.replace(dataset=str(path)))
+    given = open_data(cfg).tokenizer.path
+    with pytest.raises(DataError, match="has no non-empty documents.*2 rows read"):
+        open_data(cfg.replace(dataset=str(path), tokenizer_path=str(given)))
+    (tmp_path / "blank.txt").write_text("")
+    with pytest.raises(DataError):
+        open_data(cfg.replace(dataset=str(tmp_path / "blank.txt")))
+
+
+def test_invalid_utf8_is_replaced_and_counted(cfg, tmp_path, docs):
+    path = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": d}).encode() for d in docs[:30]]
+    lines[3] = b'{"text": "broken \xff\xfe bytes here"}'
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0))
+    assert data.manifest["documents"]["invalid_utf8"] == 1
+    assert "broken \ufffd\ufffd bytes here" in data.tokenizer.decode(
+        data.train.read(0, len(data.train)).tolist())
+
+
+def test_download_mode_writes_identical_shards(cfg, tmp_path):
+    pre = open_data(cfg)
+    down = open_data(cfg.replace(mode="download", cache_dir=str(tmp_path / "down"),
+                                 tokenizer_path=str(pre.tokenizer.path)))
+    assert down.manifest["mode"] == "download"
+    assert _shas(down.prepared_dir) == _shas(pre.prepared_dir)
+    assert down.manifest["documents"] == pre.manifest["documents"]
+
+
+def test_download_mode_through_the_hub_path(cfg, tmp_path):
+    docs = make_docs(60, seed=3)
+    pq.write_table(pa.table({"text": docs}), tmp_path / "tiny.parquet")
+    hub = cfg.replace(dataset="tinystories", data_files=str(tmp_path / "tiny.parquet"))
+    pre = open_data(hub)
+    down = open_data(hub.replace(mode="download", num_proc=2, cache_dir=str(tmp_path / "d"),
+                                 tokenizer_path=str(pre.tokenizer.path)))
+    assert _shas(down.prepared_dir) == _shas(pre.prepared_dir)
+    assert pre.manifest["documents"]["rows_read"] == 60
+
+
+def test_max_documents_caps_the_source(cfg):
+    data = open_data(cfg.replace(max_documents=50))
+    assert data.manifest["documents"]["rows_read"] == 50
+
+
+def test_progress_bar_reports_tokens_per_second(cfg, capsys):
+    open_data(cfg.replace(progress=True))
+    err = capsys.readouterr().err
+    assert "tokenizing" in err and "tok/s" in err

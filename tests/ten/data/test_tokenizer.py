@@ -1,0 +1,89 @@
+"""The sentencepiece tokenizer: exact round trips, exact fast encoding, caching."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from ten.data import DataError, Tokenizer
+from ten.data.pipeline import open_tokenizer
+from ten.data.sources import open_source
+from ten.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train
+
+from .conftest import make_docs
+
+ODD = ["", "\n", "\n\n  leading spaces\tand tabs  \n", "日本語のテキスト and emoji 🚀",
+       "trailing newline\n", "x" * 5000, "digits 1234567890 and café"]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    path = tmp_path_factory.mktemp("tok") / "t.model"
+    train(make_docs(200, seed=1), path, vocab_size=400)
+    return Tokenizer(path)
+
+
+def test_reserved_ids_and_dtype(tok):
+    assert (tok.pad_id, tok.eos_id) == (PAD_ID, EOS_ID)
+    assert (tok.unk_id, tok.bos_id) == (UNK_ID, BOS_ID)
+    assert tok.vocab_size == 400 and tok.dtype == np.uint16
+
+
+@pytest.mark.parametrize("text", ODD + make_docs(5, seed=9))
+def test_round_trip_is_exact_with_byte_fallback(tok, text):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert UNK_ID not in ids  # unseen characters become bytes, never <unk>
+
+
+@pytest.mark.parametrize("text", ODD + make_docs(5, seed=9))
+def test_fast_line_encoding_equals_sentencepiece_whole_text(tok, text):
+    sp = spm.SentencePieceProcessor(model_file=str(tok.path))
+    assert tok.encode(text) == sp.encode(text)
+
+
+def test_encode_documents_puts_eos_after_each(tok):
+    a, b = tok.encode("first doc"), tok.encode("second\ndoc")
+    stream = tok.encode_documents(["first doc", "second\ndoc"])
+    assert stream.tolist() == a + [EOS_ID] + b + [EOS_ID]
+    assert stream.dtype == np.uint16
+
+
+def test_pickles_by_path(tok):
+    clone = pickle.loads(pickle.dumps(tok))
+    assert clone.fingerprint == tok.fingerprint and clone.encode("abc") == tok.encode("abc")
+    assert len(pickle.dumps(tok)) < 1000
+
+
+def test_trained_once_then_cached_by_fingerprint(cfg):
+    source = open_source(cfg.dataset, None, cfg.cache_path)
+    first = open_tokenizer(cfg, source)
+    mtime = first.path.stat().st_mtime_ns
+    again = open_tokenizer(cfg, source)
+    assert again.path == first.path and again.path.stat().st_mtime_ns == mtime
+    other = open_tokenizer(cfg.replace(vocab_size=420), source)
+    assert other.path != first.path and other.vocab_size == 420
+    unigram = open_tokenizer(cfg.replace(tokenizer_type="unigram"), source)
+    assert unigram.path not in (first.path, other.path)
+
+
+def test_given_model_is_used_as_is(cfg, tok):
+    source = open_source(cfg.dataset, None, cfg.cache_path)
+    given = open_tokenizer(cfg.replace(tokenizer_path=str(tok.path)), source)
+    assert given.fingerprint == tok.fingerprint
+    assert not (cfg.cache_path / "tokenizers").exists()  # nothing trained
+
+
+def test_bad_tokenizer_inputs(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        Tokenizer(tmp_path / "missing.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match="not a sentencepiece model"):
+        Tokenizer(tmp_path / "junk.model")
+    with pytest.raises(DataError, match="Vocabulary size too high.*lower data.vocab_size"):
+        train(["tiny corpus"] * 5, tmp_path / "t.model", vocab_size=5000)
+    with pytest.raises(DataError, match="no text to train the tokenizer"):
+        train(["", "  "], tmp_path / "t.model", vocab_size=300)
