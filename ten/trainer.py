@@ -417,3 +417,16 @@ def progress_line(step: int, total: int, rec: dict[str, Any]) -> str:
 def _hms(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> LanguageModel:
+    """Rebuild the model a checkpoint was saved from and load its weights."""
+    from ten.model import TENConfig
+    from ten.transformer import TransformerConfig
+
+    saved = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    cls = TENConfig if saved["model_class"] == "TENLM" else TransformerConfig
+    fields = saved["model_config"]
+    model = build_model(cls(**fields)).to(device)
+    model.load_state_dict(ckpt.load(Path(checkpoint_dir), "model.pt", device))
+    return model.eval()
