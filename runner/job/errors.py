@@ -1,0 +1,176 @@
+"""``JobError`` and the one-line messages it carries.
+
+Every line reads ``FILE:LINE dotted.path: what is wrong, got VALUE (hint)`` or, for a
+value that came from ``--set``, ``--set dotted.path: ...``. Values that came from the
+environment, or sit under a secret-looking name, are described by type, never shown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+Path_ = tuple[str | int, ...]
+
+MISSING_HINTS = {
+    "name": "a slug like 'tiny-cpu'",
+    "model": "e.g. model: {arch: ten, preset: tiny}",
+    "model.preset": "one of tiny, small, small_32k, medium, large; see `ten-runner presets`",
+    "data": "e.g. data: {dataset: builtin:botocore-docs}",
+    "data.dataset": "a known name such as finewebedu, a local path or glob, or "
+                    "builtin:botocore-docs",
+    "train": "e.g. train: {max_steps: 300}",
+}
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "model_type": "a mapping",
+    "model_attributes_type": "a mapping", "dict_type": "a mapping", "tuple_type": "a list",
+    "list_type": "a list",
+}
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
+           "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
+
+
+class JobError(Exception):
+    """A job that cannot run as written: one line per problem (see module docstring)."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def suggest(word: str, choices: typing.Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def show(value: Any) -> str:
+    """A short rendering of a (non-secret) value for 'got ...'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe_hidden(value: Any, written: str | None) -> str:
+    kind = type(value).__name__
+    return f"a value of type {kind}" + (f" (from {written})" if written else "")
+
+
+def section_fields(schema: type[BaseModel], path: Path_) -> list[str] | None:
+    """The keys allowed at ``path`` (a mapping in the schema), or None if it is not one."""
+    cls: Any = schema
+    for part in path:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return None
+        info = cls.model_fields.get(part) if isinstance(part, str) else None
+        if info is None:
+            return None
+        cls = _unwrap(info.annotation)
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``Section | None`` -> ``Section``; anything else unchanged."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def describe(err: Mapping[str, Any], schema: type[BaseModel], hidden: str | None) -> str:
+    """One pydantic error -> 'what is wrong, got X (hint)'. ``hidden`` replaces the value."""
+    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
+    value = err.get("input")
+    got = hidden if hidden is not None else show(value)
+    if kind == "missing":
+        if loc and isinstance(loc[-1], int):
+            return "expected 2 numbers, e.g. [0.9, 0.95]" if loc[-2:-1] == ("betas",) \
+                else "too few items"
+        hint = MISSING_HINTS.get(dotted(loc))
+        return "required field is missing" + (f" (hint: {hint})" if hint else "")
+    if kind == "extra_forbidden":
+        known = section_fields(schema, loc[:-1]) or []
+        close = suggest(str(loc[-1]), known)
+        return f"unknown key {loc[-1]!r}" + (f" (did you mean {close!r}?)" if close else
+                                              f" (allowed: {', '.join(known)})")
+    if kind == "literal_error":
+        options = [o.strip("'") for o in str(ctx.get("expected", "")).replace(" or ", ", ")
+                   .split(", ")]
+        close = suggest(value, options) if isinstance(value, str) and hidden is None else None
+        return (f"expected one of {', '.join(options)}, got {got}"
+                + (f" (did you mean {close!r}?)" if close else ""))
+    if kind == "job":
+        text = str(err["msg"])
+        if ctx.get("show_value", True):
+            text += f", got {got}"
+        return text + (f" (hint: {ctx['hint']})" if ctx.get("hint") and hidden is None else "")
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}, got {got}"
+    if kind in _BOUNDS:
+        key, op = _BOUNDS[kind]
+        return f"must be {op} {ctx.get(key)}, got {got}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "too_long":
+        return f"expected {ctx.get('max_length')} items, got {ctx.get('actual_length')}"
+    return f"{err['msg']}, got {got}"
+
+
+@dataclass
+class Problems:
+    """Collects (path, message) pairs and formats them with file:line or --set."""
+
+    source: str
+    lines: dict[Path_, int] = field(default_factory=dict)
+    overrides: set[Path_] = field(default_factory=set)
+    secrets: list[str] = field(default_factory=list)
+    items: list[tuple[tuple[int, int], str]] = field(default_factory=list)
+
+    def add(self, path: Path_, message: str) -> None:
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.overrides:
+                self.items.append(((1, 0), f"--set {dotted(path)}: {message}"))
+                return
+        line = next(self.lines[path[:n]] for n in range(len(path), -1, -1)
+                    if path[:n] in self.lines) if self.lines else 1
+        self.items.append(((0, line), f"{self.source}:{line} {dotted(path)}: {message}"))
+
+    def add_line(self, line: int, text: str) -> None:
+        """A problem with no field path (YAML syntax, the file itself)."""
+        self.items.append(((0, line), text))
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def error(self) -> JobError:
+        from runner.job.secrets import scrub
+
+        seen: list[str] = []
+        for _, text in sorted(self.items, key=lambda item: item[0]):
+            text = scrub(text, self.secrets)
+            if text not in seen:
+                seen.append(text)
+        return JobError(seen)

@@ -1,0 +1,222 @@
+"""``load_job``: file -> YAML with lines -> ``--set`` -> ``${VAR}`` -> schema -> checks.
+
+Every step collects problems instead of stopping at the first, so one run of
+``ten-runner validate`` shows everything to fix. Nothing here imports torch at module
+level; the model and dataset checks import it when they run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import PrivateAttr, ValidationError
+
+from runner.job import checks
+from runner.job.errors import Problems, describe, describe_hidden, section_fields, suggest
+from runner.job.schema import JobSchema
+from runner.job.secrets import redact, sensitive, substitute
+from runner.job.yamlfile import MAX_BYTES, YamlProblem, parse, parse_scalar
+
+Path_ = tuple[str | int, ...]
+EXAMPLE = "jobs/tiny-cpu.yaml"
+
+
+class Job(JobSchema):
+    """A validated job. Build it with :func:`load_job`."""
+
+    _source_path: Path | None = PrivateAttr(None)
+    _written: dict[Path_, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def source_path(self) -> Path | None:
+        return self._source_path
+
+    def redacted_dict(self) -> dict[str, Any]:
+        """The resolved job as JSON-able data, safe to print, log and save: substituted
+        fields read ``${VAR}`` again and secret-named fields read ``***``."""
+        return redact(self.model_dump(mode="json"), self._written)
+
+    def budget_text(self) -> str:
+        t = self.train
+        return f"{t.max_steps:,} steps" if t.max_steps is not None else f"{t.max_tokens:,} tokens"
+
+    def summary(self) -> str:
+        return f"name={self.name}, {self.model.arch}/{self.model.preset}, {self.budget_text()}"
+
+    def model_settings(self) -> Any:
+        """The TENConfig / TransformerConfig this job trains (imports torch)."""
+        from ten.presets import model_config
+
+        return model_config(self.model.arch, self.model.preset, **self.model.overrides)
+
+    def data_config(self) -> Any:
+        """The data layer's DataConfig for this job (imports torch)."""
+        from ten.data.config import DataConfig
+
+        d = self.data
+        return DataConfig(
+            dataset=d.dataset, mode=d.mode, seq_len=d.seq_len, text_field=d.text_field,
+            data_files=d.data_files, vocab_size=d.tokenizer.vocab_size,
+            tokenizer_type=d.tokenizer.type, tokenizer_path=d.tokenizer.path,
+            byte_fallback=d.tokenizer.byte_fallback,
+            tokenizer_sample_chars=d.tokenizer.sample_chars, num_proc=d.num_proc,
+            val_fraction=d.val_fraction, shuffle=d.shuffle, seed=self.train.seed,
+            cache_dir=d.cache_dir, max_documents=d.max_documents)
+
+    def __repr__(self) -> str:  # the default repr would show resolved secrets
+        return f"Job(name={self.name!r}, source_path={str(self._source_path)!r})"
+
+    __str__ = __repr__
+
+
+def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
+             env: Mapping[str, str] | None = None, check_model: bool = True) -> Job:
+    """Read, override, substitute and validate a job file. Raises :class:`JobError`
+    listing every problem, one per line."""
+    source = str(path)
+    problems = Problems(source)
+    text = _read(Path(path), problems)
+    if text is None:
+        raise problems.error()
+    job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model)
+    job._source_path = Path(path)
+    return job
+
+
+def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = None, *,
+              env: Mapping[str, str] | None = None, check_model: bool = True) -> Job:
+    """Like :func:`load_job`, from YAML text; ``source`` names it in errors."""
+    problems = Problems(source)
+    try:
+        data, problems.lines = parse(text)
+    except YamlProblem as p:
+        problems.add_line(p.line, f"{source}:{p.line}:{p.column} {p.message}" if p.line
+                          else f"{source}: {p.message}")
+        raise problems.error() from None
+    if data is None:
+        problems.add((), f"the file is empty (hint: a job needs name, model, data and train; "
+                         f"see {EXAMPLE})")
+    elif not isinstance(data, dict):
+        problems.add((), f"expected a mapping of sections (name, model, data, train, ...) at "
+                         f"the top level, got {describe_hidden(data, None)}")
+    if problems:
+        raise problems.error()
+
+    data = apply_sets(data, list(sets or ()), problems)
+    data, written, problems.secrets, env_problems = substitute(
+        data, os.environ if env is None else env)
+    for ep in env_problems:
+        problems.add(ep.path, ep.message)
+    unresolved = {ep.path for ep in env_problems}
+    for path, message in checks.budget(data):
+        problems.add(path, message)
+
+    job: Job | None = None
+    try:
+        job = Job.model_validate(data)
+    except ValidationError as err:
+        for e in err.errors():
+            loc = tuple(e["loc"])
+            if e["type"] == "missing" and loc and isinstance(loc[-1], int):
+                loc = loc[:-1]  # a short list: name the list, which has a line
+            if loc in unresolved:
+                continue
+            hidden = describe_hidden(e.get("input"), written.get(loc)) \
+                if sensitive(loc, written) else None
+            problems.add(loc, describe(e, JobSchema, hidden))
+    if job is not None:
+        for path, message in checks.cross(job):
+            problems.add(path, message)
+    if check_model and not unresolved:
+        data_section = data.get("data")
+        seq_len = data_section.get("seq_len", 256) if isinstance(data_section, dict) else None
+        found = checks.model(data.get("model"), seq_len, written)
+        found += checks.dataset(data_section, hidden=("data", "dataset") in written)
+        for path, message in found:
+            problems.add(path, message)
+    if problems or job is None:
+        raise problems.error()
+    job._written = written
+    return job
+
+
+def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dict[str, Any]:
+    """``a.b=value`` overrides, each value a YAML scalar; paths are checked against the
+    schema (any key under ``model``: those are checked with the model)."""
+    given_in_file = {k for k in ("max_steps", "max_tokens")
+                     if isinstance(data.get("train"), dict) and k in data["train"]}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        path: Path_ = tuple(p.strip() for p in key.strip().split("."))
+        problems.overrides.add(path)
+        if not sep or not all(path):
+            problems.add(path, f"expected KEY=VALUE with a dotted key, got {item!r} "
+                               "(e.g. --set train.lr=1e-3)")
+            continue
+        where = _check_path(path)
+        if where:
+            problems.add(path, where)
+            continue
+        try:
+            value = parse_scalar(raw)
+        except YamlProblem as p:
+            problems.add(path, f"cannot parse the value: {p.message}")
+            continue
+        node = data
+        for depth, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.add(path, f"{'.'.join(path[:depth + 1])} is not a mapping in the file")
+                break
+            node = child
+        else:
+            node[path[-1]] = value
+            if path[0] == "train" and path[-1] in given_in_file and len(path) == 2:
+                # A budget given on the command line replaces the file's, whichever kind.
+                other = "max_tokens" if path[-1] == "max_steps" else "max_steps"
+                if other in given_in_file:
+                    node.pop(other, None)
+    return data
+
+
+def _check_path(path: Path_) -> str | None:
+    if path[0] == "model" and len(path) == 2:
+        return None  # arch, preset, or a model field (checked by checks.model)
+    for depth in range(len(path)):
+        known = section_fields(JobSchema, path[:depth])
+        if known is None:
+            return f"{'.'.join(path[:depth])} is a value, not a section"
+        if path[depth] not in known:
+            close = suggest(path[depth], known)
+            return f"unknown key {path[depth]!r}" + (f" (did you mean {close!r}?)" if close else
+                                                     f" (allowed: {', '.join(known)})")
+    return None
+
+
+def _read(path: Path, problems: Problems) -> str | None:
+    def fail(message: str) -> None:
+        problems.add_line(0, f"{path}: {message}")
+
+    try:
+        if path.is_dir():
+            return fail(f"is a directory (hint: pass a job file such as {EXAMPLE})")
+        if not path.exists():
+            return fail("no such file")
+        if not path.is_file():
+            return fail("not a regular file")
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            return fail(f"is {size:,} bytes; a job file must be under {MAX_BYTES:,}")
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as err:
+        return fail(f"cannot read: {err.strerror or err}")
+    if b"\0" in raw:
+        return fail("not a text file (binary data)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        return fail(f"not UTF-8 text (bad byte at offset {err.start})")

@@ -1,0 +1,179 @@
+"""The job schema: typed, range-checked sections that reject unknown keys.
+
+Field comments are the documentation (``ten-runner schema`` turns the descriptions into
+editor completion). Checks that involve several fields, the model overrides and the
+dataset name live in :mod:`runner.job.checks`; this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic_core import PydanticCustomError
+
+Arch = Literal["ten", "transformer"]
+# The names in ten.presets.PRESETS (a test keeps the two in step; importing ten.presets
+# here would import torch).
+Preset = Literal["tiny", "small", "small_32k", "medium", "large"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+PRESETS: tuple[str, ...] = get_args(Preset)
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def _integral(value: Any) -> Any:
+    """``max_tokens: 1e9`` is an integer written as a float: accept it."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral), Strict()]
+Float = Annotated[float, Strict()]  # ints are accepted as floats, strings and bools are not
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+
+
+def job_error(message: str, hint: str = "", show_value: bool = True) -> PydanticCustomError:
+    """A validation error carrying a hint; the value shown is added by the formatter."""
+    return PydanticCustomError("job", message.replace("{", "{{").replace("}", "}}"),
+                               {"hint": hint, "show_value": show_value})
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(BaseModel):
+    """Any other key overrides a field of the preset's TENConfig / TransformerConfig."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    arch: Arch = Field("ten", description="model family")
+    preset: Preset = Field(
+        description="named size from ten.presets (see `ten-runner presets`)")
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class TokenizerSection(Section):
+    vocab_size: Int = Field(4096, ge=8, description="trained sentencepiece vocabulary size")
+    type: Literal["bpe", "unigram"] = "bpe"
+    path: Str | None = Field(None, description="existing sentencepiece .model: used as-is")
+    byte_fallback: Bool = True
+    sample_chars: Int = Field(20_000_000, ge=1000,
+                              description="characters of text the tokenizer is trained on")
+
+
+class DataSection(Section):
+    dataset: Str = Field(min_length=1, description="known hub name (e.g. finewebedu), a local "
+                         ".txt/.jsonl/.parquet path, glob or directory, or builtin:botocore-docs")
+    mode: Literal["pretokenized", "streaming", "download"] = "pretokenized"
+    seq_len: Int = Field(256, ge=1, description="tokens per training sequence")
+    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
+    text_field: Str | None = Field(None, description="text column; null: the dataset's own")
+    data_files: Str | None = Field(None, description="local files standing in for a hub name")
+    num_proc: Int | None = Field(None, ge=1, description="tokenizing processes; null: all cores")
+    val_fraction: Float = Field(0.01, ge=0.0, lt=1.0, description="documents held out")
+    max_documents: Int | None = Field(None, ge=1, description="read at most this many")
+    shuffle: Bool = True
+    num_workers: Int = Field(2, ge=0, description="DataLoader worker processes")
+    cache_dir: Str | None = Field(None, description="null: $TEN_CACHE_DIR or ~/.cache/ten")
+
+
+class TrainSection(Section):
+    max_steps: Int | None = Field(None, ge=1, description="budget in optimizer steps")
+    max_tokens: Int | None = Field(None, ge=1, description="budget in training tokens")
+    batch_size: Int = Field(8, ge=1, description="sequences per micro-batch")
+    grad_accum: Int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lr: Float = Field(3e-4, gt=0.0, description="peak learning rate")
+    min_lr_ratio: Float = Field(0.1, ge=0.0, le=1.0, description="final lr = lr * ratio")
+    warmup_steps: Int = Field(100, ge=0)
+    schedule: Literal["cosine", "onecycle", "constant"] = "cosine"
+    weight_decay: Float = Field(0.1, ge=0.0)
+    betas: tuple[Annotated[float, Strict(), Field(ge=0.0, lt=1.0)],
+                 Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]] = (0.9, 0.95)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    optimizer: Literal["adamw", "adamw8bit"] = "adamw"
+    compile: Bool = Field(False, description="torch.compile the model")
+    grad_clip: Float = Field(1.0, ge=0.0, description="max gradient norm; 0 disables")
+    eval_every: Int = Field(100, ge=1, description="steps between evaluations")
+    eval_batches: Int = Field(20, ge=1)
+    log_every: Int = Field(10, ge=1)
+    seed: Int = Field(1234, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class CheckpointSection(Section):
+    every_steps: Int = Field(500, ge=1)
+    keep_last: Int = Field(3, ge=1, description="committed checkpoints kept")
+
+
+class StorageSection(Section):
+    url: Str = Field("./runs", description="where runs and checkpoints go: a local path or "
+                     "file:// (s3:// comes later)")
+    endpoint_url: Str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
+    region: Str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _local_only(cls, url: str) -> str:
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if not url.strip():
+            raise job_error("must be a local path or file:// URL", show_value=False)
+        if scheme == "s3":
+            raise job_error("s3:// storage is not supported yet; use a local path or file://",
+                            show_value=False)
+        if scheme not in ("", "file"):
+            raise job_error(f"unsupported scheme {scheme + '://'!r}",
+                            hint="use a local path or file://", show_value=False)
+        return url
+
+    def local_path(self) -> Path:
+        """The directory runs go under (``file://`` stripped, ``~`` expanded)."""
+        url = self.url
+        if url.lower().startswith("file://"):
+            url = url[len("file://"):]
+            if url.startswith("localhost/"):
+                url = url[len("localhost"):]
+        return Path(url).expanduser()
+
+
+class ResourcesSection(Section):
+    gpus: Int = Field(0, ge=0)
+    spot: Bool = False
+    price_per_hour: Float | None = Field(None, gt=0.0, description="USD, for cost reports")
+
+
+def slugify(name: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", name.lower())).strip("-")[:63]
+
+
+class JobSchema(BaseModel):
+    """A ten-runner job: what to train, on what data, for how long, and where it goes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="ten-runner job")
+
+    name: Str = Field(description="run name, used in paths: [a-z0-9-], 1-63 characters")
+    model: ModelSection
+    data: DataSection
+    train: TrainSection
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, name: str) -> str:
+        if not name:
+            raise job_error("must not be empty", hint="a slug like 'tiny-cpu'")
+        if not SLUG.match(name):
+            fixed = slugify(name)
+            raise job_error("must be 1-63 characters of a-z, 0-9 and '-', starting with a "
+                            "letter or digit (it is used in paths)",
+                            hint=f"try {fixed!r}" if fixed else "a slug like 'tiny-cpu'")
+        return name

@@ -1,0 +1,107 @@
+"""``${VAR}`` substitution and redaction: resolved secrets never leave the process.
+
+Any string value may hold ``${VAR}`` or ``${VAR:-default}`` (``$${`` writes a literal
+``${``). Substitution records, per field path, the text as written; redaction puts that
+text back, and also hides any field whose *name* looks secret (``api_key``,
+``secret_access_key``, ``hf_token``, ``password``) even when written literally.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+Path_ = tuple[str | int, ...]
+REDACTED = "***"
+
+_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$", re.S)
+_SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "credential", "credentials",
+                 "apikey", "auth"}
+
+
+class EnvProblem(Exception):
+    def __init__(self, path: Path_, message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def looks_secret(key: str | int) -> bool:
+    """``hf_token`` and ``aws_secret_access_key`` do; ``max_tokens`` and ``tokenizer`` don't."""
+    return isinstance(key, str) and bool(_SECRET_WORDS & set(re.split(r"[_\-.]", key.lower())))
+
+
+def _substitute(text: str, path: Path_, env: Mapping[str, str], used: list[str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        ref = _NAME.match(match.group(1))
+        if ref is None:
+            raise EnvProblem(path, f"malformed environment reference {match.group(0)!r} "
+                             "(hint: write ${NAME} or ${NAME:-default})")
+        name, default = ref.group(1), ref.group(2)
+        if name in env:
+            used.append(env[name])
+            return env[name]
+        if default is not None:
+            return default
+        raise EnvProblem(path, f"environment variable {name} is not set "
+                         f"(hint: export {name}=... or write ${{{name}:-default}})")
+
+    return _REF.sub(one, text)
+
+
+def substitute(data: Any, env: Mapping[str, str],
+               path: Path_ = ()) -> tuple[Any, dict[Path_, str], list[str], list[EnvProblem]]:
+    """Replace references in every string value; returns (data, {path: text as written},
+    the environment values used, problems). Keys are never substituted."""
+    written: dict[Path_, str] = {}
+    used: list[str] = []
+    problems: list[EnvProblem] = []
+
+    def walk(value: Any, here: Path_) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, here + (k,)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, here + (i,)) for i, v in enumerate(value)]
+        if isinstance(value, str) and "${" in value:
+            try:
+                resolved = _substitute(value, here, env, used)
+            except EnvProblem as problem:
+                problems.append(problem)
+                return value
+            if _REF.search(value.replace("$${", "")):
+                written[here] = value
+            return resolved
+        return value
+
+    return walk(data, path), written, used, problems
+
+
+def redact(data: Any, written: Mapping[Path_, str], path: Path_ = ()) -> Any:
+    """A copy of ``data`` with substituted fields shown as written and secret-named
+    fields hidden."""
+    if path in written:
+        return written[path]
+    if path and looks_secret(path[-1]) and data is not None:
+        return REDACTED
+    if isinstance(data, dict):
+        return {k: redact(v, written, path + (k,)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact(v, written, path + (i,)) for i, v in enumerate(data)]
+    return data
+
+
+def sensitive(path: Path_, written: Mapping[Path_, str]) -> bool:
+    """Whether an error about this field must not show its value."""
+    return path in written or any(looks_secret(p) for p in path)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """Last line of defence: no resolved value (of 3+ characters) survives in a message."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 3:
+            text = text.replace(secret, REDACTED)
+    return text
