@@ -7,7 +7,12 @@ so ``ten-runner --help`` returns in a fraction of a second.
 
 from __future__ import annotations
 
+import json
+
 import click
+
+from runner.errors import UserError
+from runner.exit_codes import ExitCode
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +29,37 @@ def presets(arch: str) -> None:
     from ten.presets import format_preset_table
 
     click.echo(format_preset_table(arch))
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a field, e.g. --set train.lr=1e-3 (value parsed as YAML).")
+def validate(files: tuple[str, ...], sets: tuple[str, ...]) -> None:
+    """Check job files without running them: every problem, with file:line."""
+    from runner.job import JobError, load_job
+
+    bad = 0
+    for path in files:
+        try:
+            job = load_job(path, sets=sets)
+        except JobError as err:
+            bad += 1
+            for line in err.errors:
+                click.echo(line, err=True)
+            continue
+        click.echo(f"ok: {path} ({job.summary()})")
+    if bad:
+        raise UserError(f"{bad} of {len(files)} job file{'s' if len(files) > 1 else ''} "
+                        "invalid", exit_code=ExitCode.CONFIG)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of job files (for editor completion)."""
+    from runner.job import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
 
 
 def main() -> None:
