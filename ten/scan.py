@@ -14,8 +14,9 @@ how the layer produces the drive (``W_in ∈ R^{2K×d}``) and consumes the state
 
 Backends:
     ``ref``      a plain loop over time: the test oracle, never the fast path.
-    ``chunked``  the chunked matmul form (see ``_scan_chunked``): O(B·T·Q·K) work in
-                 batched GEMMs plus a loop of T/Q steps over chunk states.
+    ``chunked``  the chunked matmul form (see ``scan_chunked``): O(B·T·Q·K) work in
+                 batched GEMMs; the T/Q chunk states come from the same algorithm
+                 one level up, so no Python loop runs over time or chunks.
 
 Whatever the autocast dtype, the scan runs with autocast off in float32 (float64
 when its inputs are float64): decays raised to powers of hundreds lose everything in
@@ -79,7 +80,7 @@ def scan_ref(beta: Tensor, log_lam: Tensor, state: Tensor | None = None) -> tupl
 def scan_chunked(
     beta: Tensor, log_lam: Tensor, state: Tensor | None = None, chunk_size: int = 64
 ) -> tuple[Tensor, Tensor]:
-    """Chunked backend: intra-chunk decay matrices as GEMMs, a short loop between chunks.
+    """Chunked backend: intra-chunk decay matrices as GEMMs, the same scan between chunks.
 
     Split T into n chunks of Q. Inside a chunk, with a_t = log λ_t and the segment sums
     D[j, s] = a_{s+1} + … + a_j (s ≤ j), every state is
@@ -90,7 +91,8 @@ def scan_chunked(
     for fixed λ, L is the Toeplitz matrix λ^{j-s}, shared by every chunk and batch row,
     so U is one batched GEMM over the K eigenstates. The second term needs the state
     S_prev at the end of the previous chunk, which follows its own short recurrence
-    S_c = exp(A_{Q-1}) · S_{c-1} + U_c[Q-1]: the same scan, T/Q steps long.
+    S_c = exp(A_{Q-1}) · S_{c-1} + U_c[Q-1]: the same scan, T/Q steps long, solved by
+    calling this function on it (log_Q T levels).
 
     L is formed from the difference of decays (a segment sum), never as
     exp(A_j)·exp(-A_s), which overflows for long chunks and strong decay.
@@ -132,38 +134,35 @@ def _chunked_fixed(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: int) 
     # (K, [Q re rows; Q im rows], B·n): batch rows and chunks become GEMM columns.
     x = beta.view(B, n, Q, 2, K).permute(4, 3, 2, 0, 1).reshape(K, 2 * Q, B * n)
     u = L[:, [Q - 1, 2 * Q - 1]] @ x  # (K, 2, B·n): each chunk's own end state
-    lam_q = torch.exp(Q * ar[:, :, 0]), Q * ai[:, :, 0]  # λ^Q as (|.|, angle), (K, 1)
-    s_prev = _states_entering_chunks(u.view(K, 2, B, n), lam_q, state)  # (K, 2, B, n)
+    u = u.view(K, 2, B, n).permute(2, 3, 1, 0).reshape(B, n, K2)  # (B, n, 2K)
+    s_prev = _states_entering_chunks(u, Q * log_lam, state, Q)  # (B, n, 2K)
+    s_prev = s_prev.view(B, n, 2, K).permute(3, 2, 0, 1).reshape(K, 2, B * n)
 
     # The carried state enters row j as λ^{j+1} · S_prev.
     steps = (pos + 1).to(beta.dtype)  # (Q,)
     E1 = torch.exp(ar[:, :, 0] * steps)  # (K, Q)
     Pr, Pi = E1 * torch.cos(ai[:, :, 0] * steps), E1 * torch.sin(ai[:, :, 0] * steps)
     P = torch.stack([torch.cat([Pr, Pi], 1), torch.cat([-Pi, Pr], 1)], dim=2)  # (K, 2Q, 2)
-    out = torch.baddbmm(P @ s_prev.reshape(K, 2, B * n), L, x)  # (K, 2Q, B·n)
+    out = torch.baddbmm(P @ s_prev, L, x)  # (K, 2Q, B·n)
     return out.view(K, 2, Q, B, n).permute(3, 4, 2, 1, 0).reshape(B, TQ, K2)
 
 
 def _states_entering_chunks(
-    u: Tensor, lam_q: tuple[Tensor, Tensor], state: Tensor | None
+    u: Tensor, log_lam_chunk: Tensor, state: Tensor | None, Q: int
 ) -> Tensor:
-    """S_c = λ^Q · S_{c-1} + u_c over the n chunks; returns S_{c-1} for every c.
+    """The state entering each chunk, S_{c-1}, from S_c = Λ_c · S_{c-1} + u_c.
 
-    u: (K, 2, B, n) chunk-end states from inside each chunk; lam_q: (|λ^Q|, arg λ^Q),
-    each (K, 1); state: (B, 2K) or None. A loop of n = T/Q small steps.
+    u: (B, n, 2K) each chunk's end state from its own inputs; log_lam_chunk: the decay
+    across a whole chunk, (2K,) or (B, n, 2K). This is the same recurrence, n = T/Q
+    steps long, so it is solved by the same chunked scan: log_Q(T) levels in all, and
+    never a Python loop over chunks.
     """
-    K, _, B, n = u.shape
-    mag, ang = lam_q
-    lr, li = mag * torch.cos(ang), mag * torch.sin(ang)  # (K, 1)
-    if state is None:
-        sr = si = u.new_zeros(K, B)
-    else:
-        sr, si = state.view(B, 2, K).permute(1, 2, 0)  # (K, B) each
-    prev = []
-    for c in range(n):
-        prev.append(torch.stack([sr, si]))
-        sr, si = lr * sr - li * si + u[:, 0, :, c], lr * si + li * sr + u[:, 1, :, c]
-    return torch.stack(prev, dim=-1).transpose(0, 1)  # (K, 2, B, n)
+    B, n, K2 = u.shape
+    s0 = u.new_zeros(B, 1, K2) if state is None else state[:, None]
+    if n == 1:
+        return s0
+    ends, _ = scan_chunked(u, log_lam_chunk, state, Q)  # (B, n, 2K): state after chunk c
+    return torch.cat([s0, ends[:, :-1]], dim=1)
 
 
 def _chunked_selective(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: int) -> Tensor:
@@ -186,10 +185,7 @@ def _chunked_selective(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: i
     Ui = P[..., :Q, 1] + P[..., Q:, 0]  # Lr·bi + Li·br
     U = torch.cat([Ur, Ui], dim=2).transpose(2, 3)  # (B, n, Q, 2K)
 
-    # Inter-chunk: the state entering every chunk, by the same recurrence over chunks.
-    S, _ = scan_ref(U[:, :, -1], A[:, :, -1], state)  # (B, n, 2K): state at each chunk's end
-    s0 = beta.new_zeros(B, 1, K2) if state is None else state[:, None]
-    S_prev = torch.cat([s0, S[:, :-1]], dim=1)  # (B, n, 2K)
+    S_prev = _states_entering_chunks(U[:, :, -1], A[:, :, -1], state, Q)  # (B, n, 2K)
     c = U + _cmul(_cexp(A), S_prev[:, :, None, :])  # (B, n, Q, 2K)
     return c.reshape(B, TQ, K2)
 
