@@ -24,11 +24,12 @@ def _inputs(T, selective, dtype=torch.float64, strong=False):
 @pytest.mark.parametrize("selective", [False, True], ids=["fixed", "selective"])
 @pytest.mark.parametrize("T", [1, 5, 16, 48, 53])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_matches_ref_outputs_and_gradients(selective, T, with_state):
+@pytest.mark.parametrize("Q", [4, 16], ids=["Q4-three-levels", "Q16"])
+def test_chunked_matches_ref_outputs_and_gradients(selective, T, with_state, Q):
     beta, log_lam, state = _inputs(T, selective)
     s = state if with_state else None
     c_ref, last_ref = scan(beta, log_lam, s, backend="ref")
-    c_chk, last_chk = scan(beta, log_lam, s, backend="chunked", chunk_size=16)
+    c_chk, last_chk = scan(beta, log_lam, s, backend="chunked", chunk_size=Q)
     assert (c_ref - c_chk).abs().max() < 1e-10
     assert (last_ref - last_chk).abs().max() < 1e-10
     weight = torch.randn_like(c_ref)
