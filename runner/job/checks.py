@@ -104,7 +104,11 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
             return [(("model", name), _unknown_field(name, arch, base))]
         field = re.match(r"([a-z_][a-z0-9_]*): (.*)", message, re.S)
         if field and field.group(1) in base:
-            return [(("model", field.group(1)), field.group(2))]
+            path, why = ("model", field.group(1)), field.group(2)
+            if path in written:
+                value = overrides[field.group(1)]
+                why = re.sub(r", got .*$", f", got {describe_hidden(value, written[path])}", why)
+            return [(path, why)]
         return [(("model",), message)]
     if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
             and data_seq_len > cfg.seq_len:
@@ -113,7 +117,7 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
     return found
 
 
-def dataset(section: Any, hidden: bool) -> Found:
+def dataset(section: Any, written: str | None) -> Found:
     """A known name, builtin, or something that looks like a local path (existence is
     checked when the job runs: the path may only exist inside the container)."""
     if not isinstance(section, dict) or not isinstance(section.get("dataset"), str):
@@ -124,7 +128,8 @@ def dataset(section: Any, hidden: bool) -> Found:
     from ten.data import builtin
     from ten.data.sources import KNOWN, LOCAL_SUFFIXES
 
-    shown = "the value" if hidden else repr(name)
+    hidden = written is not None
+    shown = f"(the value from {written})" if hidden else repr(name)
     if name.startswith("builtin:"):
         if name != builtin.NAME:
             return [(("data", "dataset"), f"unknown builtin dataset {shown} (hint: the builtin "

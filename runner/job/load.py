@@ -134,7 +134,7 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
         data_section = data.get("data")
         seq_len = data_section.get("seq_len", 256) if isinstance(data_section, dict) else None
         found = checks.model(data.get("model"), seq_len, written)
-        found += checks.dataset(data_section, hidden=("data", "dataset") in written)
+        found += checks.dataset(data_section, written.get(("data", "dataset")))
         for path, message in found:
             problems.add(path, message)
     if problems or job is None:
@@ -174,7 +174,7 @@ def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dic
             node = child
         else:
             node[path[-1]] = value
-            if path[0] == "train" and path[-1] in given_in_file and len(path) == 2:
+            if path[0] == "train" and len(path) == 2 and path[-1] in ("max_steps", "max_tokens"):
                 # A budget given on the command line replaces the file's, whichever kind.
                 other = "max_tokens" if path[-1] == "max_steps" else "max_steps"
                 if other in given_in_file:

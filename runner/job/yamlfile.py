@@ -29,6 +29,7 @@ MAX_BYTES = 1 << 20  # a job file is a page of text; anything bigger is a mistak
 MAX_DEPTH = 32
 
 Path_ = tuple[str | int, ...]
+_SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,12 @@ def parse(text: str) -> tuple[Any, dict[Path_, int]]:
         lines: dict[Path_, int] = {(): 1}
         data = None if root is None else _build(loader, root, (), lines)
     except yaml.YAMLError as err:
-        raise _problem_from(err) from None
+        problem = _problem_from(err)
+        lines_of_text = text.splitlines()
+        if 0 < problem.line <= len(lines_of_text) and "${" in lines_of_text[problem.line - 1]:
+            problem = YamlProblem(problem.line, problem.column, problem.message +
+                                  " (hint: quote a ${VAR} value inside { } or [ ])")
+        raise problem from None
     finally:
         loader.dispose()
     return data, lines
@@ -112,6 +118,10 @@ def parse_scalar(text: str) -> Any:
 def _build(loader: _Loader, node: Node, path: Path_, lines: dict[Path_, int]) -> Any:
     if isinstance(node, ScalarNode):
         return loader.construct_object(node, deep=True)
+    if node.tag not in (_SEQ, _MAP):
+        mark = node.start_mark
+        raise YamlProblem(mark.line + 1, mark.column + 1,
+                          f"YAML tag {node.tag!r} is not allowed (plain lists and mappings only)")
     if isinstance(node, SequenceNode):
         items = []
         for i, child in enumerate(node.value):

@@ -1,0 +1,396 @@
+"""The job YAML: examples validate, every mistake is one line naming file:line and field,
+overrides are type-checked, secrets never leak."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from runner.cli import cli
+from runner.exit_codes import ExitCode
+from runner.job import PRESETS, JobError, json_schema, load_job, parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
+
+MINIMAL = """\
+name: t
+model: {arch: ten, preset: tiny}
+data: {dataset: builtin:botocore-docs}
+train: {max_steps: 10}
+"""
+
+
+def validate(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli, ["validate", *args], env=env)
+
+
+def assert_one_line_per_error(result, path: str) -> list[str]:
+    """Exit CONFIG, no traceback, every error line starts with FILE:LINE or --set."""
+    assert result.exit_code == ExitCode.CONFIG, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ")
+    errors = lines[:-1]
+    assert errors
+    pattern = re.compile(rf"^({re.escape(path)}:\d+(:\d+)? |{re.escape(path)}: |--set )")
+    for line in errors:
+        assert pattern.match(line), line
+    return errors
+
+
+# --- the examples -----------------------------------------------------------------
+
+
+def test_there_are_example_jobs():
+    names = {p.name for p in JOBS}
+    assert {"tiny-cpu.yaml", "tiny-cpu-transformer.yaml", "tiny-cpu-streaming.yaml",
+            "l40s-small-32k.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
+def test_every_example_job_validates(path):
+    job = load_job(path)
+    assert job.name == path.stem
+    assert job.source_path == path
+    result = validate(str(path))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"ok: {path} (name={job.name}, ")
+
+
+def test_default_job_fields():
+    job = load_job(ROOT / "jobs/tiny-cpu.yaml", sets=["train.max_steps=20"])
+    assert (job.model.arch, job.model.preset, job.model.overrides) == ("ten", "tiny", {})
+    assert (job.data.dataset, job.data.mode, job.data.seq_len) == \
+        ("builtin:botocore-docs", "pretokenized", 256)
+    assert job.data.tokenizer.vocab_size == 4096 and job.data.tokenizer.type == "bpe"
+    assert job.data.tokenizer.path is None and job.data.tokenizer.byte_fallback is True
+    assert job.data.num_workers == 2 and job.data.val_fraction == 0.01 and job.data.shuffle
+    t = job.train
+    assert (t.max_steps, t.max_tokens, t.batch_size, t.grad_accum) == (20, None, 8, 1)
+    assert (t.lr, t.warmup_steps, t.schedule, t.precision, t.optimizer) == \
+        (3e-3, 30, "cosine", "auto", "adamw")
+    assert t.betas == (0.9, 0.95) and t.eval_every == 100 and t.device == "auto"
+    assert (job.checkpoint.every_steps, job.checkpoint.keep_last) == (100, 3)
+    assert job.storage.local_path() == Path("runs")
+    assert (job.resources.gpus, job.resources.spot, job.resources.price_per_hour) == \
+        (0, False, None)
+    assert job.data_config().vocab_size == 4096
+    assert json.loads(json.dumps(job.redacted_dict()))["train"]["max_steps"] == 20
+
+
+def test_l40s_job_uses_model_override_and_token_budget():
+    job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
+    assert job.model.overrides == {"grad_checkpointing": True}
+    assert job.model_settings().grad_checkpointing is True
+    assert job.train.max_tokens and job.train.max_steps is None
+    assert job.train.precision == "bf16" and job.train.optimizer == "adamw8bit"
+    assert job.resources.gpus == 1 and job.resources.spot is True
+
+
+def test_presets_match_ten_presets():
+    import ten.presets
+    from runner.job import ARCHS
+
+    assert tuple(ten.presets.PRESETS) == PRESETS, "update Preset in runner/job/schema.py"
+    assert ten.presets.ARCHS == ARCHS
+
+
+def test_defaults_for_everything_but_the_required(tmp_path):
+    job = parse_job(MINIMAL)
+    assert job.data.mode == "pretokenized" and job.train.batch_size >= 1
+    assert job.storage.url and job.checkpoint.keep_last >= 1
+
+
+# --- malformed jobs ---------------------------------------------------------------
+
+# (id, YAML text, [(line, "dotted.path: message fragment"), ...])
+BAD = [
+    ("yaml-syntax", "name: t\nmodel: {arch: ten, preset: tiny\ndata: x\n",
+     [(3, "YAML syntax error")]),
+    ("tabs", "name: t\nmodel:\n\tarch: ten\n", [(3, "not tabs")]),
+    ("unknown-top-level", MINIMAL + "colour: blue\n",
+     [(5, "colour: unknown key 'colour' (allowed: name, model")]),
+    ("typo-suggestion", MINIMAL.replace("max_steps", "max_step"),
+     [(4, "train.max_step: unknown key 'max_step' (did you mean 'max_steps'?)"),
+      (4, "train: no budget")]),
+    ("typo-section", MINIMAL + "chekpoint: {keep_last: 2}\n",
+     [(5, "chekpoint: unknown key 'chekpoint' (did you mean 'checkpoint'?)")]),
+    ("wrong-type", MINIMAL.replace("{max_steps: 10}", "\n  max_steps: 10\n  lr: fast"),
+     [(6, "train.lr: expected a number, got 'fast'")]),
+    ("wrong-type-int", MINIMAL.replace("max_steps: 10", "max_steps: 2.5"),
+     [(4, "train.max_steps: expected an integer, got 2.5")]),
+    ("wrong-type-bool", MINIMAL.replace("max_steps: 10", "max_steps: 10, compile: maybe"),
+     [(4, "train.compile: expected true or false, got 'maybe'")]),
+    ("bool-is-not-int", MINIMAL.replace("max_steps: 10", "max_steps: true"),
+     [(4, "train.max_steps: expected an integer, got true")]),
+    ("section-not-mapping", MINIMAL + "checkpoint: 5\n",
+     [(5, "checkpoint: expected a mapping, got 5")]),
+    ("batch-size-0", MINIMAL.replace("max_steps: 10", "max_steps: 10, batch_size: 0"),
+     [(4, "train.batch_size: must be >= 1, got 0")]),
+    ("val-fraction", MINIMAL.replace("builtin:botocore-docs}",
+                                     "builtin:botocore-docs, val_fraction: 1.5}"),
+     [(3, "data.val_fraction: must be < 1.0, got 1.5")]),
+    ("lr-zero", MINIMAL.replace("max_steps: 10", "max_steps: 10, lr: 0"),
+     [(4, "train.lr: must be > 0.0, got 0")]),
+    ("keep-last-0", MINIMAL + "checkpoint: {keep_last: 0}\n",
+     [(5, "checkpoint.keep_last: must be >= 1, got 0")]),
+    ("betas-short", MINIMAL.replace("max_steps: 10", "max_steps: 10, betas: [0.9]"),
+     [(4, "train.betas: expected 2 numbers")]),
+    ("betas-range", "name: t\nmodel: {preset: tiny}\ndata: {dataset: imdb}\ntrain:\n"
+                    "  max_steps: 1\n  betas:\n  - 0.9\n  - 1.5\n",
+     [(8, "train.betas[1]: must be < 1.0, got 1.5")]),
+    ("bad-enum", MINIMAL.replace("builtin:botocore-docs}", "builtin:botocore-docs, mode: fast}"),
+     [(3, "data.mode: expected one of pretokenized, streaming, download, got 'fast'")]),
+    ("enum-suggestion", MINIMAL.replace("max_steps: 10", "max_steps: 10, schedule: cosin"),
+     [(4, "train.schedule: expected one of cosine, onecycle, constant, got 'cosin' "
+          "(did you mean 'cosine'?)")]),
+    ("unsafe-name-shell", MINIMAL.replace("name: t", 'name: "a; rm -rf /"'),
+     [(1, "name: must be 1-63 characters of a-z, 0-9 and '-'")]),
+    ("unsafe-name-dotdot", MINIMAL.replace("name: t", "name: ../etc"),
+     [(1, "name: must be 1-63 characters")]),
+    ("unsafe-name-upper", MINIMAL.replace("name: t", "name: UPPER"),
+     [(1, "name: must be 1-63 characters of a-z, 0-9 and '-', starting with a letter or "
+          "digit (it is used in paths), got 'UPPER' (hint: try 'upper')")]),
+    ("empty-name", MINIMAL.replace("name: t", "name: ''"), [(1, "name: must not be empty")]),
+    ("long-name", MINIMAL.replace("name: t", "name: " + "a" * 64), [(1, "name: must be 1-63")]),
+    ("missing-name", MINIMAL.replace("name: t\n", ""),
+     [(1, "name: required field is missing (hint: a slug")]),
+    ("duplicate-key", MINIMAL + "name: u\n", [(5, "duplicate key 'name' (first given on line 1)")]),
+    ("duplicate-nested", "name: t\nmodel: {preset: tiny}\ndata: {dataset: imdb}\ntrain:\n"
+                         "  max_steps: 1\n  lr: 0.1\n  lr: 0.2\n",
+     [(7, "duplicate key 'train.lr' (first given on line 6)")]),
+    ("billion-laughs", 'a: &a ["lol","lol"]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a]\n'
+                       'c: &c [*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n',
+     [(1, "YAML anchors and aliases are not allowed")]),
+    ("both-budgets", MINIMAL.replace("max_steps: 10", "max_steps: 10, max_tokens: 100000"),
+     [(4, "train.max_tokens: give either max_steps or max_tokens, not both")]),
+    ("no-budget", MINIMAL.replace("max_steps: 10", "lr: 0.1"),
+     [(4, "train: no budget: set max_steps or max_tokens")]),
+    ("tiny-token-budget", MINIMAL.replace("max_steps: 10", "max_tokens: 100"),
+     [(4, "train.max_tokens: 100 is less than one optimizer step")]),
+    ("unknown-model-field", MINIMAL.replace("preset: tiny}", "preset: tiny, n_layer: 3}"),
+     [(2, "model.n_layer: unknown model field 'n_layer' for arch ten "
+          "(did you mean 'n_layers'?)")]),
+    ("model-field-type", MINIMAL.replace("preset: tiny}", "preset: tiny, selective: 'yes'}"),
+     [(2, "model.selective: expected true or false, got 'yes'")]),
+    ("model-invariant", "name: t\nmodel:\n  preset: tiny\n  n_heads: 3\n"
+                        "data: {dataset: imdb}\ntrain: {max_steps: 1}\n",
+     [(4, "model.n_heads: must divide n_eigenstates=64, got 3")]),
+    ("bad-preset", MINIMAL.replace("preset: tiny", "preset: huge"),
+     [(2, "model.preset: expected one of tiny, small, small_32k, medium, large, got 'huge'")]),
+    ("bad-arch", MINIMAL.replace("arch: ten", "arch: rnn"),
+     [(2, "model.arch: expected one of ten, transformer, got 'rnn'")]),
+    ("missing-preset", MINIMAL.replace("arch: ten, preset: tiny", "arch: ten"),
+     [(2, "model.preset: required field is missing")]),
+    ("unknown-dataset", MINIMAL.replace("builtin:botocore-docs", "finewebed"),
+     [(3, "data.dataset: unknown dataset 'finewebed' (did you mean 'finewebedu'?)")]),
+    ("non-mapping", "- a\n- b\n", [(1, "(top level): expected a mapping of sections")]),
+    ("scalar-top", "just text\n", [(1, "(top level): expected a mapping")]),
+    ("empty-file", "", [(1, "(top level): the file is empty")]),
+    ("comments-only", "# nothing\n", [(1, "(top level): the file is empty")]),
+    ("s3-url", MINIMAL + "storage: {url: 's3://bucket/runs'}\n",
+     [(5, "storage.url: s3:// storage is not supported yet; use a local path or file://")]),
+    ("other-scheme", MINIMAL + "storage: {url: 'gs://bucket'}\n",
+     [(5, "storage.url: unsupported scheme 'gs://'")]),
+    ("python-tag", MINIMAL + "x: !!python/object/apply:os.system ['echo hi']\n",
+     [(5, "is not allowed (plain lists and mappings only)")]),
+    ("python-tag-scalar", MINIMAL + "x: !!python/name:os.system\n",
+     [(5, "YAML syntax error: could not determine a constructor")]),
+    ("merge-key", MINIMAL + "<<: {name: u}\n", [(5, "keys must be plain names")]),
+    ("deep-nesting", "a: " + "[" * 200 + "]" * 200 + "\n", [(1, "nesting deeper than")]),
+    ("adamw8bit-cpu", MINIMAL.replace("max_steps: 10",
+                                      "max_steps: 10, optimizer: adamw8bit, device: cpu"),
+     [(4, "train.optimizer: adamw8bit needs a CUDA device")]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_malformed_job(tmp_path, text, expected):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    errors = assert_one_line_per_error(validate(str(path)), str(path))
+    for line, fragment in expected:
+        prefix = f"{path}:{line}"
+        assert any(e.startswith(prefix) and fragment in e for e in errors), \
+            f"want {prefix} ... {fragment!r} in:\n" + "\n".join(errors)
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    assert info.value.errors == errors
+
+
+def test_all_errors_reported_at_once(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("name: X\nmodel: {preset: tiny}\ndata: {dataset: imdb, mode: fast}\n"
+                    "train: {max_steps: 0, lr: fast}\n")
+    errors = assert_one_line_per_error(validate(str(path)), str(path))
+    assert [e.split(" ")[1] for e in errors] == \
+        ["name:", "data.mode:", "train.max_steps:", "train.lr:"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary", "latin1", "huge"])
+def test_unreadable_files(tmp_path, kind):
+    path = tmp_path / "job.yaml"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "binary":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif kind == "latin1":
+        path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    elif kind == "huge":
+        path.write_text("# padding\n" * 200_000)
+    errors = assert_one_line_per_error(validate(str(path)), str(path))
+    assert len(errors) == 1
+
+
+def test_validate_many_files_reports_each(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL.replace("max_steps: 10", "max_steps: 0"))
+    result = validate(str(ROOT / "jobs/tiny-cpu.yaml"), str(bad))
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.stdout.startswith("ok: ")
+    assert "Error: 1 of 2 job files invalid" in result.stderr
+
+
+# --- --set ------------------------------------------------------------------------
+
+
+def test_set_overrides_are_typed():
+    job = load_job(ROOT / "jobs/tiny-cpu.yaml",
+                   sets=["train.lr=1e-3", "train.compile=true", "data.num_proc=null",
+                         "model.selective=true", "train.betas=[0.8, 0.9]", "resources.gpus=2"])
+    assert job.train.lr == 1e-3 and isinstance(job.train.lr, float)
+    assert job.train.compile is True and job.data.num_proc is None
+    assert job.model.overrides == {"selective": True}
+    assert job.train.betas == (0.8, 0.9) and job.resources.gpus == 2
+
+
+def test_set_budget_replaces_the_files_budget():
+    job = load_job(ROOT / "jobs/l40s-small-32k.yaml", sets=["train.max_steps=5"])
+    assert (job.train.max_steps, job.train.max_tokens) == (5, None)
+
+
+def test_set_creates_missing_sections(tmp_path):
+    job = parse_job(MINIMAL, sets=["checkpoint.keep_last=7"])
+    assert job.checkpoint.keep_last == 7
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("train.lr=fast", "--set train.lr: expected a number, got 'fast'"),
+    ("train.max_step=3", "--set train.max_step: unknown key 'max_step' (did you mean "
+                         "'max_steps'?)"),
+    ("trian.lr=1", "--set trian.lr: unknown key 'trian' (did you mean 'train'?)"),
+    ("train.lr.x=1", "--set train.lr.x: train.lr is a value, not a section"),
+    ("train.lr", "--set train.lr: expected KEY=VALUE"),
+    ("model.n_layer=2", "--set model.n_layer: unknown model field 'n_layer'"),
+    ("train.batch_size=0", "--set train.batch_size: must be >= 1, got 0"),
+    ("name=Bad Name", "--set name: must be 1-63 characters"),
+    ("train.lr=[1", "--set train.lr: cannot parse the value"),
+    ("train.lr=*a", "--set train.lr: cannot parse the value: YAML anchors and aliases"),
+])
+def test_bad_set(setting, message):
+    path = ROOT / "jobs/tiny-cpu.yaml"
+    result = validate(str(path), "--set", setting)
+    errors = assert_one_line_per_error(result, str(path))
+    assert any(e.startswith(message) for e in errors), errors
+
+
+# --- environment variables and secrets --------------------------------------------
+
+SECRET = "sk_Very-Secret_value_12345"  # not a valid slug, dataset, url, ...
+
+
+def test_env_substitution_and_default(tmp_path):
+    text = MINIMAL.replace("builtin:botocore-docs", "'${DATASET}'") + \
+        "storage: {url: '${RUNS:-./fallback}', endpoint_url: '${ENDPOINT}'}\n"
+    job = parse_job(text, env={"DATASET": "imdb", "ENDPOINT": SECRET})
+    assert job.data.dataset == "imdb" and job.storage.url == "./fallback"
+    assert job.storage.endpoint_url == SECRET
+    redacted = job.redacted_dict()
+    assert redacted["data"]["dataset"] == "${DATASET}"
+    assert redacted["storage"]["endpoint_url"] == "${ENDPOINT}"
+    assert SECRET not in json.dumps(redacted) and SECRET not in repr(job)
+    # the redacted dict is a job file again
+    again = parse_job(yaml.safe_dump(redacted), env={"DATASET": "imdb", "ENDPOINT": SECRET})
+    assert again.redacted_dict() == redacted
+
+
+def test_unquoted_reference_in_flow_mapping_gets_a_hint(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL + "storage: {url: ${RUNS}}\n")
+    errors = assert_one_line_per_error(validate(str(path)), str(path))
+    assert errors[0].startswith(f"{path}:5:") and "quote a ${VAR} value" in errors[0]
+
+
+def test_dollar_dollar_is_literal():
+    job = parse_job(MINIMAL + "storage: {url: './runs/$${HOME}'}\n", env={})
+    assert job.storage.url == "./runs/${HOME}"
+
+
+def test_missing_env_var_names_field_and_variable(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL + "storage:\n  endpoint_url: ${S3_ENDPOINT}\n")
+    result = validate(str(path), env={"S3_ENDPOINT": None})
+    errors = assert_one_line_per_error(result, str(path))
+    assert errors == [f"{path}:6 storage.endpoint_url: environment variable S3_ENDPOINT is not "
+                      "set (hint: export S3_ENDPOINT=... or write ${S3_ENDPOINT:-default})"]
+
+
+def test_secret_never_in_validate_output_or_errors(tmp_path):
+    path = tmp_path / "job.yaml"
+    # The secret lands in fields that are then invalid: errors must not echo it.
+    path.write_text("name: ${TOKEN}\nmodel: {preset: tiny, mlp: '${TOKEN}'}\n"
+                    "data: {dataset: '${TOKEN}', mode: '${TOKEN}'}\n"
+                    "train: {max_steps: '${TOKEN}', lr: 'x${TOKEN}'}\n"
+                    "storage: {url: 's3://${TOKEN}'}\n")
+    result = validate(str(path), env={"TOKEN": SECRET})
+    errors = assert_one_line_per_error(result, str(path))
+    assert SECRET not in result.output
+    assert any("name: " in e and "a value of type str (from ${TOKEN})" in e for e in errors)
+    assert any("train.max_steps: expected an integer, got a value of type str" in e
+               for e in errors)
+    assert any("model.mlp: must be one of" in e and "(from ${TOKEN})" in e for e in errors)
+    assert any("data.dataset: unknown dataset (the value from ${TOKEN})" in e for e in errors)
+    with pytest.raises(JobError) as info:
+        load_job(path, env={"TOKEN": SECRET})
+    assert SECRET not in str(info.value)
+
+
+def test_secret_valid_job_output_is_clean(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL + "storage: {url: ./runs, endpoint_url: '${EP}', region: '${EP}'}\n")
+    result = validate(str(path), env={"EP": SECRET})
+    assert result.exit_code == 0 and SECRET not in result.output
+
+
+def test_secret_named_fields_redacted_even_when_literal():
+    from runner.job.secrets import looks_secret, redact
+
+    data = {"storage": {"secret_access_key": SECRET, "api_token": SECRET},
+            "train": {"max_tokens": 5}, "data": {"tokenizer": {"vocab_size": 8}}}
+    out = redact(data, {})
+    assert SECRET not in json.dumps(out)
+    assert out["train"]["max_tokens"] == 5 and out["data"]["tokenizer"]["vocab_size"] == 8
+    assert looks_secret("hf_token") and looks_secret("password") and not looks_secret("keep_last")
+
+
+# --- schema -----------------------------------------------------------------------
+
+
+def test_schema_command_prints_json_schema():
+    result = CliRunner().invoke(cli, ["schema"])
+    assert result.exit_code == 0, result.output
+    schema = json.loads(result.output)
+    assert schema == json.loads(json.dumps(json_schema()))
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"name", "model", "data", "train"}
+    train = schema["$defs"]["TrainSection"]
+    assert train["additionalProperties"] is False
+    assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant"]
+    assert schema["$defs"]["ModelSection"]["additionalProperties"] is True
