@@ -62,6 +62,44 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
+@cli.command()
+@click.argument("job_file", type=click.Path())
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a field, e.g. --set train.max_steps=50 (value parsed as YAML).")
+@click.option("--no-sample", is_flag=True, help="Skip the text sample printed at the end.")
+def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
+    """Run a job: prepare the data, train (resuming from the newest valid checkpoint
+    under <storage>/<name>/), evaluate on held-out data, checkpoint.
+
+    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 75 preempted (a
+    checkpoint was committed; run again to resume)."""
+    from runner.job import JobError, load_job
+
+    try:
+        job = load_job(job_file, sets=sets)
+    except JobError as err:
+        raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+    from runner.run import run_job
+
+    code = run_job(job, sample_prompt=None if no_sample else "The")
+    raise SystemExit(int(code))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--prompt", default="The", show_default=True)
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0))
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+def sample(run_dir: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
+           seed: int) -> None:
+    """Generate text from the newest valid checkpoint in RUN_DIR (e.g. runs/tiny-cpu)."""
+    from runner.run import sample_run
+
+    click.echo(sample_run(run_dir, prompt, max_new_tokens, temperature, top_k, seed))
+
+
 def main() -> None:
     cli()
 

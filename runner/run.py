@@ -1,0 +1,178 @@
+"""``ten-runner run``: turn a validated job into a training run and an exit code.
+
+Resolves the job into the library's configs, prepares or streams the data, trains
+(resuming from the newest valid checkpoint under ``<storage>/<name>/``), evaluates,
+and prints the held-out perplexity and a short sample. Every way it can end maps to
+one exit code (runner.exit_codes) so a supervisor knows whether to retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from runner.exit_codes import ExitCode
+from runner.job import Job
+
+
+class RunLog:
+    """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(run_dir / "run.log", "a", encoding="utf-8")  # noqa: SIM115
+
+    def __call__(self, line: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(line, file=sys.stderr, flush=True)
+        self._file.write(f"{stamp} {line}\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def data_config(job: Job):
+    from ten.data import DataConfig
+
+    d = job.data
+    return DataConfig(
+        dataset=d.dataset, mode=d.mode, seq_len=d.seq_len, text_field=d.text_field,
+        data_files=d.data_files, vocab_size=d.tokenizer.vocab_size,
+        tokenizer_type=d.tokenizer.type, tokenizer_path=d.tokenizer.path,
+        byte_fallback=d.tokenizer.byte_fallback, tokenizer_sample_chars=d.tokenizer.sample_chars,
+        num_proc=d.num_proc, val_fraction=d.val_fraction, shuffle=d.shuffle,
+        seed=job.train.seed, cache_dir=d.cache_dir, max_documents=d.max_documents)
+
+
+def train_config(job: Job):
+    from ten.trainer import TrainConfig
+
+    t = job.train
+    return TrainConfig(
+        max_steps=t.max_steps, max_tokens=t.max_tokens, batch_size=t.batch_size,
+        grad_accum=t.grad_accum, lr=t.lr, min_lr_ratio=t.min_lr_ratio,
+        warmup_steps=t.warmup_steps, schedule=t.schedule, weight_decay=t.weight_decay,
+        betas=tuple(t.betas), precision=t.precision, optimizer=t.optimizer, compile=t.compile,
+        grad_clip=t.grad_clip, eval_every=t.eval_every, eval_batches=t.eval_batches,
+        log_every=t.log_every, seed=t.seed, device=t.device, num_workers=job.data.num_workers,
+        checkpoint_every=job.checkpoint.every_steps, keep_last=job.checkpoint.keep_last)
+
+
+def run_dir_of(job: Job) -> Path:
+    return job.storage.local_path() / job.name
+
+
+def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
+    """Run a job to its end; returns the process exit code."""
+    from ten.data import DataError
+    from ten.presets import model_config
+    from ten.trainer import Outcome, ResumeError, Trainer
+
+    run_dir = run_dir_of(job)
+    log = RunLog(run_dir)
+    try:
+        log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
+            f"({job.data.mode}), run dir {run_dir}")
+        try:
+            data = _open_data(job, log)
+            mcfg = model_config(job.model.arch, job.model.preset, **{
+                **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
+                "seq_len": job.data.seq_len})
+        except DataError as e:
+            log(f"data error: {e}")
+            return ExitCode.DATA
+        shutil.copyfile(data.tokenizer.path, run_dir / "tokenizer.model")
+        resolved = job.redacted_dict()
+        (run_dir / "job.json").write_text(json.dumps(resolved, indent=1, default=str))
+        identity = {
+            "arch": job.model.arch,
+            "model": dataclasses.asdict(mcfg),
+            "data": {"fingerprint": data.fingerprint, "seq_len": job.data.seq_len,
+                     "tokenizer": data.tokenizer.fingerprint, "mode": job.data.mode},
+            "batch_size": job.train.batch_size,
+        }
+        trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved, log=log)
+        try:
+            outcome = trainer.run()
+        except ResumeError as e:
+            log(f"config error: {e}")
+            return ExitCode.CONFIG
+        except DataError as e:
+            log(f"data error: {e}")
+            return ExitCode.DATA
+        if outcome is Outcome.PREEMPTED:
+            return ExitCode.PREEMPTED
+        if trainer.dist.is_main:
+            log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
+                f"perplexity {_ppl(trainer.final_loss):.2f}")
+            if sample_prompt:
+                text = generate_text(trainer.raw_model, data.tokenizer, sample_prompt, 48,
+                                     temperature=0.8, top_k=40, seed=job.train.seed)
+                log(f"sample: {text!r}")
+        return ExitCode.OK
+    except KeyboardInterrupt:
+        log("interrupted before a checkpoint could be committed")
+        return ExitCode.PREEMPTED
+    except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
+        log("crash:\n" + traceback.format_exc())
+        return ExitCode.CRASH
+    finally:
+        log.close()
+
+
+def _open_data(job: Job, log: RunLog):
+    from ten.data import open_data
+
+    t0 = time.perf_counter()
+    data = open_data(data_config(job))
+    where = data.prepared_dir or "streaming"
+    log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
+        f"{where}")
+    return data
+
+
+def _ppl(loss: float) -> float:
+    import math
+
+    return math.exp(min(loss, 50.0))
+
+
+def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int,
+                  temperature: float, top_k: int | None, seed: int) -> str:
+    import torch
+
+    device = next(model.parameters()).device
+    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
+                         temperature=temperature, top_k=top_k, generator=gen)
+    return tokenizer.decode(out[0].tolist())
+
+
+def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int, temperature: float,
+               top_k: int, seed: int) -> str:
+    """Text generated from the newest valid checkpoint of a run directory."""
+    from runner.errors import UserError
+    from ten import checkpoint as ckpt
+    from ten.data import Tokenizer
+    from ten.trainer import load_model
+
+    run_dir = Path(run_dir)
+    found = ckpt.latest_valid(run_dir / "checkpoints", report=lambda s: print(s, file=sys.stderr))
+    if found is None:
+        raise UserError(f"no committed checkpoint under {run_dir / 'checkpoints'}; "
+                        "run the job first (ten-runner run JOB.yaml)")
+    tok_path = run_dir / "tokenizer.model"
+    if not tok_path.is_file():
+        raise UserError(f"{tok_path} is missing; it is written when the job starts")
+    model = load_model(found.path)
+    text = generate_text(model, Tokenizer(tok_path), prompt, max_new_tokens, temperature,
+                         top_k, seed)
+    return f"[{run_dir.name} step {found.step}] {text}"
