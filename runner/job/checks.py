@@ -84,15 +84,15 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
         base.update(vars(presets.model_config(arch, preset)))
     found: Found = []
     for name, value in overrides.items():
-        if name in base:
-            why = _override_type_problem(name, value, base[name])
-            if why:
-                path = ("model", name)
-                got = describe_hidden(value, written[path]) if path in written else show(value)
-                found.append((path, f"{why}, got {got}"))
-    if names_only:
-        found += [(("model", n), _unknown_field(n, arch, base)) for n in overrides if n not in base]
-    if found:
+        path = ("model", name)
+        if name not in base:
+            found.append((path, _unknown_field(name, arch, base)))
+            continue
+        why = _override_type_problem(name, value, base[name])
+        if why:
+            got = describe_hidden(value, written[path]) if path in written else show(value)
+            found.append((path, f"{why}, got {got}"))
+    if names_only or found:  # a wrong preset is reported by the schema
         return found
     try:
         cfg = presets.model_config(arch, preset, **overrides)
@@ -109,6 +109,8 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
                 value = overrides[field.group(1)]
                 why = re.sub(r", got .*$", f", got {describe_hidden(value, written[path])}", why)
             return [(path, why)]
+        if "scan backend" in message and "scan_backend" in overrides:
+            return [(("model", "scan_backend"), message)]
         return [(("model",), message)]
     if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
             and data_seq_len > cfg.seq_len:

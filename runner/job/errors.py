@@ -128,7 +128,10 @@ def describe(err: Mapping[str, Any], schema: type[BaseModel], hidden: str | None
             text += f", got {got}"
         return text + (f" (hint: {ctx['hint']})" if ctx.get("hint") and hidden is None else "")
     if kind in _TYPE_WORDS:
-        return f"expected {_TYPE_WORDS[kind]}, got {got}"
+        hint = MISSING_HINTS.get(dotted(loc)) if _TYPE_WORDS[kind] == "a mapping" else None
+        return f"expected {_TYPE_WORDS[kind]}, got {got}" + (f" (hint: {hint})" if hint else "")
+    if kind == "finite_number":
+        return f"expected a finite number, got {got}"
     if kind in _BOUNDS:
         key, op = _BOUNDS[kind]
         return f"must be {op} {ctx.get(key)}, got {got}"

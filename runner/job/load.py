@@ -44,7 +44,10 @@ class Job(JobSchema):
         return f"{t.max_steps:,} steps" if t.max_steps is not None else f"{t.max_tokens:,} tokens"
 
     def summary(self) -> str:
-        return f"name={self.name}, {self.model.arch}/{self.model.preset}, {self.budget_text()}"
+        """One line for logs: name, arch/preset, budget (from the redacted values)."""
+        r = self.redacted_dict()
+        return f"name={r['name']}, {r['model']['arch']}/{r['model']['preset']}, " \
+               f"{self.budget_text()}"
 
     def model_settings(self) -> Any:
         """The TENConfig / TransformerConfig this job trains (imports torch)."""
@@ -67,7 +70,8 @@ class Job(JobSchema):
             cache_dir=d.cache_dir, max_documents=d.max_documents)
 
     def __repr__(self) -> str:  # the default repr would show resolved secrets
-        return f"Job(name={self.name!r}, source_path={str(self._source_path)!r})"
+        name = self.redacted_dict()["name"]
+        return f"Job(name={name!r}, source_path={str(self._source_path)!r})"
 
     __str__ = __repr__
 
@@ -89,6 +93,8 @@ def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
 def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = None, *,
               env: Mapping[str, str] | None = None, check_model: bool = True) -> Job:
     """Like :func:`load_job`, from YAML text; ``source`` names it in errors."""
+    if isinstance(sets, str):
+        sets = [sets]
     problems = Problems(source)
     try:
         data, problems.lines = parse(text)
@@ -130,11 +136,14 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
     if job is not None:
         for path, message in checks.cross(job):
             problems.add(path, message)
-    if check_model and not unresolved:
+    if check_model:  # skipped where a ${VAR} is unresolved: it would only add noise
         data_section = data.get("data")
         seq_len = data_section.get("seq_len", 256) if isinstance(data_section, dict) else None
-        found = checks.model(data.get("model"), seq_len, written)
-        found += checks.dataset(data_section, written.get(("data", "dataset")))
+        found: list[tuple[Path_, str]] = []
+        if not any(p[:1] == ("model",) or p == ("data", "seq_len") for p in unresolved):
+            found += checks.model(data.get("model"), seq_len, written)
+        if ("data", "dataset") not in unresolved:
+            found += checks.dataset(data_section, written.get(("data", "dataset")))
         for path, message in found:
             problems.add(path, message)
     if problems or job is None:

@@ -43,7 +43,7 @@ def job_error(message: str, hint: str = "", show_value: bool = True) -> Pydantic
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSection(BaseModel):

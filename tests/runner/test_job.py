@@ -205,6 +205,25 @@ BAD = [
      [(5, "YAML syntax error: could not determine a constructor")]),
     ("merge-key", MINIMAL + "<<: {name: u}\n", [(5, "keys must be plain names")]),
     ("deep-nesting", "a: " + "[" * 200 + "]" * 200 + "\n", [(1, "nesting deeper than")]),
+    ("lr-inf", MINIMAL.replace("max_steps: 10", "max_steps: 10, lr: .inf"),
+     [(4, "train.lr: expected a finite number, got inf")]),
+    ("model-not-mapping", MINIMAL.replace("{arch: ten, preset: tiny}", "tiny"),
+     [(2, "model: expected a mapping, got 'tiny' (hint: e.g. model: {arch: ten, preset: tiny})")]),
+    ("every-unknown-model-field", "name: t\nmodel:\n  preset: tiny\n  n_layer: 1\n"
+                                  "  dmodel: 2\ndata: {dataset: imdb}\ntrain: {max_steps: 1}\n",
+     [(4, "model.n_layer: unknown model field"), (5, "model.dmodel: unknown model field "
+                                                    "'dmodel' for arch ten (did you mean")]),
+    ("scan-backend", MINIMAL.replace("preset: tiny}", "preset: tiny, scan_backend: nope}"),
+     [(2, "model.scan_backend: unknown scan backend 'nope'")]),
+    ("transformer-learned-pos", MINIMAL.replace(
+        "arch: ten, preset: tiny}", "arch: transformer, preset: tiny, pos: learned, seq_len: 64}"),
+     [(3, "data.seq_len: 256 is longer than the model's learned positions (64)")]),
+    ("tokenizer-path-and-vocab", MINIMAL.replace(
+        "builtin:botocore-docs}", "builtin:botocore-docs, tokenizer: {path: a.model, "
+        "vocab_size: 100}}"),
+     [(3, "data.tokenizer.vocab_size: give either tokenizer.path or tokenizer.vocab_size")]),
+    ("data-files-local", MINIMAL.replace("builtin:botocore-docs}", "./x.txt, data_files: y}"),
+     [(3, "data.data_files: only applies to a known hub dataset")]),
     ("adamw8bit-cpu", MINIMAL.replace("max_steps: 10",
                                       "max_steps: 10, optimizer: adamw8bit, device: cpu"),
      [(4, "train.optimizer: adamw8bit needs a CUDA device")]),
@@ -274,6 +293,10 @@ def test_set_overrides_are_typed():
 def test_set_budget_replaces_the_files_budget():
     job = load_job(ROOT / "jobs/l40s-small-32k.yaml", sets=["train.max_steps=5"])
     assert (job.train.max_steps, job.train.max_tokens) == (5, None)
+
+
+def test_set_accepts_a_single_string():
+    assert parse_job(MINIMAL, sets="train.max_steps=3").train.max_steps == 3
 
 
 def test_set_creates_missing_sections(tmp_path):
@@ -367,6 +390,13 @@ def test_secret_valid_job_output_is_clean(tmp_path):
     path.write_text(MINIMAL + "storage: {url: ./runs, endpoint_url: '${EP}', region: '${EP}'}\n")
     result = validate(str(path), env={"EP": SECRET})
     assert result.exit_code == 0 and SECRET not in result.output
+
+
+def test_summary_and_repr_use_references_not_values():
+    job = parse_job(MINIMAL.replace("name: t", "name: ${RUN_NAME}"), env={"RUN_NAME": "s3cr3t"})
+    assert job.name == "s3cr3t"
+    assert "s3cr3t" not in job.summary() and "${RUN_NAME}" in job.summary()
+    assert "s3cr3t" not in repr(job) + str(job)
 
 
 def test_secret_named_fields_redacted_even_when_literal():
