@@ -54,8 +54,10 @@ class DataConfig:
     shard_tokens: int = 100_000_000
     # sha256 every shard when opening (catches bit flips; ~1 s per GB).
     verify_checksums: bool = True
-    # Streaming: documents per unit of work handed to a DataLoader worker.
-    stream_block_docs: int = 32
+    # Streaming: a unit of work for a DataLoader worker ends after this many documents
+    # or characters, whichever comes first.
+    stream_block_docs: int = 64
+    stream_block_chars: int = 65536
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -69,7 +71,8 @@ class DataConfig:
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise bad("tokenizer_type", f"must be one of {', '.join(TOKENIZER_TYPES)}")
         for field, low in (("seq_len", 1), ("vocab_size", 8), ("tokenizer_sample_chars", 1000),
-                           ("shard_tokens", 2), ("stream_block_docs", 1)):
+                           ("shard_tokens", 2), ("stream_block_docs", 1),
+                           ("stream_block_chars", 1)):
             if getattr(self, field) < low:
                 raise bad(field, f"must be >= {low}")
         if self.num_proc is not None and self.num_proc < 1:

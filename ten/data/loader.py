@@ -105,13 +105,14 @@ class ShardLoader:
 
     def __init__(self, stream: TokenStream, seq_len: int, batch_size: int, num_workers: int = 0,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 fingerprint: str = "") -> None:
+                 fingerprint: str = "", pin_memory: bool = False) -> None:
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise DataError(f"bad loader geometry: batch_size={batch_size}, rank={rank}, "
                             f"world_size={world_size}")
         self.stream, self.seq_len, self.batch_size = stream, seq_len, batch_size
         self.num_workers, self.rank, self.world_size = num_workers, rank, world_size
         self.seed, self.shuffle, self.fingerprint = seed, shuffle, fingerprint
+        self.pin_memory = pin_memory
         self.num_examples = max(0, (len(stream) - 1) // seq_len)
         self.batches_per_epoch = self.num_examples // (batch_size * world_size)
         if self.batches_per_epoch == 0:
@@ -127,7 +128,7 @@ class ShardLoader:
         workers = self.num_workers
         loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
                             timeout=WORKER_TIMEOUT_S if workers else 0,
-                            prefetch_factor=4 if workers else None)
+                            prefetch_factor=4 if workers else None, pin_memory=self.pin_memory)
         for batch in loader:
             self.position += 1  # the caller now holds this batch: the cursor moves past it
             if self.position == self.batches_per_epoch:
@@ -136,11 +137,13 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "version": CURSOR_VERSION, "epoch": self.epoch,
-                "position": self.position, "seed": self.seed, "batch_size": self.batch_size,
-                "world_size": self.world_size, "fingerprint": self.fingerprint}
+                "position": self.position, "seed": self.seed, "shuffle": self.shuffle,
+                "batch_size": self.batch_size, "world_size": self.world_size,
+                "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_cursor(state, self.kind, {"seed": self.seed, "batch_size": self.batch_size,
+        check_cursor(state, self.kind, {"seed": self.seed, "shuffle": self.shuffle,
+                                        "batch_size": self.batch_size,
                                         "world_size": self.world_size,
                                         "fingerprint": self.fingerprint})
         if not 0 <= state["position"] < self.batches_per_epoch or state["epoch"] < 0:

@@ -82,9 +82,10 @@ class ShardData:
         self.val = TokenStream(directory, manifest["splits"]["val"]["shards"], manifest["dtype"])
 
     def train_loader(self, batch_size: int, num_workers: int = 0, rank: int = 0,
-                     world_size: int = 1) -> ShardLoader:
+                     world_size: int = 1, pin_memory: bool = False) -> ShardLoader:
         return ShardLoader(self.train, self.cfg.seq_len, batch_size, num_workers, rank,
-                           world_size, self.cfg.seed, self.cfg.shuffle, self.fingerprint)
+                           world_size, self.cfg.seed, self.cfg.shuffle, self.fingerprint,
+                           pin_memory)
 
     def val_batches(self, batch_size: int, max_batches: int | None = None
                     ) -> Iterator[torch.Tensor]:
@@ -112,18 +113,19 @@ class StreamData:
             "kind": "stream", "source": source.fingerprint(), "tokenizer": tokenizer.fingerprint,
             "seq_len": cfg.seq_len, "val_fraction": self.fraction,
             "max_documents": cfg.max_documents, "block_docs": cfg.stream_block_docs,
-            "shuffle": cfg.shuffle})
+            "block_chars": cfg.stream_block_chars, "shuffle": cfg.shuffle})
 
     def _docs(self, split: str, shuffle: bool) -> DocumentStream:
         return DocumentStream(self.source, self.fraction, self.source.fixed_val_fraction
                               is not None, split, self.cfg.max_documents, shuffle,
-                              self.cfg.seed, self.cfg.stream_block_docs)
+                              self.cfg.seed, self.cfg.stream_block_docs,
+                              self.cfg.stream_block_chars)
 
     def train_loader(self, batch_size: int, num_workers: int = 0, rank: int = 0,
-                     world_size: int = 1) -> StreamLoader:
+                     world_size: int = 1, pin_memory: bool = False) -> StreamLoader:
         return StreamLoader(self._docs("train", self.cfg.shuffle), self.tokenizer,
                             self.cfg.seq_len, batch_size, num_workers, rank, world_size,
-                            self.fingerprint)
+                            self.fingerprint, pin_memory)
 
     def val_batches(self, batch_size: int, max_batches: int | None = None
                     ) -> Iterator[torch.Tensor]:

@@ -4,10 +4,10 @@ Pre-tokenized mode reads documents in the main process, hands chunks of about
 ``CHUNK_CHARS`` characters to ``num_proc`` worker processes that tokenize them (EOS
 after every document) and split them train/val, and appends the results *in source
 order* to the shard writers. At most two chunks per worker are in flight, so memory
-stays flat on any corpus size. After each chunk the shards are fsynced and
-``progress.json`` records (documents read, tokens committed per split): an interrupted
-run restarts from there, dropping any half-written tail, so no document is read twice
-or lost.
+stays flat on any corpus size. Every ``COMMIT_EVERY_S`` seconds (at a chunk boundary)
+the shards are fsynced and ``progress.json`` records (documents read, tokens
+committed per split): an interrupted run restarts from there, dropping any
+half-written tail, so no document is read twice or lost.
 
 Download mode gets the same documents as a ``datasets.Dataset`` (``load_dataset`` for
 hub names), tokenizes with ``Dataset.map(num_proc=...)`` (cached by datasets), and
@@ -39,6 +39,9 @@ from ten.data.tokenizer import Tokenizer, file_lock
 
 CHUNK_CHARS = 1 << 21  # ~2 MB of text per unit of work
 CHUNK_DOCS = 4096
+# Progress is made durable (fsync + progress.json) at most this often: an interrupted
+# run redoes at most this much work.
+COMMIT_EVERY_S = 5.0
 
 # A chunk: rows read, rows skipped as empty, texts, split keys (None: the text is the
 # key), val fraction.
@@ -134,7 +137,7 @@ def prepare(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
 
     ``identity`` is recorded in the manifest and must match for progress to be resumed
     (fingerprints, seq_len). ``on_commit`` is called with the progress after each chunk
-    (tests use it to interrupt a run half way).
+    (tests use it, with ``COMMIT_EVERY_S = 0``, to interrupt a run half way).
     """
     if (directory / MANIFEST).exists():
         return {}  # already complete: the caller verifies it
@@ -182,6 +185,7 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
         if limit is not None:
             docs = _take(docs, max(0, limit - progress["rows"]))
         keyed = source.fixed_val_fraction is not None
+        last_commit = time.monotonic()
         for got, train, val in _in_order(_chunks(docs, fraction, keyed), tokenizer,
                                          cfg.processes):
             writers["train"].append(train)
@@ -189,11 +193,13 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
             progress["rows"] += got["rows"]
             for name in counts:
                 counts[name] += got[name]
-            progress["writers"] = {s: w.sync() for s, w in writers.items()}
-            write_json(directory / PROGRESS, progress)
             bar.update(got["chars"], len(train) + len(val))
-            if on_commit is not None:
-                on_commit(progress)
+            if time.monotonic() - last_commit >= COMMIT_EVERY_S:
+                progress["writers"] = {s: w.sync() for s, w in writers.items()}
+                write_json(directory / PROGRESS, progress)
+                last_commit = time.monotonic()
+                if on_commit is not None:
+                    on_commit(progress)
     finally:
         bar.close()
     return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"], counts)
@@ -272,7 +278,8 @@ def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dir
     if cfg.max_documents is not None and cfg.max_documents < rows:
         ds, rows = ds.select(range(cfg.max_documents)), cfg.max_documents
     fraction = _val_fraction(cfg, source)
-    ds = ds.map(_tokenize_rows, batched=True, batch_size=256, num_proc=min(cfg.processes, rows),
+    ds = ds.map(_tokenize_rows, batched=True, batch_size=256,
+                num_proc=max(1, min(cfg.processes, rows)),
                 remove_columns=ds.column_names, desc=f"tokenizing {source.name}",
                 fn_kwargs={"model_path": str(tokenizer.path), "tokenizer_fp": tokenizer.fingerprint,
                            "fraction": fraction})

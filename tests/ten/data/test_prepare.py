@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from ten.data import DataError, open_data
 from ten.data import prepare as prep
@@ -17,8 +18,10 @@ from .conftest import make_docs, write_jsonl
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Many small units of work, so parallelism and resumption are really exercised."""
+    """Many small units of work, each committed, so parallelism and resumption are
+    really exercised."""
     monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(prep, "COMMIT_EVERY_S", 0.0)
 
 
 def _shas(directory):
@@ -27,7 +30,9 @@ def _shas(directory):
 
 
 def test_stream_is_documents_with_eos_between_no_padding(cfg, docs):
-    data = open_data(cfg)
+    # Shards far smaller than most documents: the stream just continues in the next file.
+    data = open_data(cfg.replace(shard_tokens=97))
+    assert len(data.manifest["splits"]["train"]["shards"]) > 100
     tok = data.tokenizer
     expect = {"train": [], "val": []}
     for d in docs:
@@ -145,6 +150,27 @@ def test_download_mode_writes_identical_shards(cfg, tmp_path):
     assert down.manifest["mode"] == "download"
     assert _shas(down.prepared_dir) == _shas(pre.prepared_dir)
     assert down.manifest["documents"] == pre.manifest["documents"]
+
+
+def test_download_mode_cursor_restores_with_workers(cfg, tmp_path):
+    down = open_data(cfg.replace(mode="download", shuffle=True))
+    loader = down.train_loader(batch_size=4, num_workers=2)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [next(it) for _ in range(3)]
+    fresh = open_data(cfg.replace(mode="download", shuffle=True)).train_loader(4, num_workers=1)
+    fresh.load_state_dict(state)
+    it2 = iter(fresh)
+    assert all(torch.equal(next(it2), e) for e in expected)
+
+
+def test_download_mode_empty_source_is_an_error(cfg, tmp_path):
+    path = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
+    given = open_data(cfg).tokenizer.path
+    with pytest.raises(DataError, match="no non-empty documents"):
+        open_data(cfg.replace(dataset=str(path), mode="download", tokenizer_path=str(given)))
 
 
 def test_download_mode_through_the_hub_path(cfg, tmp_path):

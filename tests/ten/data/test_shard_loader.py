@@ -113,6 +113,8 @@ def test_bad_cursors_are_refused(cfg):
     state = loader.state_dict()
     with pytest.raises(DataError, match="batch_size=4 but this loader has 8"):
         data.train_loader(batch_size=8).load_state_dict(state)
+    with pytest.raises(DataError, match="shuffle=False but this loader has True"):
+        open_data(cfg.replace(shuffle=True)).train_loader(batch_size=4).load_state_dict(state)
     with pytest.raises(DataError, match="'stream' loader"):
         loader.load_state_dict({**state, "kind": "stream"})
     with pytest.raises(DataError, match="fingerprint"):

@@ -25,7 +25,7 @@ def _equal(a, b):
 
 @pytest.fixture
 def stream_cfg(cfg):
-    return cfg.replace(mode="streaming", stream_block_docs=8)
+    return cfg.replace(mode="streaming", stream_block_docs=8, stream_block_chars=2000)
 
 
 def test_same_token_stream_as_pretokenized_when_unshuffled(cfg, stream_cfg):
@@ -103,7 +103,7 @@ def test_streams_through_the_hub_code_path(cfg, tmp_path):
     pq.write_table(pa.table({"text": docs}), tmp_path / "ag.parquet")
     hub = cfg.replace(dataset="ag_news", data_files=str(tmp_path / "ag.parquet"))
     shards = open_data(hub)
-    stream = open_data(hub.replace(mode="streaming", stream_block_docs=8))
+    stream = open_data(hub.replace(mode="streaming", stream_block_docs=8, stream_block_chars=2000))
     assert stream.tokenizer.path == shards.tokenizer.path
     assert _equal(_take(shards.train_loader(4), 10), _take(stream.train_loader(4, 2), 10))
     loader = stream.train_loader(4, num_workers=2)
