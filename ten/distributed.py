@@ -56,6 +56,13 @@ def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> None:
+    """In place: the mean of ``t`` over all ranks."""
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= info.world_size
+
+
 def shutdown(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -29,7 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from ten import checkpoint as ckpt
-from ten.distributed import DistInfo, barrier, broadcast_flag, init_from_env
+from ten.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    barrier,
+    broadcast_flag,
+    init_from_env,
+    shutdown,
+)
 from ten.lm import LanguageModel
 from ten.metrics import MetricsWriter
 from ten.mfu import mfu, peak_flops
@@ -360,6 +367,7 @@ class Trainer:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()  # host sync: once per logging interval
                     elapsed = time.perf_counter() - t_window
+                    all_reduce_mean(loss_acc, self.dist)  # the global batch's loss
                     last_loss = (loss_acc / window["steps"]).item()  # host sync (logging)
                     tok_s = window["steps"] * self.tokens_per_step / elapsed
                     rec = {"loss": last_loss, "lr": lr,
@@ -394,6 +402,7 @@ class Trainer:
         if metrics:
             metrics.write("end", step, {"outcome": outcome.value, "tokens": tokens})
             metrics.close()
+        shutdown(self.dist)
         return outcome
 
     def _eval(self, step: int, metrics: MetricsWriter | None) -> float:
