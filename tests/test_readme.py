@@ -1,0 +1,56 @@
+"""The README's job reference stays in step with the schema, and its commands with CI."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+from runner.job import json_schema, load_job
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def reference_block() -> str:
+    section = README.split("## Job reference", 1)[1]
+    return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+
+
+def leaves(tree: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        out |= leaves(value, path + ".") if isinstance(value, dict) else {path}
+    return out
+
+
+def schema_leaves(schema: dict, node: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, prop in node.get("properties", {}).items():
+        ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", [])
+                                        if "$ref" in a), None)
+        if ref:
+            out |= schema_leaves(schema, schema["$defs"][ref.split("/")[-1]], f"{prefix}{key}.")
+        else:
+            out.add(f"{prefix}{key}")
+    return out
+
+
+def test_reference_block_is_a_valid_job(tmp_path):
+    path = tmp_path / "reference.yaml"
+    path.write_text(reference_block().replace("max_tokens: null", ""))
+    job = load_job(path)
+    assert job.name == "my-run"
+
+
+def test_reference_lists_every_schema_field_and_no_other():
+    documented = leaves(yaml.safe_load(reference_block()))
+    schema = json_schema()
+    assert documented == schema_leaves(schema, schema)
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    test_cmd = next(c for c in commands if "pytest" in c)
+    assert test_cmd in (ROOT / ".ci" / "run").read_text()
+    assert any("ten-runner run jobs/tiny-cpu.yaml" in c for c in commands[:2])
