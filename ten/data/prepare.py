@@ -25,6 +25,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -90,20 +92,32 @@ def _chunks(docs: Iterator[tuple[str, str]], fraction: float, keyed: bool) -> It
 
 
 def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> Iterator[Result]:
-    """Tokenized chunks in source order, ``processes`` at a time, bounded look-ahead."""
+    """Tokenized chunks in source order, ``processes`` at a time, bounded look-ahead.
+
+    A process pool executor rather than multiprocessing.Pool: if a worker dies (killed,
+    out of memory) it raises BrokenProcessPool instead of waiting forever.
+    """
     if processes == 1:
         for chunk in chunks:
             yield tokenize_chunk(chunk, tokenizer)
         return
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-    with ctx.Pool(processes, initializer=_init_worker, initargs=(tokenizer,)) as pool:
-        pending: deque[Any] = deque()
-        for chunk in chunks:
-            pending.append(pool.apply_async(tokenize_chunk, (chunk,)))
-            if len(pending) >= 2 * processes:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    with ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init_worker,
+                             initargs=(tokenizer,)) as pool:
+        pending: deque[Future[Result]] = deque()
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(tokenize_chunk, chunk))
+                if len(pending) >= 2 * processes:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except BrokenProcessPool:
+            raise DataError("a tokenization worker process died (out of memory?); lower "
+                            "data.num_proc and run again: finished work is kept") from None
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class _Progress:

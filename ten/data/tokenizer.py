@@ -17,6 +17,7 @@ job never retrains; a different setting never reuses a stale model.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -83,16 +84,20 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Ids for each text (no EOS). Lines are encoded in one batched call when exact."""
-        if self._newline_id is None:
-            return [list(ids) for ids in self._sp.encode(list(texts), num_threads=1)]
+    def _encode_lines(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Every line of every text encoded in one batched call, and lines per text."""
         lines, counts = [], []
         for text in texts:
             parts = text.split("\n")
             lines.extend(parts)
             counts.append(len(parts))
-        encoded = self._sp.encode(lines, num_threads=1)
+        return self._sp.encode(lines, num_threads=1), counts
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids for each text (no EOS). Lines are encoded in one batched call when exact."""
+        if self._newline_id is None:
+            return [list(ids) for ids in self._sp.encode(list(texts), num_threads=1)]
+        encoded, counts = self._encode_lines(texts)
         out, i, nl = [], 0, [self._newline_id]
         for n in counts:
             ids = list(encoded[i])
@@ -104,13 +109,29 @@ class Tokenizer:
         return out
 
     def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
-        """The packed stream piece for these documents: ids with EOS after each, flat."""
-        flat: list[int] = []
-        eos = [self.eos_id]
-        for ids in self.encode_batch(texts):
-            flat += ids
-            flat += eos
-        return np.asarray(flat, dtype=self.dtype)
+        """The packed stream piece for these documents: ids with EOS after each, flat.
+
+        Every line is followed by exactly one separator, a newline within a document and
+        EOS after its last line, so the result is assembled with a few vector operations
+        instead of a Python loop over tokens.
+        """
+        if not texts:
+            return np.empty(0, dtype=self.dtype)
+        if self._newline_id is None:
+            return np.asarray([i for ids in self.encode_batch(texts) for i in ids + [self.eos_id]],
+                              dtype=self.dtype)
+        encoded, counts = self._encode_lines(texts)
+        lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        seps = np.cumsum(lens + 1) - 1  # (lines,) position of each line's separator
+        total = int(seps[-1]) + 1
+        out = np.empty(total, dtype=self.dtype)
+        is_token = np.ones(total, dtype=bool)
+        is_token[seps] = False
+        out[is_token] = np.fromiter(itertools.chain.from_iterable(encoded), dtype=self.dtype,
+                                    count=total - len(encoded))
+        out[seps] = self._newline_id
+        out[seps[np.cumsum(counts) - 1]] = self.eos_id
+        return out
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._sp.decode([int(i) for i in ids])

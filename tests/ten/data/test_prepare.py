@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,6 +108,16 @@ def test_interrupted_preparation_resumes_without_duplicates(cfg, tmp_path, small
     assert resumed.manifest["documents"] == clean.manifest["documents"]
     assert not (directory / "progress.json").exists()
     assert not (directory / "train-000099.bin").exists()
+
+
+def _die(chunk):
+    os._exit(1)
+
+
+def test_a_dying_worker_is_an_error_not_a_hang(cfg, small_chunks, monkeypatch):
+    monkeypatch.setattr(prep, "tokenize_chunk", _die)
+    with pytest.raises(DataError, match="worker process died"):
+        open_data(cfg.replace(num_proc=2))
 
 
 def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs):

@@ -87,3 +87,20 @@ def test_bad_tokenizer_inputs(tmp_path):
         train(["tiny corpus"] * 5, tmp_path / "t.model", vocab_size=5000)
     with pytest.raises(DataError, match="no text to train the tokenizer"):
         train(["", "  "], tmp_path / "t.model", vocab_size=300)
+
+
+def test_external_model_with_default_settings(tmp_path):
+    """A model trained elsewhere (dummy prefix, normalisation): exact via the slow path."""
+    import io
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(make_docs(100, seed=4)),
+                                   model_writer=buf, vocab_size=200, minloglevel=2)
+    (tmp_path / "ext.model").write_bytes(buf.getvalue())
+    tok = Tokenizer(tmp_path / "ext.model")
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "ext.model"))
+    assert tok.pad_id == tok.eos_id == sp.eos_id()  # no pad piece: EOS stands in
+    texts = ["two\nlines here", "another one"]
+    assert [tok.encode(t) for t in texts] == [sp.encode(t) for t in texts]
+    assert tok.encode_documents(texts).tolist() == \
+        sp.encode(texts[0]) + [tok.eos_id] + sp.encode(texts[1]) + [tok.eos_id]
