@@ -54,8 +54,13 @@ def dotted(path: Path_) -> str:
 
 
 def suggest(word: str, choices: typing.Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
-    return close[0] if close else None
+    """The closest choice ("max_step" -> "max_steps", "vocab" -> "vocab_size"), if any."""
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.7)
+    if close:
+        return close[0]
+    contains = [c for c in choices if len(word) >= 3 and (word in c or c in word)]
+    return contains[0] if len(contains) == 1 else None
 
 
 def show(value: Any) -> str:
@@ -129,6 +134,8 @@ def describe(err: Mapping[str, Any], schema: type[BaseModel], hidden: str | None
         return text + (f" (hint: {ctx['hint']})" if ctx.get("hint") and hidden is None else "")
     if kind in _TYPE_WORDS:
         hint = MISSING_HINTS.get(dotted(loc)) if _TYPE_WORDS[kind] == "a mapping" else None
+        if hidden is not None and "(from " in hidden and kind != "string_type":
+            hint = "a ${VAR} is always text; write numbers and true/false in the file"
         return f"expected {_TYPE_WORDS[kind]}, got {got}" + (f" (hint: {hint})" if hint else "")
     if kind == "finite_number":
         return f"expected a finite number, got {got}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,9 @@ BAD = [
       (4, "train: no budget")]),
     ("typo-section", MINIMAL + "chekpoint: {keep_last: 2}\n",
      [(5, "chekpoint: unknown key 'chekpoint' (did you mean 'checkpoint'?)")]),
+    ("typo-substring", MINIMAL.replace("builtin:botocore-docs}",
+                                       "builtin:botocore-docs, tokenizer: {vocab: 512}}"),
+     [(3, "data.tokenizer.vocab: unknown key 'vocab' (did you mean 'vocab_size'?)")]),
     ("wrong-type", MINIMAL.replace("{max_steps: 10}", "\n  max_steps: 10\n  lr: fast"),
      [(6, "train.lr: expected a number, got 'fast'")]),
     ("wrong-type-int", MINIMAL.replace("max_steps: 10", "max_steps: 2.5"),
@@ -408,6 +413,21 @@ def test_secret_named_fields_redacted_even_when_literal():
     assert SECRET not in json.dumps(out)
     assert out["train"]["max_tokens"] == 5 and out["data"]["tokenizer"]["vocab_size"] == 8
     assert looks_secret("hf_token") and looks_secret("password") and not looks_secret("keep_last")
+
+
+def test_number_from_env_var_gets_a_hint():
+    with pytest.raises(JobError) as info:
+        parse_job(MINIMAL + "resources: {gpus: '${GPUS}'}\n", env={"GPUS": "2"})
+    assert info.value.errors == ["<job>:5 resources.gpus: expected an integer, got a value of "
+                                 "type str (from ${GPUS}) (hint: a ${VAR} is always text; write "
+                                 "numbers and true/false in the file)"]
+
+
+def test_job_module_and_schema_do_not_import_torch():
+    code = ("import sys, runner.cli, runner.job; runner.job.json_schema(); "
+            "runner.job.load_job('jobs/tiny-cpu.yaml', check_model=False); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
 # --- schema -----------------------------------------------------------------------
