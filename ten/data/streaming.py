@@ -26,6 +26,7 @@ Shuffling is a seeded document shuffle buffer (``SHUFFLE_BUFFER`` documents, see
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,30 +146,32 @@ class StreamLoader:
             blocks = _Blocks(self.docs, self.tokenizer, self.epoch, self.block, self.doc)
             loader = DataLoader(blocks, batch_size=None, num_workers=self.num_workers,
                                 timeout=WORKER_TIMEOUT_S if self.num_workers else 0)
-            buf: list[np.ndarray] = []  # token arrays of blocks self.block, self.block + 1, ...
-            ends: list[int] = []  # document position after each buffered block
-            have, expected = 0, self.block
+            # Unused tokens of blocks self.block, self.block + 1, ... (data[0] is the first
+            # token of block self.block), each block's length, and the document after it.
+            data = np.empty(0, dtype=np.int64)
+            lens: deque[int] = deque()
+            ends: deque[int] = deque()
+            expected = self.block
             for number, after, ids in loader:
                 if number != expected:  # would be a bug, never a silently wrong stream
                     raise RuntimeError(f"stream blocks out of order: got {number}, "
                                        f"expected {expected}")
                 expected += 1
-                buf.append(ids.numpy())
+                data = np.concatenate([data, ids.numpy()])
+                lens.append(len(ids))
                 ends.append(after)
-                have += len(ids)
-                while have - self.offset >= group * L + 1:
-                    stream = np.concatenate(buf)
-                    lo = self.rank * B  # this rank's windows within the group
-                    starts = self.offset + L * np.arange(lo, lo + B)
-                    batch = np.stack([stream[s:s + L + 1] for s in starts])  # (B, L + 1)
+                while len(data) - self.offset >= group * L + 1:
+                    lo = self.offset + self.rank * B * L  # this rank's windows in the group
+                    batch = np.stack([data[s:s + L + 1] for s in range(lo, lo + B * L, L)])
                     self.offset += group * L
-                    while buf and len(buf[0]) <= self.offset:  # drop fully used blocks
-                        self.offset -= len(buf[0])
-                        have -= len(buf[0])
-                        buf.pop(0)
-                        self.block, self.doc = self.block + 1, ends.pop(0)
+                    dropped = 0
+                    while lens and lens[0] <= self.offset:  # blocks now fully used
+                        self.offset -= lens[0]
+                        dropped += lens.popleft()
+                        self.block, self.doc = self.block + 1, ends.popleft()
+                    data = data[dropped:]  # a view: nothing is copied
                     produced += 1
-                    out = torch.from_numpy(batch)
+                    out = torch.from_numpy(batch)  # (B, L + 1)
                     yield out.pin_memory() if self.pin_memory else out
             if fresh and produced == 0:
                 raise DataError(f"the streamed training split is shorter than one batch of "
