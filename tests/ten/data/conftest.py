@@ -38,6 +38,18 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
     return path
 
 
+# The helpers are handed out as fixtures, so tests never import this file (which works
+# the same under every pytest import mode).
+@pytest.fixture(scope="session", name="make_docs")
+def make_docs_fixture():
+    return make_docs
+
+
+@pytest.fixture(scope="session", name="write_jsonl")
+def write_jsonl_fixture():
+    return write_jsonl
+
+
 @pytest.fixture
 def docs() -> list[str]:
     return make_docs(240)

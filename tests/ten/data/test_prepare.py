@@ -14,8 +14,6 @@ from ten.data import DataError, open_data
 from ten.data import prepare as prep
 from ten.data.sources import is_val
 
-from .conftest import make_docs, write_jsonl
-
 
 @pytest.fixture
 def small_chunks(monkeypatch):
@@ -120,7 +118,7 @@ def test_a_dying_worker_is_an_error_not_a_hang(cfg, small_chunks, monkeypatch):
         open_data(cfg.replace(num_proc=2))
 
 
-def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs):
+def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs, write_jsonl):
     path = write_jsonl(tmp_path / "e.jsonl", [docs[0], "", "   \n ", docs[1], ""])
     data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0,
                                  tokenizer_path=str(open_data(cfg).tokenizer.path)))
@@ -131,7 +129,7 @@ def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs):
         tok.encode(docs[0]) + [tok.eos_id] + tok.encode(docs[1]) + [tok.eos_id]
 
 
-def test_empty_source_is_an_error(cfg, tmp_path):
+def test_empty_source_is_an_error(cfg, tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
     with pytest.raises(DataError, match="no non-empty training documents"):
         open_data(cfg.replace(dataset=str(path)))
@@ -177,14 +175,14 @@ def test_download_mode_cursor_restores_with_workers(cfg, tmp_path):
     assert all(torch.equal(next(it2), e) for e in expected)
 
 
-def test_download_mode_empty_source_is_an_error(cfg, tmp_path):
+def test_download_mode_empty_source_is_an_error(cfg, tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
     given = open_data(cfg).tokenizer.path
     with pytest.raises(DataError, match="no non-empty documents"):
         open_data(cfg.replace(dataset=str(path), mode="download", tokenizer_path=str(given)))
 
 
-def test_download_mode_through_the_hub_path(cfg, tmp_path):
+def test_download_mode_through_the_hub_path(cfg, tmp_path, make_docs):
     docs = make_docs(60, seed=3)
     pq.write_table(pa.table({"text": docs}), tmp_path / "tiny.parquet")
     hub = cfg.replace(dataset="tinystories", data_files=str(tmp_path / "tiny.parquet"))

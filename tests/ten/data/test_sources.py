@@ -11,8 +11,6 @@ import pytest
 from ten.data import DataError
 from ten.data.sources import KNOWN, HubSource, is_val, open_source, resolve_files
 
-from .conftest import make_docs, write_jsonl
-
 
 def _texts(source) -> list[str]:
     return [text for _, text in source.documents()]
@@ -36,7 +34,7 @@ def test_known_names_map_to_hub_locations():
                           "tinystories", "imdb", "ag_news"}
 
 
-def test_jsonl_parquet_txt_dir_and_glob(tmp_path):
+def test_jsonl_parquet_txt_dir_and_glob(tmp_path, make_docs, write_jsonl):
     docs = make_docs(12)
     write_jsonl(tmp_path / "d" / "a.jsonl", docs[:4], field="body")
     pq.write_table(pa.table({"body": docs[4:8], "n": list(range(4))}), tmp_path / "d" / "b.parquet")
@@ -52,7 +50,7 @@ def test_jsonl_parquet_txt_dir_and_glob(tmp_path):
     assert [t for _, t in src.documents(5)] == docs[5:]
 
 
-def test_missing_text_field_names_field_and_columns(tmp_path):
+def test_missing_text_field_names_field_and_columns(tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "x.jsonl", ["hello"], field="content")
     with pytest.raises(DataError, match=r"no text field 'text' \(available: \['content', 'id'\]"):
         _texts(open_source(str(path), None, tmp_path))
@@ -86,7 +84,7 @@ def test_split_is_a_pure_function_of_the_key():
     assert not any(is_val(k, 0.0) for k in keys)
 
 
-def test_hub_code_path_on_local_files_same_schema(tmp_path):
+def test_hub_code_path_on_local_files_same_schema(tmp_path, make_docs):
     """The real datasets.load_dataset path, pointed at a parquet file shaped like the hub's."""
     docs = make_docs(20)
     pq.write_table(pa.table({"text": docs, "id": list(range(20))}), tmp_path / "fw.parquet")
@@ -101,7 +99,7 @@ def test_hub_code_path_on_local_files_same_schema(tmp_path):
         _texts(wrong)
 
 
-def test_local_fingerprint_changes_when_file_changes(tmp_path):
+def test_local_fingerprint_changes_when_file_changes(tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "a.jsonl", ["one"])
     before = open_source(str(path), None, tmp_path).fingerprint()
     assert open_source(str(path), None, tmp_path).fingerprint() == before

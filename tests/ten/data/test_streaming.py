@@ -12,8 +12,6 @@ import torch
 
 from ten.data import DataError, StreamData, open_data
 
-from .conftest import make_docs
-
 
 def _take(loader, n):
     return list(itertools.islice(iter(loader), n))
@@ -98,7 +96,7 @@ def test_ranks_share_one_cursor_and_split_each_group(stream_cfg):
     assert r0.state_dict() == r1.state_dict()
 
 
-def test_streams_through_the_hub_code_path(cfg, tmp_path):
+def test_streams_through_the_hub_code_path(cfg, tmp_path, make_docs):
     docs = make_docs(80, seed=5)
     pq.write_table(pa.table({"text": docs}), tmp_path / "ag.parquet")
     hub = cfg.replace(dataset="ag_news", data_files=str(tmp_path / "ag.parquet"))
