@@ -163,6 +163,7 @@ def shard_dir(cfg: DataConfig, source: Source, identity: dict[str, Any]) -> Path
 def open_data(cfg: DataConfig, on_commit: Any = None) -> ShardData | StreamData:
     """Prepare (or reuse) the tokenizer and shards, or set up streaming. Raises DataError."""
     source = open_source(cfg.dataset, cfg.text_field, cfg.cache_path, cfg.data_files)
+    source.materialize()
     tokenizer = open_tokenizer(cfg, source)
     if cfg.mode == "streaming":
         return StreamData(cfg, source, tokenizer)

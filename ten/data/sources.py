@@ -84,6 +84,9 @@ class Source:
         """Size of the input if cheaply known (drives the progress bar's ETA)."""
         return None
 
+    def materialize(self) -> None:
+        """Do any one-time local work now, in the main process (not in loader workers)."""
+
     def to_dataset(self, cache_dir: Path) -> Any:
         """A ``datasets.Dataset`` with columns key/text (download mode)."""
         import datasets
@@ -113,6 +116,9 @@ class BuiltinSource(Source):
 
     def _path(self) -> Path:
         return builtin.corpus_path(self.cache_dir)
+
+    def materialize(self) -> None:
+        self._path()
 
     def documents(self, start: int = 0) -> Iterator[Doc]:
         with open(self._path(), encoding="utf-8") as f:
