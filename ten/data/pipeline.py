@@ -40,24 +40,18 @@ from ten.data.tokenizer import Tokenizer, load_or_train, training_key
 STREAM_VAL_MAX_BATCHES = 64
 
 
-def _val_fraction(cfg: DataConfig, source: Source) -> float:
-    return source.fixed_val_fraction if source.fixed_val_fraction is not None \
-        else cfg.val_fraction
-
-
 def open_tokenizer(cfg: DataConfig, source: Source) -> Tokenizer:
     """The given ``.model``, or one trained on the source's training documents (cached)."""
     if cfg.tokenizer_path:
         return Tokenizer(Path(cfg.tokenizer_path).expanduser())
-    fraction = _val_fraction(cfg, source)
-    keyed = source.fixed_val_fraction is not None
+    fraction = source.val_fraction(cfg.val_fraction)
 
     def texts() -> Iterator[str]:
         docs = source.documents()
         for i, (key, text) in enumerate(docs):
             if cfg.max_documents is not None and i >= cfg.max_documents:
                 return
-            if usable(text) and not is_val(key if keyed else text, fraction):
+            if usable(text) and not is_val(key, fraction):
                 yield text
 
     key = training_key(source.fingerprint(), cfg.vocab_size, cfg.tokenizer_type,
@@ -108,7 +102,7 @@ class StreamData:
 
     def __init__(self, cfg: DataConfig, source: Source, tokenizer: Tokenizer) -> None:
         self.cfg, self.source, self.tokenizer = cfg, source, tokenizer
-        self.fraction = _val_fraction(cfg, source)
+        self.fraction = source.val_fraction(cfg.val_fraction)
         self.fingerprint = digest({
             "kind": "stream", "source": source.fingerprint(), "tokenizer": tokenizer.fingerprint,
             "seq_len": cfg.seq_len, "val_fraction": self.fraction,
@@ -116,9 +110,8 @@ class StreamData:
             "block_chars": cfg.stream_block_chars, "shuffle": cfg.shuffle})
 
     def _docs(self, split: str, shuffle: bool) -> DocumentStream:
-        return DocumentStream(self.source, self.fraction, self.source.fixed_val_fraction
-                              is not None, split, self.cfg.max_documents, shuffle,
-                              self.cfg.seed, self.cfg.stream_block_docs,
+        return DocumentStream(self.source, self.fraction, split, self.cfg.max_documents,
+                              shuffle, self.cfg.seed, self.cfg.stream_block_docs,
                               self.cfg.stream_block_chars)
 
     def train_loader(self, batch_size: int, num_workers: int = 0, rank: int = 0,
@@ -149,7 +142,7 @@ def shard_identity(cfg: DataConfig, source: Source, tokenizer: Tokenizer) -> dic
     sfp = source.fingerprint()
     fingerprint = digest({
         "kind": "shards", "source": sfp, "tokenizer": tokenizer.fingerprint,
-        "seq_len": cfg.seq_len, "val_fraction": _val_fraction(cfg, source),
+        "seq_len": cfg.seq_len, "val_fraction": source.val_fraction(cfg.val_fraction),
         "max_documents": cfg.max_documents, "shard_tokens": cfg.shard_tokens})
     return {"fingerprint": fingerprint, "seq_len": cfg.seq_len,
             "source": {"fingerprint": sfp}, "tokenizer": {"fingerprint": tokenizer.fingerprint}}

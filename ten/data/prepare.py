@@ -19,6 +19,8 @@ Either way the manifest is written last; a directory with one is reused with no 
 
 from __future__ import annotations
 
+import itertools
+import json
 import multiprocessing as mp
 import shutil
 import sys
@@ -45,9 +47,9 @@ CHUNK_DOCS = 4096
 # run redoes at most this much work.
 COMMIT_EVERY_S = 5.0
 
-# A chunk: rows read, rows skipped as empty, texts, split keys (None: the text is the
-# key), val fraction.
-Chunk = tuple[int, int, list[str], list[str] | None, float]
+# A chunk: rows read, rows skipped as empty, texts, their split keys, val fraction.
+# (Keys are usually the texts themselves: pickle sends a shared string once.)
+Chunk = tuple[int, int, list[str], list[str], float]
 # A result: counts (rows, skipped_empty, train_docs, val_docs, invalid_utf8, chars),
 # train tokens, val tokens.
 Result = tuple[dict[str, int], np.ndarray, np.ndarray]
@@ -65,7 +67,7 @@ def tokenize_chunk(chunk: Chunk, tokenizer: Tokenizer | None = None) -> Result:
     tok = tokenizer or _worker_tokenizer
     assert tok is not None
     rows, skipped, texts, keys, fraction = chunk
-    val = [is_val(k, fraction) for k in (keys if keys is not None else texts)]
+    val = [is_val(k, fraction) for k in keys]
     train_texts = [t for t, v in zip(texts, val, strict=True) if not v]
     val_texts = [t for t, v in zip(texts, val, strict=True) if v]
     counts = {"rows": rows, "skipped_empty": skipped, "train_docs": len(train_texts),
@@ -74,7 +76,7 @@ def tokenize_chunk(chunk: Chunk, tokenizer: Tokenizer | None = None) -> Result:
     return counts, tok.encode_documents(train_texts), tok.encode_documents(val_texts)
 
 
-def _chunks(docs: Iterator[tuple[str, str]], fraction: float, keyed: bool) -> Iterator[Chunk]:
+def _chunks(docs: Iterator[tuple[str, str]], fraction: float) -> Iterator[Chunk]:
     rows, skipped, texts, keys, chars = 0, 0, [], [], 0
     for key, text in docs:
         rows += 1
@@ -85,10 +87,10 @@ def _chunks(docs: Iterator[tuple[str, str]], fraction: float, keyed: bool) -> It
             keys.append(key)
             chars += len(text)
         if chars >= CHUNK_CHARS or rows >= CHUNK_DOCS:
-            yield rows, skipped, texts, keys if keyed else None, fraction
+            yield rows, skipped, texts, keys, fraction
             rows, skipped, texts, keys, chars = 0, 0, [], [], 0
     if rows:
-        yield rows, skipped, texts, keys if keyed else None, fraction
+        yield rows, skipped, texts, keys, fraction
 
 
 def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> Iterator[Result]:
@@ -123,9 +125,9 @@ def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> 
 class _Progress:
     """tqdm over characters read, with tokens/s in the postfix (stderr)."""
 
-    def __init__(self, cfg: DataConfig, source: Source, desc: str) -> None:
-        self.bar = tqdm(total=source.total_bytes(), unit="B", unit_scale=True, desc=desc,
-                        disable=not cfg.progress, file=sys.stderr, mininterval=1.0)
+    def __init__(self, cfg: DataConfig, source: Source, desc: str, done: int = 0) -> None:
+        self.bar = tqdm(total=source.total_bytes(), initial=done, unit="B", unit_scale=True,
+                        desc=desc, disable=not cfg.progress, file=sys.stderr, mininterval=1.0)
         self.t0, self.tokens = time.perf_counter(), 0
 
     def update(self, chars: int, tokens: int) -> None:
@@ -166,8 +168,6 @@ def prepare(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
 
 
 def _load_progress(directory: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
-    import json
-
     path = directory / PROGRESS
     if not path.exists():
         return None
@@ -184,27 +184,24 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
     progress = _load_progress(directory, identity)
     if progress is None:
         _fresh(directory)
-        progress = {"identity": identity, "rows": 0,
+        progress = {"identity": identity, "rows": 0, "chars": 0,
                     "counts": dict.fromkeys(("train_docs", "val_docs", "skipped_empty",
                                              "invalid_utf8"), 0),
                     "writers": {"train": None, "val": None}}
     writers = {split: SplitWriter(directory, split, tokenizer.dtype, cfg.shard_tokens, state)
                for split, state in progress["writers"].items()}
     counts = progress["counts"]
-    fraction = _val_fraction(cfg, source)
-    limit = cfg.max_documents
-    bar = _Progress(cfg, source, f"tokenizing {source.name}")
+    fraction = source.val_fraction(cfg.val_fraction)
+    limit = None if cfg.max_documents is None else max(0, cfg.max_documents - progress["rows"])
+    bar = _Progress(cfg, source, f"tokenizing {source.name}", progress["chars"])
     try:
-        docs: Iterator[tuple[str, str]] = source.documents(progress["rows"])
-        if limit is not None:
-            docs = _take(docs, max(0, limit - progress["rows"]))
-        keyed = source.fixed_val_fraction is not None
+        docs = itertools.islice(source.documents(progress["rows"]), limit)
         last_commit = time.monotonic()
-        for got, train, val in _in_order(_chunks(docs, fraction, keyed), tokenizer,
-                                         cfg.processes):
+        for got, train, val in _in_order(_chunks(docs, fraction), tokenizer, cfg.processes):
             writers["train"].append(train)
             writers["val"].append(val)
             progress["rows"] += got["rows"]
+            progress["chars"] += got["chars"]
             for name in counts:
                 counts[name] += got[name]
             bar.update(got["chars"], len(train) + len(val))
@@ -217,18 +214,6 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
     finally:
         bar.close()
     return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"], counts)
-
-
-def _take(docs: Iterator[tuple[str, str]], n: int) -> Iterator[tuple[str, str]]:
-    for i, doc in enumerate(docs):
-        if i >= n:
-            return
-        yield doc
-
-
-def _val_fraction(cfg: DataConfig, source: Source) -> float:
-    return source.fixed_val_fraction if source.fixed_val_fraction is not None \
-        else cfg.val_fraction
 
 
 def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
@@ -255,7 +240,8 @@ def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
         "source": {**identity["source"], "name": source.name},
         "tokenizer": {**identity["tokenizer"], "vocab_size": tokenizer.vocab_size,
                       "eos_id": tokenizer.eos_id, "path": str(tokenizer.path)},
-        "documents": {"rows_read": rows, **counts}, "val_fraction": _val_fraction(cfg, source),
+        "documents": {"rows_read": rows, **counts},
+        "val_fraction": source.val_fraction(cfg.val_fraction),
         "splits": splits, "command": cfg.prepare_command(),
     }
     write_json(directory / MANIFEST, manifest)
@@ -291,7 +277,7 @@ def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dir
     rows = len(ds)
     if cfg.max_documents is not None and cfg.max_documents < rows:
         ds, rows = ds.select(range(cfg.max_documents)), cfg.max_documents
-    fraction = _val_fraction(cfg, source)
+    fraction = source.val_fraction(cfg.val_fraction)
     ds = ds.map(_tokenize_rows, batched=True, batch_size=256,
                 num_proc=max(1, min(cfg.processes, rows)),
                 remove_columns=ds.column_names, desc=f"tokenizing {source.name}",

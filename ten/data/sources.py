@@ -73,6 +73,10 @@ class Source:
     #: Held-out fraction this source imposes (builtin), or None to use the config's.
     fixed_val_fraction: float | None = None
 
+    def val_fraction(self, configured: float) -> float:
+        """The held-out fraction in force: the source's own, else the configured one."""
+        return configured if self.fixed_val_fraction is None else self.fixed_val_fraction
+
     def fingerprint(self) -> str:  # pragma: no cover
         raise NotImplementedError
 

@@ -67,10 +67,10 @@ class DocumentStream:
     function of the document sequence, so block numbers are stable across runs.
     """
 
-    def __init__(self, source: Source, fraction: float, keyed: bool, split: str,
+    def __init__(self, source: Source, fraction: float, split: str,
                  max_documents: int | None, shuffle: bool, seed: int, block_docs: int,
                  block_chars: int) -> None:
-        self.source, self.fraction, self.keyed, self.split = source, fraction, keyed, split
+        self.source, self.fraction, self.split = source, fraction, split
         self.max_documents, self.shuffle, self.seed = max_documents, shuffle, seed
         self.block_docs, self.block_chars = block_docs, block_chars
 
@@ -98,8 +98,7 @@ class DocumentStream:
             yield number, position, self._texts(block, want_val)
 
     def _texts(self, block: list[Doc], want_val: bool) -> list[str]:
-        return [t for k, t in block
-                if usable(t) and is_val(k if self.keyed else t, self.fraction) == want_val]
+        return [t for k, t in block if usable(t) and is_val(k, self.fraction) == want_val]
 
 
 class _Blocks(IterableDataset):
