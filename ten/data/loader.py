@@ -99,7 +99,11 @@ def check_cursor(state: dict[str, Any], kind: str, expect: dict[str, Any]) -> No
 
 
 class ShardLoader:
-    """Infinite, resumable iterable of (B, seq_len + 1) int64 batches from a shard split."""
+    """Infinite, resumable iterable of (B, seq_len + 1) int64 batches from a shard split.
+
+    Use one live iterator at a time: ``iter(loader)`` starts from the current cursor,
+    and ``load_state_dict`` takes effect at the next ``iter(loader)``.
+    """
 
     kind = "shards"
 

@@ -119,7 +119,11 @@ class _Blocks(IterableDataset):
 
 
 class StreamLoader:
-    """Infinite, resumable iterable of (B, seq_len + 1) int64 batches from a live stream."""
+    """Infinite, resumable iterable of (B, seq_len + 1) int64 batches from a live stream.
+
+    Use one live iterator at a time: ``iter(loader)`` starts from the current cursor,
+    and ``load_state_dict`` takes effect at the next ``iter(loader)``.
+    """
 
     kind = "stream"
 
