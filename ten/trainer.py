@@ -17,6 +17,7 @@ import enum
 import json
 import math
 import random
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -339,6 +340,9 @@ class Trainer:
                                           "total_steps": self.total_steps,
                                           "world_size": self.dist.world_size,
                                           "device": str(self.device), "resumed": step > 0})
+        if cfg.warmup_steps >= self.total_steps:
+            self.log(f"note: warmup_steps={cfg.warmup_steps} >= the {self.total_steps}-step "
+                     "budget, so the lr never reaches its peak")
         outcome = Outcome.DONE
         loss_acc = torch.zeros((), device=self.device)
         window = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "steps": 0}
@@ -374,10 +378,14 @@ class Trainer:
                            "grad_norm": norm.item(), "tokens": tokens, "tokens_per_s": tok_s,
                            "mfu": mfu(flops, tok_s / self.dist.world_size, peak),
                            "data_wait_frac": window["data"] / elapsed,
+                           "compute_frac": window["compute"] / elapsed,
                            "checkpoint_frac": window["checkpoint"] / elapsed,
                            "step_time_s": elapsed / window["steps"]}
                     if self.device.type == "cuda":
                         rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                    else:  # ru_maxrss is in KiB on Linux
+                        rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                        rec["peak_rss_gb"] = rss_kib / 2**20
                     if metrics:
                         metrics.write("train", step, rec)
                         self.log(progress_line(step, self.total_steps, rec))
