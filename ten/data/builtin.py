@@ -23,9 +23,12 @@ import gzip
 import html
 import importlib.util
 import json
+import multiprocessing as mp
 import os
 import re
+import sys
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from ten.data.errors import DataError
@@ -55,24 +58,32 @@ def botocore_data_dir() -> tuple[Path, str]:
 
 def clean_html(doc: str) -> str:
     """HTML doc string -> plain text: block ends become newlines, tags and entities go."""
-    text = _BLOCK_END.sub("\n", doc)
-    text = html.unescape(_TAG.sub(" ", text))
-    lines = (_SPACE.sub(" ", line).strip() for line in text.split("\n"))
+    text = _TAG.sub(" ", _BLOCK_END.sub("\n", doc))
+    if "&" in text:
+        text = html.unescape(text)
+    lines = (line.strip() for line in _SPACE.sub(" ", text).split("\n"))
     return "\n".join(line for line in lines if line)
 
 
 def _doc_strings(node: object) -> Iterator[str]:
-    """Every ``documentation`` string in a service description, in sorted-key order."""
-    if isinstance(node, dict):
-        for key in sorted(node):
-            value = node[key]
-            if key == "documentation" and isinstance(value, str):
-                yield value
-            else:
-                yield from _doc_strings(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _doc_strings(item)
+    """Every ``documentation`` string in a service description, in sorted-key order.
+
+    A depth-first walk with an explicit stack (children pushed in reverse), which visits
+    the same order as the obvious recursion at a fraction of its generator overhead.
+    """
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):  # only documentation strings are ever pushed
+            yield node
+        elif isinstance(node, dict):
+            for key in sorted(node, reverse=True):
+                value = node[key]
+                if (key == "documentation" and isinstance(value, str)) or \
+                        isinstance(value, dict | list):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(v for v in reversed(node) if isinstance(v, dict | list))
 
 
 def _service_files(data_dir: Path) -> list[tuple[str, Path]]:
@@ -92,22 +103,39 @@ def _service_files(data_dir: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def extract(data_dir: Path) -> Iterator[dict[str, str]]:
-    """Yield {"key": service, "text": prose} documents, deterministically."""
+def _paragraphs(path: Path) -> list[str]:
+    """One service's cleaned doc strings of at least MIN_CHARS, in order (duplicates kept)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        spec = json.load(f)
+    return [text for text in map(clean_html, _doc_strings(spec)) if len(text) >= MIN_CHARS]
+
+
+def extract(data_dir: Path, processes: int | None = None) -> Iterator[dict[str, str]]:
+    """Yield {"key": service, "text": prose} documents, deterministically.
+
+    Services are parsed and cleaned in parallel (results come back in order); the
+    cross-service deduplication runs here, in sorted order, so the output does not
+    depend on the number of processes.
+    """
+    files = _service_files(data_dir)
+    paths = [path for _, path in files]
+    processes = processes or os.cpu_count() or 1
+    if processes > 1 and not mp.current_process().daemon:  # loader workers cannot fork
+        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+        with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+            results = list(pool.map(_paragraphs, paths, chunksize=8))
+    else:
+        results = [_paragraphs(path) for path in paths]
     seen: set[str] = set()
-    for service, path in _service_files(data_dir):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            spec = json.load(f)
-        paragraphs = []
-        for raw in _doc_strings(spec):
-            text = clean_html(raw)
-            if len(text) < MIN_CHARS or text in seen:
-                continue
-            seen.add(text)
-            paragraphs.append(text)
-        if paragraphs:
-            yield {"key": service, "text": "\n\n".join(paragraphs)}
+    for (service, _), paragraphs in zip(files, results, strict=True):
+        kept = []
+        for text in paragraphs:
+            if text not in seen:
+                seen.add(text)
+                kept.append(text)
+        if kept:
+            yield {"key": service, "text": "\n\n".join(kept)}
 
 
 def corpus_path(cache_dir: Path) -> Path:
