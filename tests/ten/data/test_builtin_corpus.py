@@ -71,3 +71,30 @@ def test_streams_without_importing_boto(cache):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_extraction_rules_on_a_small_copy(tmp_path):
+    """Newest API version only, cross-service dedup, same output with 1 or 2 processes."""
+    import gzip
+
+    def service(name, version, docs):
+        spec = {"documentation": docs[0],
+                "operations": {f"Op{i}": {"documentation": d} for i, d in enumerate(docs[1:])},
+                "shapes": {"S": {"members": {"m": {"documentation": "<p>short</p>"}}}}}
+        path = tmp_path / name / version / "service-2.json.gz"
+        path.parent.mkdir(parents=True)
+        with gzip.open(path, "wt") as f:
+            json.dump(spec, f)
+
+    shared = "<p>This sentence is shared by two services and long enough to keep.</p>"
+    service("alpha", "2015-01-01", ["<p>Old alpha text that must not appear at all.</p>"])
+    service("alpha", "2020-01-01", ["<p>Alpha is the first service, described here.</p>",
+                                    shared])
+    service("beta", "2019-01-01",
+            [shared, "<b>Beta</b> has its own words &amp; more text, long enough."])
+    one = list(builtin.extract(tmp_path, processes=1))
+    assert one == list(builtin.extract(tmp_path, processes=2))
+    kept = "This sentence is shared by two services and long enough to keep."
+    assert one == [
+        {"key": "alpha", "text": "Alpha is the first service, described here.\n\n" + kept},
+        {"key": "beta", "text": "Beta has its own words & more text, long enough."}]
