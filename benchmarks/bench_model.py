@@ -88,6 +88,31 @@ def run_point(args: argparse.Namespace) -> dict:
     return result
 
 
+def scan_only(T: int, tokens: int, K: int, chunk: int, device: str) -> dict:
+    """Forward + backward of the scan alone (B·T = tokens, K eigenstates): ref vs chunked."""
+    import torch
+
+    from ten.scan import scan
+
+    torch.manual_seed(0)
+    B = max(1, tokens // T)
+    beta = torch.randn(B, T, 2 * K, device=device, requires_grad=True)
+    log_lam = torch.cat([-torch.rand(K) * 0.1, torch.rand(K) * 0.3]).to(device).requires_grad_()
+
+    def once(backend: str) -> float:
+        t0 = time.perf_counter()
+        c, _ = scan(beta, log_lam, backend=backend, chunk_size=chunk)
+        c.square().sum().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    once("chunked")
+    chunked = statistics.median(once("chunked") for _ in range(5))
+    ref = once("ref")
+    return {"T": T, "B": B, "chunked_s": chunked, "ref_s": ref}
+
+
 def spawn(base: list[str], arch: str, backend: str, T: int) -> dict:
     cmd = [sys.executable, __file__, *base, "--one", "--arch", arch, "--backend", backend,
            "--T", str(T)]
@@ -156,6 +181,14 @@ def main() -> None:
               "(target < 1.5x)")
 
     if args.ref_T:
+        from ten.presets import model_config
+
+        cfg = model_config("ten", args.preset)
+        r = scan_only(args.ref_T, args.tokens, cfg.n_eigenstates, cfg.chunk_size, args.device)
+        print(f"chunked vs ref, scan alone (fwd+bwd, B={r['B']}, T={r['T']}, "
+              f"K={cfg.n_eigenstates}): chunked {r['chunked_s'] * 1e3:.1f} ms, ref "
+              f"{r['ref_s'] * 1e3:.0f} ms, speed-up {r['ref_s'] / r['chunked_s']:.1f}x "
+              "(target >= 20x)")
         chunked = spawn(base, "ten", "chunked", args.ref_T)
         ref = spawn(base[:-2] + ["--steps", "1"], "ten", "ref", args.ref_T)
         print(f"chunked vs ref scan, full training step at T={args.ref_T}: "
