@@ -18,6 +18,7 @@ loader restored from it yields exactly the batches that would have come next.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,18 @@ from ten.data.shards import TokenStream
 CURSOR_VERSION = 1
 # A worker that produces nothing for this long is reported, never waited on forever.
 WORKER_TIMEOUT_S = 300
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a terminal's Ctrl-C is the trainer's business.
+
+    Ctrl-C (SIGINT) reaches every process of the foreground group. A worker that died
+    of it would take with it the batches the trainer still needs to finish its step and
+    commit a checkpoint; the main process decides when everyone stops. SIGTERM keeps
+    its default: supervisors (docker, tini, torchrun) send it to the main process only,
+    and multiprocessing relies on it to stop workers at exit.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -132,7 +145,8 @@ class ShardLoader:
         workers = self.num_workers
         loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
                             timeout=WORKER_TIMEOUT_S if workers else 0,
-                            prefetch_factor=4 if workers else None, pin_memory=self.pin_memory)
+                            prefetch_factor=4 if workers else None, pin_memory=self.pin_memory,
+                            worker_init_fn=ignore_stop_signals)
         for batch in loader:
             self.position += 1  # the caller now holds this batch: the cursor moves past it
             if self.position == self.batches_per_epoch:

@@ -35,7 +35,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ten.data.errors import DataError
-from ten.data.loader import CURSOR_VERSION, WORKER_TIMEOUT_S, check_cursor
+from ten.data.loader import (
+    CURSOR_VERSION,
+    WORKER_TIMEOUT_S,
+    check_cursor,
+    ignore_stop_signals,
+)
 from ten.data.sources import Doc, Source, is_val, usable
 from ten.data.tokenizer import Tokenizer
 
@@ -148,7 +153,8 @@ class StreamLoader:
             produced = 0
             blocks = _Blocks(self.docs, self.tokenizer, self.epoch, self.block, self.doc)
             loader = DataLoader(blocks, batch_size=None, num_workers=self.num_workers,
-                                timeout=WORKER_TIMEOUT_S if self.num_workers else 0)
+                                timeout=WORKER_TIMEOUT_S if self.num_workers else 0,
+                                worker_init_fn=ignore_stop_signals)
             # Unused tokens of blocks self.block, self.block + 1, ... (data[0] is the first
             # token of block self.block), each block's length, and the document after it.
             data = np.empty(0, dtype=np.int64)
