@@ -317,7 +317,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=self.amp_dtype == torch.float16)
         loader = self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
-                                        self.dist.world_size)
+                                        self.dist.world_size,
+                                        pin_memory=self.device.type == "cuda")
         step, tokens = self._resume(loader)
         model: torch.nn.Module = self.raw_model
         no_sync = None
