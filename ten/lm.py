@@ -14,6 +14,30 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ten.mlp import MLP
+
+
+class Block(nn.Module):
+    """Pre-LN residual block: ``x + mixer(LN(x))``, then ``x + MLP(LN(x))``.
+
+    The mixer (TEN eigenstates, or attention) is the only part that looks across time,
+    and the only part with state to carry between calls.
+    """
+
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, mlp_kind: str,
+                 eps: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.mixer = mixer
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.mlp = MLP(d_model, mlp_hidden, mlp_kind)
+
+    def forward(self, x: Tensor, state: Any) -> tuple[Tensor, Any]:
+        y, state = self.mixer(self.norm1(x), state)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), state
 
 
 class LanguageModel(nn.Module):
@@ -23,6 +47,22 @@ class LanguageModel(nn.Module):
 
     def forward(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:  # pragma: no cover
         raise NotImplementedError
+
+    def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, tuple[Any, ...]]:
+        """x (B, T, d) through ``self.blocks``, each with its own carried state; with
+        ``config.grad_checkpointing``, each block's activations are recomputed in backward."""
+        if state is not None and len(state) != len(self.blocks):
+            raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
+        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
+        new_state = []
+        for i, block in enumerate(self.blocks):
+            s = None if state is None else state[i]
+            if use_ckpt:
+                x, s = checkpoint(block, x, s, use_reentrant=False)
+            else:
+                x, s = block(x, s)
+            new_state.append(s)
+        return x, tuple(new_state)
 
     # --- optimizer support ----------------------------------------------------------------
 

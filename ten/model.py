@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from ten.lm import LanguageModel
-from ten.mlp import MLP, MLP_KINDS, mlp_hidden_size
+from ten.lm import Block, LanguageModel
+from ten.mlp import MLP_KINDS, mlp_hidden_size
 from ten.scan import check_backend, scan
 
 State = tuple[Tensor, ...]  # one (B, 2K) float32 tensor per layer
@@ -126,22 +125,6 @@ class EigenstateMixer(nn.Module):
         return torch.sigmoid(self.gate(xn)) * self.out_proj(c), state
 
 
-class TENBlock(nn.Module):
-    """Pre-LN block: x + mixer(LN(x)), then x + MLP(LN(x))."""
-
-    def __init__(self, cfg: TENConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mixer = EigenstateMixer(cfg)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
-
-    def forward(self, x: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
-        y, state = self.mixer(self.norm1(x), state)
-        x = x + y
-        return x + self.mlp(self.norm2(x)), state
-
-
 class TENLM(LanguageModel):
     """Embedding (tied to the head) → blocks → final LayerNorm → logits."""
 
@@ -149,7 +132,9 @@ class TENLM(LanguageModel):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(TENBlock(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(
+            Block(EigenstateMixer(config), config.d_model, config.mlp_hidden, config.mlp,
+                  config.norm_eps) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self._init_weights()
 
@@ -174,20 +159,9 @@ class TENLM(LanguageModel):
 
     def forward(self, ids: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """ids (B, T) → logits (B, T, V) and the per-layer states after the last token."""
-        if state is not None and len(state) != len(self.blocks):
-            raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
-        x = self.embed(ids)  # (B, T, d)
-        new_state = []
-        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
-            s = None if state is None else state[i]
-            if use_ckpt:
-                x, s = checkpoint(block, x, s, use_reentrant=False)
-            else:
-                x, s = block(x, s)
-            new_state.append(s)
+        x, new_state = self.run_blocks(self.embed(ids), state)  # (B, T, d)
         logits = F.linear(self.norm(x), self.embed.weight)  # tied head
-        return logits, tuple(new_state)
+        return logits, new_state
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6 × matmul weights (head included) + 3 × the scan.

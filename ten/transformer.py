@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from ten.lm import LanguageModel
-from ten.mlp import MLP, MLP_KINDS
+from ten.lm import Block, LanguageModel
+from ten.mlp import MLP_KINDS
 
 KVCache = tuple[tuple[Tensor, Tensor], ...]  # per layer: keys, values (B, H, T_past, hd)
 POSITIONS = ("rope", "learned")
@@ -96,20 +95,6 @@ class Attention(nn.Module):
         return self.proj(out), (k, v)
 
 
-class TransformerBlock(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
-
-    def forward(self, x: Tensor, cache: tuple[Tensor, Tensor] | None):
-        y, cache = self.attn(self.norm1(x), cache)
-        x = x + y
-        return x + self.mlp(self.norm2(x)), cache
-
-
 class TransformerLM(LanguageModel):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -117,7 +102,9 @@ class TransformerLM(LanguageModel):
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_embed = (nn.Embedding(config.seq_len, config.d_model)
                           if config.pos == "learned" else None)
-        self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(
+            Block(Attention(config), config.d_model, config.mlp_hidden, config.mlp,
+                  config.norm_eps) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self._init_weights()
 
@@ -128,7 +115,7 @@ class TransformerLM(LanguageModel):
             for name, p in self.named_parameters():
                 if p.dim() < 2:
                     continue  # LayerNorm defaults, zero biases
-                is_resid = name.endswith(("attn.proj.weight", "mlp.down.weight"))
+                is_resid = name.endswith(("mixer.proj.weight", "mlp.down.weight"))
                 nn.init.normal_(p, 0.0, resid_std if is_resid else std)
             for block in self.blocks:
                 for lin in (block.mlp.up, block.mlp.down):
@@ -145,17 +132,9 @@ class TransformerLM(LanguageModel):
                     f"learned positions cover {self.config.seq_len} tokens, got {past + T}; "
                     "use pos: rope to run longer inputs")
             x = x + self.pos_embed(torch.arange(past, past + T, device=ids.device))
-        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
-        caches = []
-        for i, block in enumerate(self.blocks):
-            c = None if state is None else state[i]
-            if use_ckpt:
-                x, c = checkpoint(block, x, c, use_reentrant=False)
-            else:
-                x, c = block(x, c)
-            caches.append(c)
+        x, caches = self.run_blocks(x, state)
         logits = F.linear(self.norm(x), self.embed.weight)
-        return logits, tuple(caches)
+        return logits, caches
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6 × matmul weights (head included) + causal attention.
