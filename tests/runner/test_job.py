@@ -73,7 +73,7 @@ def test_default_job_fields():
         ("builtin:botocore-docs", "pretokenized", 256)
     assert job.data.tokenizer.vocab_size == 4096 and job.data.tokenizer.type == "bpe"
     assert job.data.tokenizer.path is None and job.data.tokenizer.byte_fallback is True
-    assert job.data.num_workers == 2 and job.data.val_fraction == 0.01 and job.data.shuffle
+    assert job.data.num_workers == 0 and job.data.val_fraction == 0.01 and job.data.shuffle
     t = job.train
     assert (t.max_steps, t.max_tokens, t.batch_size, t.grad_accum) == (20, None, 8, 1)
     assert (t.lr, t.warmup_steps, t.schedule, t.precision, t.optimizer) == \
