@@ -1,0 +1,61 @@
+"""Object storage for runs: one small interface (:class:`Store`), two implementations
+(a local directory, an S3-compatible bucket), and on top of it the bucket layout::
+
+    <url>/<job>/checkpoints/step-NNNNNNNN/{model.pt,...,manifest.json}
+    <url>/<job>/LATEST                       "step-NNNNNNNN" (a hint)
+    <url>/<job>/lease/epoch-NNNNNNNN          one per writer start (runner.storage.lease)
+    <url>/datasets/<fingerprint>/...          prepared data cache (runner.storage.datasets)
+
+Importing this package does not import boto3 (the CLI stays fast); :func:`open_store`
+does when given an ``s3://`` URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runner.storage.base import ObjectInfo, StorageError, Store
+
+__all__ = ["ObjectInfo", "StorageError", "Store", "open_store"]
+
+
+def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
+               **options: Any) -> Store:
+    """A store for ``url``: ``./runs``, ``/abs/path``, ``file:///abs`` or
+    ``s3://bucket/prefix``. ``options`` go to :class:`runner.storage.s3.S3Store`
+    (addressing_style, max_attempts, timeouts, part_size, conditional_writes, check).
+
+    For S3 the bucket is checked once (a one-key listing) so wrong credentials, a missing
+    bucket or an unreachable endpoint fail here with a one-line :class:`StorageError`.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise StorageError("storage.url is empty; use a local path, file:// or s3://bucket")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "s3":
+        rest = url.split("://", 1)[1]
+        bucket, _, prefix = rest.partition("/")
+        if not bucket or "@" in bucket or ":" in bucket:
+            raise StorageError(f"storage.url {url.split('@')[-1]!r} has no valid bucket; "
+                               "use s3://bucket/prefix (credentials go in the environment)")
+        from runner.storage.s3 import S3Store  # boto3 only when needed
+
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url, region=region, **options)
+    if endpoint_url:
+        raise StorageError(f"storage.endpoint_url applies to s3:// URLs, not {url!r}")
+    if scheme == "file":
+        path = url[len("file://"):]
+        if path.startswith("localhost/"):
+            path = path[len("localhost"):]
+        if not path.startswith("/"):
+            raise StorageError(f"storage.url {url!r}: file:// URLs need an absolute path "
+                               "(file:///abs/path)")
+        from runner.storage.local import LocalStore
+
+        return LocalStore(Path(path), url=url)
+    if scheme:
+        raise StorageError(f"storage.url has unsupported scheme {scheme + '://'!r}; "
+                           "use a local path, file:// or s3://")
+    from runner.storage.local import LocalStore
+
+    return LocalStore(Path(url))
