@@ -99,6 +99,19 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
             "batch_size": job.train.batch_size,
         }
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved, log=log)
+        watcher = start_notice_watcher(job, trainer, log)
+        commits: list[tuple[Path, float, float]] = []  # (path, seconds to save, when)
+
+        def on_commit(path: Path, seconds: float) -> None:
+            commits.append((path, seconds, time.time()))
+            if watcher is not None and len(commits) == 1:
+                from runner.preemption import startup_warning
+
+                warning = startup_warning(watcher.provider, seconds, job.resources.notice_poll_s)
+                if warning:
+                    log(f"warning: {warning}")
+
+        trainer.on_commit = on_commit
         try:
             outcome = trainer.run()
         except ResumeError as e:
@@ -107,6 +120,13 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         except DataError as e:
             log(f"data error: {e}")
             return ExitCode.DATA
+        finally:
+            if watcher is not None:
+                watcher.stop()
+        if watcher is not None and watcher.notice is not None and commits:
+            from runner.preemption import emergency_report
+
+            log(emergency_report(watcher.notice, commits[-1][2]))
         if outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
         if trainer.dist.is_main:
@@ -125,6 +145,34 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         return ExitCode.CRASH
     finally:
         log.close()
+
+
+def start_notice_watcher(job: Job, trainer: Any, log: RunLog):
+    """Poll the cloud's preemption notice (resources.spot_notice) and turn a notice into
+    the same stop as SIGTERM: finish the step, commit a checkpoint, exit preempted —
+    before the SIGTERM that follows the notice."""
+    from runner.preemption import PROVIDERS, NoticeWatcher, notice_window_s, resolve_provider
+
+    res = job.resources
+    if res.spot_notice == "none" or (res.spot_notice == "auto" and not res.spot):
+        return None
+    endpoints = ({p: res.metadata_endpoint for p in PROVIDERS}
+                 if res.metadata_endpoint else None)
+    provider = resolve_provider(res.spot_notice, endpoints)
+    if provider is None:
+        log("no cloud metadata service answered: preemption notices are not watched")
+        return None
+
+    def on_notice(notice: Any) -> None:
+        log(f"preemption notice from {provider}: {notice.detail}")
+        trainer.stop.request(f"{provider} preemption notice")
+
+    watcher = NoticeWatcher(provider, on_notice, interval_s=res.notice_poll_s,
+                            endpoint=res.metadata_endpoint, log=log)
+    watcher.start()
+    log(f"watching for {provider} preemption notices every {res.notice_poll_s:g} s "
+        f"(notice window {notice_window_s(provider):.0f} s)")
+    return watcher
 
 
 def _open_data(job: Job, log: RunLog):

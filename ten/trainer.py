@@ -148,11 +148,23 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 class StopSignal:
     """Turns the first SIGTERM/SIGINT into a flag the loop checks after each step; a
-    second SIGINT interrupts at once (the user insists)."""
+    second SIGINT interrupts at once (the user insists). ``request`` raises the same
+    flag from another thread (a preemption-notice watcher)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.requested: str | None = None
         self._old: dict[int, Any] = {}
+
+    @property
+    def reason(self) -> str | None:
+        if self.signum is not None:
+            return signal.Signals(self.signum).name
+        return self.requested
+
+    def request(self, reason: str) -> None:
+        if self.requested is None:
+            self.requested = reason
 
     def __enter__(self) -> StopSignal:
         with contextlib.suppress(ValueError):  # not the main thread: no handlers
@@ -228,17 +240,20 @@ class Trainer:
 
     ``data`` is an object from ``ten.data.open_data``. ``identity`` holds what must not
     change across a resume (model shape, tokenizer, seq_len, ...); ``resolved`` is the
-    full (secret-free) job, saved with every checkpoint.
+    full (secret-free) job, saved with every checkpoint. ``on_commit(path, seconds)`` is
+    called on the main rank after each committed checkpoint; ``stop.request(reason)``
+    (thread-safe) ends the run after the current step with a checkpoint, like SIGTERM.
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
                  identity: dict[str, Any], resolved: dict[str, Any],
                  log: Callable[[str], None] = print,
-                 on_commit: Callable[[Path], None] | None = None) -> None:
+                 on_commit: Callable[[Path, float], None] | None = None) -> None:
         self.model_config, self.data, self.cfg = model_config, data, cfg
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
         self.log, self.on_commit = log, on_commit
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.stop = StopSignal()
         self.device = resolve_device(cfg.device)
         self.dist: DistInfo = init_from_env(self.device.type)
         if self.device.type == "cuda":
@@ -274,7 +289,7 @@ class Trainer:
                              meta={"step": step, "tokens": tokens, "loss": last_loss})
             ckpt.prune(self.ckpt_root, self.cfg.keep_last)
             if self.on_commit is not None:
-                self.on_commit(path)
+                self.on_commit(path, time.perf_counter() - t0)
         barrier(self.dist)
         return time.perf_counter() - t0
 
@@ -350,7 +365,7 @@ class Trainer:
         last_loss: float | None = None
         t_window = time.perf_counter()
         batches = iter(loader)
-        with StopSignal() as stop:
+        with self.stop as stop:
             while step < self.total_steps:
                 t0 = time.perf_counter()
                 micro = [next(batches).to(self.device, non_blocking=True)
@@ -366,7 +381,7 @@ class Trainer:
                 window["data"] += t1 - t0
                 window["compute"] += time.perf_counter() - t1
                 window["steps"] += 1
-                stopping = broadcast_flag(stop.signum is not None, self.dist, self.device)
+                stopping = broadcast_flag(stop.reason is not None, self.dist, self.device)
 
                 if step % cfg.log_every == 0 or step == self.total_steps or stopping:
                     if self.device.type == "cuda":
@@ -401,9 +416,8 @@ class Trainer:
                 if stopping or step % cfg.checkpoint_every == 0 or step == self.total_steps:
                     window["checkpoint"] += self._save(step, tokens, loader, last_loss)
                 if stopping:
-                    name = signal.Signals(stop.signum).name if stop.signum else "a peer's signal"
-                    self.log(f"stopped by {name} after step {step}: checkpoint committed, "
-                             "run again to resume")
+                    self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: "
+                             "checkpoint committed, run again to resume")
                     outcome = Outcome.PREEMPTED
                     break
         if outcome is Outcome.DONE:

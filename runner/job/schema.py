@@ -147,6 +147,12 @@ class ResourcesSection(Section):
     gpus: Int = Field(0, ge=0)
     spot: Bool = False
     price_per_hour: Float | None = Field(None, gt=0.0, description="USD, for cost reports")
+    spot_notice: Literal["auto", "none", "aws", "gcp", "azure"] = Field(
+        "auto", description="preemption-notice poller: auto detects the cloud when spot is "
+        "true; none disables it")
+    metadata_endpoint: Str | None = Field(
+        None, description="metadata service base URL (default: the provider's own)")
+    notice_poll_s: Float = Field(2.0, gt=0.0, description="seconds between notice polls")
 
 
 def slugify(name: str) -> str:

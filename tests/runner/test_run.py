@@ -207,3 +207,65 @@ def test_sample_prints_text_from_the_newest_checkpoint(tmp_path, corpus):
     code, out, _ = run_to_end("sample", tmp_path / "store" / "t", "--prompt", "a checkpoint",
                               "--max-new-tokens", "5")
     assert code == 0 and out.startswith("[t step 4] a checkpoint")
+
+
+class FakeIMDS:
+    """The AWS instance metadata service (IMDSv2), with a switch for the spot notice."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        fake = self
+        self.notice = False
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"token-1")
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != "token-1":
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                if self.path.endswith("/spot/instance-action") and fake.notice:
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+                    body = json.dumps({"action": "terminate", "time": when}).encode()
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_spot_notice_commits_the_current_step_before_any_signal(tmp_path, corpus):
+    imds = FakeIMDS()
+    try:
+        job = write_job(tmp_path, corpus, every=100)
+        job.write_text(job.read_text() + "resources:\n  spot: true\n  spot_notice: aws\n"
+                       f"  metadata_endpoint: {imds.url}\n  notice_poll_s: 0.05\n")
+        run = tmp_path / "store" / "t"
+        proc = cli("run", job, "--no-sample")
+        wait_for_step(run / "metrics.jsonl", proc, 5)
+        imds.notice = True
+        _, err = proc.communicate(timeout=120)
+    finally:
+        imds.close()
+    assert proc.returncode == ExitCode.PREEMPTED, err
+    assert "stopped by aws preemption notice" in err
+    assert "before the deadline" in err
+    last = max(losses(run))
+    assert 5 <= last < 40 and ckpt.committed_steps(run / "checkpoints") == [last]
