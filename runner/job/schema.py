@@ -114,24 +114,31 @@ class CheckpointSection(Section):
 
 
 class StorageSection(Section):
-    url: Str = Field("./runs", description="where runs and checkpoints go: a local path or "
-                     "file:// (s3:// comes later)")
+    url: Str = Field("./runs", description="where runs and checkpoints go: a local path, "
+                     "file:///abs/path or s3://bucket/prefix")
     endpoint_url: Str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
     region: Str | None = None
 
     @field_validator("url")
     @classmethod
-    def _local_only(cls, url: str) -> str:
+    def _known_scheme(cls, url: str) -> str:
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if not url.strip():
-            raise job_error("must be a local path or file:// URL", show_value=False)
+            raise job_error("must be a local path, file:// or s3:// URL", show_value=False)
         if scheme == "s3":
-            raise job_error("s3:// storage is not supported yet; use a local path or file://",
-                            show_value=False)
-        if scheme not in ("", "file"):
+            bucket = url.split("://", 1)[1].split("/", 1)[0]
+            if not bucket or "@" in bucket or ":" in bucket:
+                raise job_error("needs a bucket: s3://bucket/prefix",
+                                hint="credentials go in the environment, never in the URL",
+                                show_value=False)
+        elif scheme not in ("", "file"):
             raise job_error(f"unsupported scheme {scheme + '://'!r}",
-                            hint="use a local path or file://", show_value=False)
+                            hint="use a local path, file:// or s3://", show_value=False)
         return url
+
+    @property
+    def is_remote(self) -> bool:
+        return self.url.lower().startswith("s3://")
 
     def local_path(self) -> Path:
         """The directory runs go under (``file://`` stripped, ``~`` expanded)."""
