@@ -1,0 +1,245 @@
+"""Remote checkpoints: commit protocol, verification, fallback, retention, leases."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from runner.storage import StorageError
+from runner.storage import checkpoints as rc
+from runner.storage.checkpoints import (
+    CorruptCheckpoint,
+    Lease,
+    LeaseLost,
+    download_checkpoint,
+    latest_committed,
+    prune_remote,
+    restore_latest,
+    retained_steps,
+    upload_checkpoint,
+)
+from ten import checkpoint as tc
+
+JOB = "tiny-cpu"
+
+
+def make_ckpt(root, step, size=3000):
+    """A fake ten checkpoint: bytes instead of torch state (no training)."""
+    return tc.save(root, step, {
+        "model.pt": os.urandom(size), "optimizer.pt": os.urandom(size // 2),
+        "trainer.pt": f"step {step}".encode(), "config.json": b'{"d_model": 32}'})
+
+
+class Recorder:
+    """Wraps a store and records the keys written, in order."""
+
+    def __init__(self, store):
+        self._store, self.writes = store, []
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def put_file(self, key, path, sha256=None):
+        self.writes.append(key)
+        return self._store.put_file(key, path, sha256=sha256)
+
+    def put_bytes(self, key, data, if_absent=False):
+        self.writes.append(key)
+        return self._store.put_bytes(key, data, if_absent=if_absent)
+
+
+def flip_a_bit(store, key):
+    data = bytearray(store.get_bytes(key))
+    data[len(data) // 2] ^= 0x01
+    store.put_bytes(key, bytes(data))
+
+
+def test_format_mirrors_ten_checkpoint():
+    assert rc.MANIFEST == tc.MANIFEST
+    assert rc.FORMAT_VERSION == tc.FORMAT_VERSION
+    assert rc.step_name(42) == tc.step_name(42)
+
+
+def test_upload_commits_manifest_last_then_latest_and_restores(store, tmp_path):
+    local = tmp_path / "local" / "checkpoints"
+    make_ckpt(local, 1)
+    path = make_ckpt(local, 2)
+    rec = Recorder(store)
+    remote = upload_checkpoint(rec, JOB, local / "step-00000001")
+    assert remote == f"{JOB}/checkpoints/step-00000001"
+    rec.writes.clear()
+    upload_checkpoint(rec, JOB, path)
+    prefix = f"{JOB}/checkpoints/step-00000002"
+    assert rec.writes[-2:] == [f"{prefix}/manifest.json", f"{JOB}/LATEST"]
+    assert sorted(rec.writes[:-2]) == [f"{prefix}/{n}" for n in
+                                       ["config.json", "model.pt", "optimizer.pt", "trainer.pt"]]
+    assert store.get_bytes(f"{JOB}/LATEST") == b"step-00000002"
+    assert latest_committed(store, JOB) == 2
+
+    restored = tmp_path / "restored" / "checkpoints"
+    assert restore_latest(store, JOB, restored) == 2
+    found = tc.latest_valid(restored)
+    assert found.step == 2
+    for name in ["model.pt", "optimizer.pt", "trainer.pt", "config.json", "manifest.json"]:
+        assert (found.path / name).read_bytes() == (path / name).read_bytes()
+    assert [p.name for p in restored.iterdir()] == ["step-00000002"]  # no temp folder left
+
+
+def test_reupload_is_idempotent_and_latest_only_moves_forward(store, tmp_path):
+    local = tmp_path / "checkpoints"
+    one, two = make_ckpt(local, 1), make_ckpt(local, 2)
+    upload_checkpoint(store, JOB, one)
+    upload_checkpoint(store, JOB, two)
+    rec = Recorder(store)
+    upload_checkpoint(rec, JOB, two)
+    assert rec.writes == [f"{JOB}/LATEST"]  # nothing re-uploaded
+    rec.writes.clear()
+    upload_checkpoint(rec, JOB, one)  # an older step again: LATEST stays
+    assert rec.writes == []
+    assert store.get_bytes(f"{JOB}/LATEST") == b"step-00000002"
+
+
+def test_reuploading_a_step_with_new_content_uncommits_it_first(store, tmp_path):
+    first = make_ckpt(tmp_path / "a", 5)
+    second = make_ckpt(tmp_path / "b", 5)  # same step, different bytes
+    upload_checkpoint(store, JOB, first)
+    deleted = []
+
+    class Watch(Recorder):
+        def put_file(self, key, path, sha256=None):
+            # while files are being replaced, step 5 must not look committed
+            assert self._store.get_bytes(f"{JOB}/checkpoints/step-00000005/manifest.json") is None
+            return super().put_file(key, path, sha256)
+
+        def delete(self, keys):
+            deleted.extend(keys)
+            return self._store.delete(keys)
+
+    upload_checkpoint(Watch(store), JOB, second)
+    assert deleted == [f"{JOB}/checkpoints/step-00000005/manifest.json"]
+    out = tmp_path / "out"
+    download_checkpoint(store, JOB, 5, out)
+    assert (out / "step-00000005" / "model.pt").read_bytes() == (second / "model.pt").read_bytes()
+
+
+def test_bit_flip_in_newest_is_detected_and_previous_used(store, tmp_path):
+    local = tmp_path / "checkpoints"
+    for step in (1, 2):
+        upload_checkpoint(store, JOB, make_ckpt(local, step))
+    flip_a_bit(store, f"{JOB}/checkpoints/step-00000002/model.pt")
+    assert latest_committed(store, JOB) == 2  # sizes still match: only sha256 can tell
+    with pytest.raises(CorruptCheckpoint, match="model.pt fails its sha256"):
+        download_checkpoint(store, JOB, 2, tmp_path / "x")
+    assert not (tmp_path / "x" / "step-00000002").exists()
+    messages = []
+    assert restore_latest(store, JOB, tmp_path / "restored", report=messages.append) == 1
+    assert any("step-00000002/model.pt fails its sha256" in m for m in messages)
+    assert tc.latest_valid(tmp_path / "restored").step == 1
+
+
+def test_missing_or_short_objects_and_uncommitted_steps_are_skipped(store, tmp_path):
+    local = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        upload_checkpoint(store, JOB, make_ckpt(local, step))
+    store.delete([f"{JOB}/checkpoints/step-00000003/optimizer.pt"])
+    store.put_bytes(f"{JOB}/checkpoints/step-00000002/model.pt", b"short")
+    # a step 4 whose upload died before its manifest, with LATEST already naming it
+    store.put_bytes(f"{JOB}/checkpoints/step-00000004/model.pt", b"half")
+    store.put_bytes(f"{JOB}/LATEST", b"step-00000004")
+    messages = []
+    assert latest_committed(store, JOB, report=messages.append) == 1
+    text = "\n".join(messages)
+    assert "step-00000004, which has no manifest" in text
+    assert "optimizer.pt is missing" in text and "model.pt has 5 bytes" in text
+    assert restore_latest(store, JOB, tmp_path / "r", report=messages.append) == 1
+
+
+def test_nothing_committed_is_none_but_unreadable_run_is_an_error(store, tmp_path):
+    assert latest_committed(store, JOB) is None
+    assert restore_latest(store, JOB, tmp_path / "r") is None
+    upload_checkpoint(store, JOB, make_ckpt(tmp_path / "c", 7))
+    flip_a_bit(store, f"{JOB}/checkpoints/step-00000007/trainer.pt")
+    with pytest.raises(StorageError, match="refusing to start from scratch"):
+        restore_latest(store, JOB, tmp_path / "r", report=lambda m: None)
+
+
+def test_uploading_an_uncommitted_local_folder_is_refused(store, tmp_path):
+    path = make_ckpt(tmp_path, 3)
+    (path / "manifest.json").unlink()
+    with pytest.raises(StorageError, match="not a committed checkpoint"):
+        upload_checkpoint(store, JOB, path)
+    assert store.list(JOB) == []
+
+
+def test_a_corrupt_local_file_is_not_uploaded(store, tmp_path):
+    path = make_ckpt(tmp_path, 3)
+    data = bytearray((path / "model.pt").read_bytes())
+    data[0] ^= 0xFF
+    (path / "model.pt").write_bytes(bytes(data))
+    with pytest.raises(StorageError, match="does not match its expected sha256"):
+        upload_checkpoint(store, JOB, path)
+    assert latest_committed(store, JOB) is None
+
+
+@pytest.mark.parametrize("steps,keep_last,every,kept", [
+    ([], 3, None, []),
+    ([100], 3, None, [100]),
+    ([100, 200, 300, 400], 2, None, [300, 400]),
+    ([100, 200, 300, 400, 500], 2, 200, [200, 400, 500]),
+    ([100, 200, 300, 400, 500], 1, 1000, [500]),
+    ([500, 1000, 1500, 2000, 2500], 1, 1000, [1000, 2000, 2500]),
+    ([3, 1, 2, 2], 2, None, [2, 3]),  # unordered, duplicates
+    ([0, 10, 20], 1, 10, [10, 20]),  # step 0 is no milestone
+])
+def test_retained_steps_table(steps, keep_last, every, kept):
+    assert retained_steps(steps, keep_last, every) == kept
+
+
+def test_retained_steps_rejects_bad_policy():
+    with pytest.raises(ValueError):
+        retained_steps([1], 0)
+    with pytest.raises(ValueError):
+        retained_steps([1], 1, 0)
+
+
+def test_prune_remote_keeps_last_and_milestones(store, tmp_path):
+    local = tmp_path / "checkpoints"
+    for step in range(100, 1100, 100):
+        upload_checkpoint(store, JOB, make_ckpt(local, step, size=10))
+    store.put_bytes(f"{JOB}/checkpoints/step-00000150/model.pt", b"orphan")  # uncommitted
+    deleted = prune_remote(store, JOB, keep_last=2, milestone_every=500, report=lambda m: None)
+    assert deleted == [100, 200, 300, 400, 600, 700, 800]
+    assert rc.committed_steps(store, JOB) == [500, 900, 1000]
+    left = {k.split("/")[2] for k in store.list(f"{JOB}/checkpoints/")}
+    assert left == {"step-00000500", "step-00000900", "step-00001000"}
+    assert latest_committed(store, JOB) == 1000
+
+
+def test_lease_newer_writer_stops_the_older(store, tmp_path):
+    old = Lease.acquire(store, JOB, owner="instance-a")
+    old.check()
+    new = Lease.acquire(store, JOB, owner="instance-b")
+    assert (old.epoch, new.epoch) == (1, 2)
+    new.check()
+    with pytest.raises(LeaseLost, match="instance-b .* at epoch 2") as e:
+        old.check()
+    assert "\n" not in str(e.value)
+    # the zombie's checkpoint is never committed
+    with pytest.raises(LeaseLost):
+        upload_checkpoint(store, JOB, make_ckpt(tmp_path, 9), lease=old)
+    assert latest_committed(store, JOB) is None
+    upload_checkpoint(store, JOB, make_ckpt(tmp_path, 9), lease=new)
+    assert latest_committed(store, JOB) == 9
+
+
+def test_lease_same_epoch_race_is_detected_without_conditional_writes(store):
+    lease = Lease.acquire(store, JOB, owner="a")
+    # another writer that lost the check-then-put race overwrote our epoch object
+    store.put_bytes(f"{JOB}/lease/epoch-00000001", json.dumps({"owner": "b"}).encode())
+    if store.conditional_writes:
+        lease.check()  # cannot happen there: the conditional put would have refused b
+    else:
+        with pytest.raises(LeaseLost, match="b .* claimed epoch 1"):
+            lease.check()
