@@ -66,20 +66,55 @@ def train_config(job: Job):
 
 
 def run_dir_of(job: Job) -> Path:
+    """Where the run lives on this machine: under the store for a local store; for a
+    bucket, a working copy under the cache directory (the bucket is the truth)."""
+    if job.storage.is_remote:
+        return data_config(job).cache_path / "runs" / job.name
     return job.storage.local_path() / job.name
+
+
+def connect_store(job: Job, run_dir: Path, log: RunLog):
+    """Open the job's bucket, claim the writer lease, and bring the newest committed
+    checkpoint from the bucket when it is newer than what this machine has."""
+    import os
+    import socket
+
+    from runner.storage import open_store
+    from runner.storage.checkpoints import Lease, latest_committed, restore_latest
+    from ten import checkpoint as ckpt
+
+    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
+    lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
+    log(f"store {store.url}: writer lease epoch {lease.epoch}")
+    local = ckpt.latest_valid(run_dir / "checkpoints", log)
+    remote = latest_committed(store, job.name, log)
+    if remote is not None and (local is None or local.step < remote):
+        t0 = time.perf_counter()
+        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log)
+        log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
+    return store, lease
 
 
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
     """Run a job to its end; returns the process exit code."""
+    from runner.storage import StorageError
     from ten.data import DataError
     from ten.presets import model_config
     from ten.trainer import Outcome, ResumeError, Trainer
 
     run_dir = run_dir_of(job)
     log = RunLog(run_dir)
+    sync = None
     try:
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {run_dir}")
+        store = lease = None
+        if job.storage.is_remote:
+            try:
+                store, lease = connect_store(job, run_dir, log)
+            except StorageError as e:
+                log(f"storage error: {e}")
+                return ExitCode.STORAGE
         try:
             data = _open_data(job, log)
             mcfg = model_config(job.model.arch, job.model.preset, **{
@@ -99,11 +134,21 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
             "batch_size": job.train.batch_size,
         }
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved, log=log)
+        if store is not None:
+            from runner.sync import CheckpointSync
+
+            store.put_bytes(f"{job.name}/job.json", json.dumps(resolved, indent=1,
+                                                               default=str).encode())
+            sync = CheckpointSync(store, job.name, job.checkpoint.keep_last,
+                                  job.checkpoint.milestone_every, lease, log,
+                                  on_lease_lost=trainer.stop.request)
         watcher = start_notice_watcher(job, trainer, log)
         commits: list[tuple[Path, float, float]] = []  # (path, seconds to save, when)
 
         def on_commit(path: Path, seconds: float) -> None:
             commits.append((path, seconds, time.time()))
+            if sync is not None:
+                sync.submit(path)
             if watcher is not None and len(commits) == 1:
                 from runner.preemption import startup_warning
 
@@ -123,10 +168,16 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         finally:
             if watcher is not None:
                 watcher.stop()
-        if watcher is not None and watcher.notice is not None and commits:
+        committed_at = commits[-1][2] if commits else None
+        if sync is not None:
+            if not finish_uploads(sync, store, commits[-1][0] if commits else None, run_dir,
+                                  job, log):
+                return ExitCode.STORAGE
+            committed_at = time.time()  # in the bucket: what survives the machine
+        if watcher is not None and watcher.notice is not None and committed_at is not None:
             from runner.preemption import emergency_report
 
-            log(emergency_report(watcher.notice, commits[-1][2]))
+            log(emergency_report(watcher.notice, committed_at))
         if outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
         if trainer.dist.is_main:
@@ -140,11 +191,35 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
     except KeyboardInterrupt:
         log("interrupted before a checkpoint could be committed")
         return ExitCode.PREEMPTED
+    except StorageError as e:
+        log(f"storage error: {e}")
+        return ExitCode.STORAGE
     except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
         log("crash:\n" + traceback.format_exc())
         return ExitCode.CRASH
     finally:
+        if sync is not None:
+            sync.close()
         log.close()
+
+
+def finish_uploads(sync: Any, store: Any, last: Path | None, run_dir: Path, job: Job,
+                   log: RunLog) -> bool:
+    """Before exiting: the newest checkpoint must be committed in the bucket (waiting
+    for it is the only time training waits on the network), then logs and metrics go
+    along. False when the bucket does not have the newest checkpoint."""
+    if last is not None and not sync.commit_now(last):
+        why = sync.lease_lost or sync.error or "upload failed"
+        log(f"storage error: {last.name} is committed in {run_dir} but not in {store.url}: "
+            f"{why}")
+        return False
+    for name in ("metrics.jsonl", "run.log"):
+        if (run_dir / name).is_file():
+            try:
+                store.put_file(f"{job.name}/{name}", run_dir / name)
+            except Exception as e:  # noqa: BLE001 - logs are best effort; checkpoints are not
+                log(f"could not upload {name}: {e}")
+    return True
 
 
 def start_notice_watcher(job: Job, trainer: Any, log: RunLog):

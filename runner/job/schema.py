@@ -111,6 +111,9 @@ class TrainSection(Section):
 class CheckpointSection(Section):
     every_steps: Int = Field(500, ge=1)
     keep_last: Int = Field(3, ge=1, description="committed checkpoints kept")
+    milestone_every: Int | None = Field(
+        None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
+        "multiple of this")
 
 
 class StorageSection(Section):

@@ -1,0 +1,134 @@
+"""Helpers for tests that run ``ten-runner`` in real subprocesses (see conftest.py)."""
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ten import checkpoint as ckpt
+from ten.metrics import read_metrics
+
+WORDS = ("a checkpoint is committed only when its manifest is written last and every file "
+         "has been verified against its size and checksum before the pointer moves").split()
+
+JOB = """\
+name: {name}
+model: {{arch: {arch}, preset: tiny, d_model: 32, n_layers: 2{ten_extra}}}
+data:
+  dataset: {corpus}
+  mode: {mode}
+  seq_len: 32
+  tokenizer: {{vocab_size: 400}}
+  num_proc: 1
+  num_workers: {workers}
+  cache_dir: {cache}
+  val_fraction: 0.05
+train:
+  max_steps: {steps}
+  batch_size: {batch}
+  lr: 3.0e-3
+  warmup_steps: 2
+  eval_every: 20
+  eval_batches: 2
+  log_every: 1
+  seed: 3
+  device: cpu
+checkpoint: {{every_steps: {every}, keep_last: 2}}
+storage: {{url: {store}}}
+"""
+
+
+def write_job(tmp_path, corpus, name="t", arch="ten", mode="pretokenized", steps=40, every=3,
+              workers=1, batch=4):
+    ten_extra = ", n_eigenstates: 8, n_heads: 2, chunk_size: 16" if arch == "ten" else ""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(JOB.format(name=name, arch=arch, ten_extra=ten_extra,
+                               corpus=corpus / "docs.jsonl", mode=mode, workers=workers,
+                               cache=corpus / "cache", steps=steps, batch=batch, every=every,
+                               store=tmp_path / "store"))
+    return path
+
+
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "runner.cli", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def run_to_end(*args, timeout=300):
+    p = cli(*args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def wait_for_step(metrics: Path, proc, step: int, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done = [r["step"] for r in read_metrics(metrics) if r["kind"] == "train"]
+        if done and done[-1] >= step:
+            return done[-1]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    raise AssertionError(f"step {step} never reached")
+
+
+def losses(run_dir):
+    by_step = {}
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        if r["kind"] == "train":
+            by_step[r["step"]] = r["loss"]
+    return by_step
+
+
+def final_weights(run_dir):
+    found = ckpt.latest_valid(run_dir / "checkpoints")
+    return found.step, ckpt.load(found.path, "model.pt")
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class FakeIMDS:
+    """The AWS instance metadata service (IMDSv2), with a switch for the spot notice."""
+
+    def __init__(self):
+        fake = self
+        self.notice = False
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"token-1")
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != "token-1":
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                if self.path.endswith("/spot/instance-action") and fake.notice:
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+                    body = json.dumps({"action": "terminate", "time": when}).encode()
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+

@@ -1,0 +1,129 @@
+"""``ten-runner run`` with its checkpoints in a bucket (moto, rclone): the spot-instance
+life — the machine and its disk vanish, the next one resumes from the bucket exactly."""
+
+import random
+import shutil
+import signal
+import uuid
+
+from runhelpers import (
+    FakeIMDS,
+    cli,
+    final_weights,
+    losses,
+    run_to_end,
+    same_weights,
+    wait_for_step,
+    write_job,
+)
+
+from runner.exit_codes import ExitCode
+from runner.storage import open_store
+from runner.storage.checkpoints import committed_steps, latest_committed
+
+BUCKET = "ten-test"
+
+
+def bucket_job(tmp_path, corpus, endpoint, name, extra="", **kw):
+    job = write_job(tmp_path, corpus, name=name, **kw)
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}"
+    text = job.read_text().replace(f"storage: {{url: {tmp_path / 'store'}}}",
+                                   f"storage: {{url: '{url}', endpoint_url: '{endpoint}'}}")
+    job.write_text(text + extra)
+    return job, open_store(url, endpoint_url=endpoint), corpus / "cache" / "runs" / name
+
+
+def reference(tmp_path, corpus, steps=40):
+    job = write_job(tmp_path, corpus, name="ref", steps=steps)
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    return tmp_path / "store" / "ref"
+
+
+def test_round_trip_through_the_bucket_is_bit_exact(tmp_path, corpus, moto_endpoint):
+    ref = reference(tmp_path, corpus)
+    name = f"rt-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name)
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(local / "metrics.jsonl", proc, 10)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.PREEMPTED, err
+    step = max(losses(local))
+    assert latest_committed(store, name) == step  # committed in the bucket before exit
+    shutil.rmtree(local)  # the machine is gone
+
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    assert f"restored step {step} from" in err
+    assert losses(local) == {s: v for s, v in losses(ref).items() if s > step}
+    (s1, w1), (s2, w2) = final_weights(ref), final_weights(local)
+    assert s1 == s2 == 40 and same_weights(w1, w2)
+    assert latest_committed(store, name) == 40
+    assert store.get_bytes(f"{name}/job.json") and store.get_bytes(f"{name}/metrics.jsonl")
+
+
+def test_repeated_kill_9_new_machine_each_time(tmp_path, corpus, rclone_endpoint):
+    """kill -9 at random moments (uploads run in the background all the time), the
+    local disk deleted each time: every resume starts from a committed checkpoint and
+    the end result equals the uninterrupted run."""
+    ref = reference(tmp_path, corpus, steps=60)
+    name = f"k9-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, rclone_endpoint, name, steps=60, every=2)
+    rng = random.Random()
+    all_losses = {}
+    for _ in range(10):
+        start = latest_committed(store, name) or 0
+        if start >= 50:
+            break
+        proc = cli("run", job, "--no-sample")
+        wait_for_step(local / "metrics.jsonl", proc, start + rng.randint(1, 5))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        all_losses.update(losses(local))
+        shutil.rmtree(local)
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    all_losses.update(losses(local))
+    ref_losses = losses(ref)
+    assert all(ref_losses[s] == v for s, v in all_losses.items())
+    (s1, w1), (s2, w2) = final_weights(ref), final_weights(local)
+    assert s1 == s2 == 60 and same_weights(w1, w2)
+    assert committed_steps(store, name)[-1] == 60
+
+
+def test_spot_notice_commits_the_step_in_the_bucket(tmp_path, corpus, moto_endpoint):
+    imds = FakeIMDS()
+    name = f"sn-{uuid.uuid4().hex[:6]}"
+    extra = ("resources:\n  spot: true\n  spot_notice: aws\n"
+             f"  metadata_endpoint: {imds.url}\n  notice_poll_s: 0.05\n")
+    try:
+        job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, extra=extra,
+                                       every=100)
+        proc = cli("run", job, "--no-sample")
+        wait_for_step(local / "metrics.jsonl", proc, 5)
+        imds.notice = True
+        _, err = proc.communicate(timeout=120)
+    finally:
+        imds.close()
+    assert proc.returncode == ExitCode.PREEMPTED, err
+    assert "before the deadline" in err
+    assert latest_committed(store, name) == max(losses(local))
+
+
+def test_bad_credentials_one_line_storage_error(tmp_path, corpus, rclone_endpoint,
+                                                monkeypatch):
+    job, _, _ = bucket_job(tmp_path, corpus, rclone_endpoint, "bad-creds")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0123456789")
+    code, out, err = run_to_end("run", job, "--no-sample")
+    assert code == ExitCode.STORAGE
+    assert "storage error" in err and "Traceback" not in err + out
+    assert "wrong-secret-0123456789" not in err + out
+
+
+def test_unreachable_endpoint_one_line_storage_error(tmp_path, corpus, moto_endpoint):
+    job, _, _ = bucket_job(tmp_path, corpus, moto_endpoint, "no-endpoint")
+    job.write_text(job.read_text().replace(moto_endpoint, "http://127.0.0.1:9"))
+    code, out, err = run_to_end("run", job, "--no-sample", timeout=120)
+    assert code == ExitCode.STORAGE
+    assert "storage error" in err and "127.0.0.1:9" in err and "Traceback" not in err + out
