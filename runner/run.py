@@ -141,7 +141,8 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
                                                                default=str).encode())
             sync = CheckpointSync(store, job.name, job.checkpoint.keep_last,
                                   job.checkpoint.milestone_every, lease, log,
-                                  on_lease_lost=trainer.stop.request)
+                                  on_lease_lost=trainer.stop.request,
+                                  sidecars=(run_dir / "metrics.jsonl", run_dir / "run.log"))
         watcher = start_notice_watcher(job, trainer, log)
         commits: list[tuple[Path, float, float]] = []  # (path, seconds to save, when)
 
@@ -171,7 +172,7 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         committed_at = commits[-1][2] if commits else None
         if sync is not None:
             if not finish_uploads(sync, store, commits[-1][0] if commits else None, run_dir,
-                                  job, log):
+                                  log):
                 return ExitCode.STORAGE
             committed_at = time.time()  # in the bucket: what survives the machine
         if watcher is not None and watcher.notice is not None and committed_at is not None:
@@ -203,7 +204,7 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         log.close()
 
 
-def finish_uploads(sync: Any, store: Any, last: Path | None, run_dir: Path, job: Job,
+def finish_uploads(sync: Any, store: Any, last: Path | None, run_dir: Path,
                    log: RunLog) -> bool:
     """Before exiting: the newest checkpoint must be committed in the bucket (waiting
     for it is the only time training waits on the network), then logs and metrics go
@@ -213,12 +214,7 @@ def finish_uploads(sync: Any, store: Any, last: Path | None, run_dir: Path, job:
         log(f"storage error: {last.name} is committed in {run_dir} but not in {store.url}: "
             f"{why}")
         return False
-    for name in ("metrics.jsonl", "run.log"):
-        if (run_dir / name).is_file():
-            try:
-                store.put_file(f"{job.name}/{name}", run_dir / name)
-            except Exception as e:  # noqa: BLE001 - logs are best effort; checkpoints are not
-                log(f"could not upload {name}: {e}")
+    sync.upload_sidecars()
     return True
 
 

@@ -4,6 +4,7 @@ life — the machine and its disk vanish, the next one resumes from the bucket e
 import random
 import shutil
 import signal
+import time
 import uuid
 
 from runhelpers import (
@@ -127,3 +128,40 @@ def test_unreachable_endpoint_one_line_storage_error(tmp_path, corpus, moto_endp
     code, out, err = run_to_end("run", job, "--no-sample", timeout=120)
     assert code == ExitCode.STORAGE
     assert "storage error" in err and "127.0.0.1:9" in err and "Traceback" not in err + out
+
+
+def test_store_down_mid_run_then_back(tmp_path, corpus, rclone_server, rclone_endpoint):
+    """The S3 server dies mid-run (uploads fail and are retried) and comes back: training
+    never stops, later checkpoints commit, and the last one is in the bucket at exit."""
+    name = f"dn-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, rclone_endpoint, name, steps=300,
+                                   every=2)
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(local / "metrics.jsonl", proc, 8)
+    rclone_server.kill()
+    down_at = wait_for_step(local / "metrics.jsonl", proc, 12)
+    time.sleep(2.0)
+    assert proc.poll() is None  # training goes on while the store is down
+    rclone_server.start()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "upload of" in err  # the outage was felt: an upload failed or was superseded
+    assert max(losses(local)) > down_at + 20
+    assert latest_committed(store, name) == 300
+
+
+def test_zombie_writer_stops_when_a_newer_one_takes_the_lease(tmp_path, corpus,
+                                                              moto_endpoint):
+    from runner.storage.checkpoints import Lease
+
+    name = f"zb-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, steps=400, every=2)
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(local / "metrics.jsonl", proc, 6)
+    Lease.acquire(store, name, owner="the-relaunched-instance")
+    taken_over = committed_steps(store, name)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.STORAGE, err[-3000:]
+    assert "lease lost" in err and "the-relaunched-instance" in err
+    # nothing committed after the takeover, beyond an upload already past its check
+    assert committed_steps(store, name)[-1] <= max(taken_over) + 2
