@@ -288,11 +288,13 @@ def restore_latest(store: Store, job_prefix: str, local_ckpt_root: Path,
 
 
 def prune_remote(store: Store, job_prefix: str, keep_last: int,
-                 milestone_every: int | None = None, report: Report = print) -> list[int]:
+                 milestone_every: int | None = None, report: Report = print,
+                 lease: Lease | None = None) -> list[int]:
     """Delete committed steps outside :func:`retained_steps` (manifest first, so a crash
     mid-delete leaves an uncommitted folder, never a committed broken one), and leftover
     uncommitted step folders older than the newest committed step. Returns the deleted
-    committed steps."""
+    committed steps. With ``lease``, a superseded writer raises LeaseLost and deletes
+    nothing."""
     base = f"{job_prefix.strip('/')}/checkpoints/"
     by_step: dict[int, list[str]] = {}
     for key in store.list(base):
@@ -305,6 +307,8 @@ def prune_remote(store: Store, job_prefix: str, keep_last: int,
         return []
     keep = set(retained_steps(committed, keep_last, milestone_every))
     doomed = [s for s in committed if s not in keep]
+    if lease is not None:
+        lease.check()
     for step in doomed:
         manifest_key = f"{base}{step_name(step)}/{MANIFEST}"
         store.delete([manifest_key])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -243,3 +244,36 @@ def test_lease_same_epoch_race_is_detected_without_conditional_writes(store):
     else:
         with pytest.raises(LeaseLost, match="b .* claimed epoch 1"):
             lease.check()
+
+
+def test_a_superseded_writer_prunes_nothing(store, tmp_path):
+    old = Lease.acquire(store, JOB, owner="zombie")
+    for step in (1, 2, 3):
+        upload_checkpoint(store, JOB, make_ckpt(tmp_path, step, size=10))
+    Lease.acquire(store, JOB, owner="relaunch")
+    with pytest.raises(LeaseLost):
+        prune_remote(store, JOB, keep_last=1, lease=old)
+    assert rc.committed_steps(store, JOB) == [1, 2, 3]
+
+
+def test_concurrent_lease_claims_get_distinct_epochs(store):
+    if not store.conditional_writes:
+        pytest.skip("without conditional writes a same-epoch race is detected by check()")
+    leases, barrier = [], threading.Barrier(4)
+
+    def claim(i):
+        barrier.wait()
+        leases.append(Lease.acquire(store, JOB, owner=f"w{i}"))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(lease.epoch for lease in leases) == [1, 2, 3, 4]
+    newest = max(leases, key=lambda lease: lease.epoch)
+    newest.check()
+    for lease in leases:
+        if lease is not newest:
+            with pytest.raises(LeaseLost):
+                lease.check()

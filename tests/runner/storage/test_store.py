@@ -104,3 +104,29 @@ def test_local_if_absent_is_atomic_under_threads(tmp_path):
         t.join()
     assert results.count(True) == 1
     assert not [p for p in Path(tmp_path).iterdir() if p.name != "lock"]
+
+
+@pytest.mark.parametrize("kind", ["moto", "rclone"])
+@pytest.mark.parametrize("size", [1000, (5 << 20) * 2 + 12345])
+def test_upload_is_verified_by_etag_without_reading_it_back(s3_store, kind, size, tmp_path):
+    """Single-part (MD5) and multipart (md5-of-part-md5s-N on moto, whole MD5 on rclone)
+    ETags both match what we compute locally, so no GetObject is needed to verify."""
+    store = s3_store(kind)
+    reads = []
+    store.client.meta.events.register("before-send.s3.GetObject",
+                                      lambda **kw: reads.append(1))
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(size))
+    info = store.put_file("f.bin", src)
+    assert info.size == size and info.etag
+    assert reads == []
+
+
+def test_local_store_hides_temporaries_and_removes_empty_folders(tmp_path):
+    store = LocalStore(tmp_path)
+    store.put_bytes("a/b/c", b"1")
+    (tmp_path / "a" / "b" / ".tmp-c-1-x").write_bytes(b"partial")
+    assert store.list("a/") == ["a/b/c"]
+    (tmp_path / "a" / "b" / ".tmp-c-1-x").unlink()
+    store.delete(["a/b/c"])
+    assert list(tmp_path.iterdir()) == []
