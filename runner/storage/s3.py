@@ -117,7 +117,7 @@ class S3Store(Store):
         options = dict(
             retries={"max_attempts": max_attempts, "mode": "standard"},
             connect_timeout=connect_timeout, read_timeout=read_timeout,
-            max_pool_connections=max(10, 2 * max_concurrency),
+            max_pool_connections=max(10, 4 * max_concurrency),  # files x parts in flight
             user_agent_extra="ten-runner",
         )
         if addressing_style:
