@@ -12,6 +12,7 @@ import dataclasses
 import json
 import shutil
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -116,7 +117,8 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
                 log(f"storage error: {e}")
                 return ExitCode.STORAGE
         try:
-            data = _open_data(job, log)
+            cache = BucketDataCache(store, log) if store is not None else None
+            data = _open_data(job, log, cache)
             mcfg = model_config(job.model.arch, job.model.preset, **{
                 **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
                 "seq_len": job.data.seq_len})
@@ -181,6 +183,9 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
             log(emergency_report(watcher.notice, committed_at))
         if outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
+        if cache is not None:  # done: let the prepared data finish sharing
+            for thread in cache.threads:
+                thread.join(timeout=300)
         if trainer.dist.is_main:
             log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
                 f"perplexity {_ppl(trainer.final_loss):.2f}")
@@ -246,11 +251,52 @@ def start_notice_watcher(job: Job, trainer: Any, log: RunLog):
     return watcher
 
 
-def _open_data(job: Job, log: RunLog):
+class BucketDataCache:
+    """ten.data's PreparedCache over the job's store: ``datasets/<key>/`` (a COMMITTED
+    marker written last, so two jobs preparing the same data never corrupt it).
+    Publishing runs in the background: training does not wait for it, and a copy cut
+    short by the end of the process is simply never committed."""
+
+    def __init__(self, store: Any, log: RunLog) -> None:
+        self.store, self.log = store, log
+        self.threads: list[threading.Thread] = []
+
+    def fetch(self, key: str, directory: Path) -> bool:
+        from runner.storage import StorageError
+        from runner.storage.datasets import download_dataset
+
+        t0 = time.perf_counter()
+        try:
+            found = download_dataset(self.store, key, directory, report=self.log)
+        except StorageError as e:
+            self.log(f"prepared-data cache unavailable ({e}); preparing locally")
+            return False
+        if found:
+            self.log(f"{key} downloaded from {self.store.url} in "
+                     f"{time.perf_counter() - t0:.1f}s")
+        return found
+
+    def publish(self, key: str, directory: Path) -> None:
+        def upload() -> None:
+            from runner.storage import StorageError
+            from runner.storage.datasets import upload_dataset
+
+            try:
+                won = upload_dataset(self.store, key, directory)
+                self.log(f"{key} {'shared in' if won else 'was already in'} {self.store.url}")
+            except (StorageError, OSError) as e:
+                self.log(f"could not share {key}: {e}")
+
+        thread = threading.Thread(target=upload, name=f"publish-{key[:20]}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+
+def _open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
     from ten.data import open_data
 
     t0 = time.perf_counter()
-    data = open_data(data_config(job))
+    data = open_data(data_config(job), cache=cache)
     where = data.prepared_dir or "streaming"
     log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
         f"{where}")

@@ -121,7 +121,7 @@ class CheckpointSync:
             self.log(f"checkpoint {path.name} committed to {self.store.url}/{remote} "
                      f"in {self.last_upload_s:.1f}s")
             dropped = prune_remote(self.store, self.job_prefix, self.keep_last,
-                                   self.milestone_every)
+                                   self.milestone_every, report=self.log, lease=self.lease)
             if dropped:
                 self.log(f"pruned {len(dropped)} old checkpoint(s) from the bucket")
             self.upload_sidecars()

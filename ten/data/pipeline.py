@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -30,17 +30,31 @@ from ten.data.config import DataConfig
 from ten.data.errors import DataError
 from ten.data.fingerprint import digest
 from ten.data.loader import ShardLoader, sequential_batches
-from ten.data.shards import TokenStream, verify
+from ten.data.shards import MANIFEST, TokenStream, verify
 from ten.data.sources import Source, is_val, open_source, usable
 from ten.data.streaming import DocumentStream, StreamLoader, stream_val_batches
-from ten.data.tokenizer import Tokenizer, load_or_train, training_key
+from ten.data.tokenizer import Tokenizer, cached_model_path, load_or_train, training_key
 
 # Streaming val_batches(max_batches=None) stops here: the held-out documents are
 # scattered through the stream, so "all of them" can mean reading the whole dataset.
 STREAM_VAL_MAX_BATCHES = 64
 
 
-def open_tokenizer(cfg: DataConfig, source: Source) -> Tokenizer:
+class PreparedCache(Protocol):
+    """Somewhere prepared data is shared between machines (the runner's bucket): the
+    tokenizer and shards are fetched from it instead of being rebuilt, and published to
+    it when this machine had to build them. Keys are fingerprints, so a hit is always
+    the same data."""
+
+    def fetch(self, key: str, directory: Path) -> bool:
+        """Fill ``directory`` with the committed copy of ``key``; False when there is none."""
+
+    def publish(self, key: str, directory: Path) -> None:
+        """Share ``directory``, just built here, under ``key``."""
+
+
+def open_tokenizer(cfg: DataConfig, source: Source,
+                   cache: PreparedCache | None = None) -> Tokenizer:
     """The given ``.model``, or one trained on the source's training documents (cached)."""
     if cfg.tokenizer_path:
         return Tokenizer(Path(cfg.tokenizer_path).expanduser())
@@ -57,7 +71,17 @@ def open_tokenizer(cfg: DataConfig, source: Source) -> Tokenizer:
     key = training_key(source.fingerprint(), cfg.vocab_size, cfg.tokenizer_type,
                        cfg.byte_fallback, cfg.tokenizer_sample_chars, fraction)
     key = digest({"key": key, "max_documents": cfg.max_documents})
-    return load_or_train(cfg.cache_path, key, texts(), vocab_size=cfg.vocab_size,
+    model = cached_model_path(cfg.cache_path, key)
+    build = not model.exists() and not (
+        cache is not None and cache.fetch(f"tokenizer-{key}", model.parent))
+    tokenizer = _train_or_load(cfg, key, texts())
+    if build and cache is not None:
+        cache.publish(f"tokenizer-{key}", model.parent)
+    return tokenizer
+
+
+def _train_or_load(cfg: DataConfig, key: str, texts: Iterator[str]) -> Tokenizer:
+    return load_or_train(cfg.cache_path, key, texts, vocab_size=cfg.vocab_size,
                          model_type=cfg.tokenizer_type, byte_fallback=cfg.byte_fallback,
                          max_chars=cfg.tokenizer_sample_chars, num_threads=cfg.processes)
 
@@ -153,15 +177,20 @@ def shard_dir(cfg: DataConfig, source: Source, identity: dict[str, Any]) -> Path
     return cfg.cache_path / "shards" / f"{slug}-{identity['fingerprint']}"
 
 
-def open_data(cfg: DataConfig, on_commit: Any = None) -> ShardData | StreamData:
-    """Prepare (or reuse) the tokenizer and shards, or set up streaming. Raises DataError."""
+def open_data(cfg: DataConfig, on_commit: Any = None,
+              cache: PreparedCache | None = None) -> ShardData | StreamData:
+    """Prepare (or reuse, or fetch from ``cache``) the tokenizer and shards, or set up
+    streaming. Raises DataError."""
     source = open_source(cfg.dataset, cfg.text_field, cfg.cache_path, cfg.data_files)
     source.materialize()
-    tokenizer = open_tokenizer(cfg, source)
+    tokenizer = open_tokenizer(cfg, source, cache)
     if cfg.mode == "streaming":
         return StreamData(cfg, source, tokenizer)
     identity = shard_identity(cfg, source, tokenizer)
     directory = shard_dir(cfg, source, identity)
+    key = f"shards-{identity['fingerprint']}"
+    build = not (directory / MANIFEST).exists() and not (
+        cache is not None and cache.fetch(key, directory))
     prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
     # Most specific first, so a mismatch names its cause (e.g. another tokenizer).
     expected = {"tokenizer.fingerprint": tokenizer.fingerprint,
@@ -169,4 +198,6 @@ def open_data(cfg: DataConfig, on_commit: Any = None) -> ShardData | StreamData:
                 "seq_len": cfg.seq_len, "dtype": tokenizer.dtype.name,
                 "fingerprint": identity["fingerprint"]}
     manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
+    if build and cache is not None:
+        cache.publish(key, directory)
     return ShardData(cfg, source, tokenizer, directory, manifest)

@@ -212,9 +212,14 @@ def training_key(source_fingerprint: str, vocab_size: int, model_type: str,
                    "val_fraction": val_fraction, "recipe": RECIPE_VERSION})
 
 
+def cached_model_path(cache_dir: Path, key: str) -> Path:
+    """Where the tokenizer trained for ``key`` lives in the cache."""
+    return cache_dir / "tokenizers" / key / "tokenizer.model"
+
+
 def load_or_train(cache_dir: Path, key: str, texts: Iterable[str], **settings: object) -> Tokenizer:
     """The cached model for ``key``, training it first if this is the first time."""
-    path = cache_dir / "tokenizers" / key / "tokenizer.model"
+    path = cached_model_path(cache_dir, key)
     if not path.exists():
         with file_lock(path.parent / ".lock"):
             if not path.exists():  # another process may have trained it meanwhile

@@ -165,3 +165,24 @@ def test_zombie_writer_stops_when_a_newer_one_takes_the_lease(tmp_path, corpus,
     assert "lease lost" in err and "the-relaunched-instance" in err
     # nothing committed after the takeover, beyond an upload already past its check
     assert committed_steps(store, name)[-1] <= max(taken_over) + 2
+
+
+def test_second_machine_downloads_prepared_data_instead_of_tokenizing(tmp_path, corpus,
+                                                                      moto_endpoint):
+    first, store, _ = bucket_job(tmp_path, corpus, moto_endpoint, "prep-a", steps=2)
+    text = first.read_text().replace(f"cache_dir: {corpus / 'cache'}",
+                                     f"cache_dir: {tmp_path / 'cache-a'}")
+    first.write_text(text)
+    code, _, err = run_to_end("run", first, "--no-sample")
+    assert code == 0, err
+    assert "shared in" in err  # tokenizer and shards published
+    second = tmp_path / "prep-b.yaml"  # another machine: empty cache, same bucket and data
+    second.write_text(text.replace("name: prep-a", "name: prep-b")
+                      .replace(str(tmp_path / "cache-a"), str(tmp_path / "cache-b")))
+    code, _, err = run_to_end("run", second, "--no-sample")
+    assert code == 0, err
+    assert "tokenizer-" in err and "shards-" in err and err.count("downloaded from") == 2
+    assert "tokenizing" not in err
+    tok_a = sorted((tmp_path / "cache-a" / "tokenizers").glob("*/tokenizer.model"))
+    tok_b = sorted((tmp_path / "cache-b" / "tokenizers").glob("*/tokenizer.model"))
+    assert tok_a[0].read_bytes() == tok_b[0].read_bytes()
