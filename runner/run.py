@@ -84,7 +84,8 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     from runner.storage.checkpoints import Lease, latest_committed, restore_latest
     from ten import checkpoint as ckpt
 
-    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
+    store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                       job.storage.region or None)
     lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
     log(f"store {store.url}: writer lease epoch {lease.epoch}")
     local = ckpt.latest_valid(run_dir / "checkpoints", log)
