@@ -149,14 +149,21 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
         watcher = start_notice_watcher(job, trainer, log)
         commits: list[tuple[Path, float, float]] = []  # (path, seconds to save, when)
 
+        warned: list[bool] = []
+
         def on_commit(path: Path, seconds: float) -> None:
             commits.append((path, seconds, time.time()))
             if sync is not None:
                 sync.submit(path)
-            if watcher is not None and len(commits) == 1:
+            # Once a save (and, with a bucket, an upload) has been measured: would an
+            # emergency checkpoint fit the notice window?
+            upload_s = 0.0 if sync is None else sync.last_upload_s
+            if watcher is not None and upload_s is not None and not warned:
                 from runner.preemption import startup_warning
 
-                warning = startup_warning(watcher.provider, seconds, job.resources.notice_poll_s)
+                warned.append(True)
+                warning = startup_warning(watcher.provider, seconds + upload_s,
+                                          job.resources.notice_poll_s)
                 if warning:
                     log(f"warning: {warning}")
 
