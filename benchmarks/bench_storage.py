@@ -107,6 +107,14 @@ class Rclone:
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # drain
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process has used (user + system), from /proc."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def version(self) -> str:
         out = subprocess.run([self.binary, "version"], capture_output=True, text=True).stdout
         return out.splitlines()[0] if out else "rclone ?"
@@ -132,6 +140,9 @@ class Moto:
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
         plain_client(self.endpoint).create_bucket(Bucket=BUCKET)
+
+    def cpu_seconds(self) -> float | None:
+        return None  # in this process: not separable
 
     def version(self) -> str:
         import moto
@@ -383,7 +394,7 @@ def classify(run: dict, every: int, warmup: int, busy: list[tuple[float, float]]
     return {"normal": normal, "saves": saves, "during": during}
 
 
-def bench_training(store, work: Path, quick: bool) -> list:
+def bench_training(store, server, work: Path, quick: bool) -> list:
     import torch
 
     from runner.storage.checkpoints import Lease
@@ -437,8 +448,10 @@ def bench_training(store, work: Path, quick: bool) -> list:
     sync = TimedSync(store, "train", keep_last=2, milestone_every=None, lease=lease,
                      log=logs.append)
     say("training with CheckpointSync to the S3 server")
+    cpu0 = server.cpu_seconds()
     synced = train_run(data, mcfg, tcfg, work / "run-s3", sync)
     sync.flush()
+    cpu1 = server.cpu_seconds()
     sync.close()
     skipped = sum("superseded" in line for line in logs)
     if sync.error:
@@ -502,6 +515,11 @@ def bench_training(store, work: Path, quick: bool) -> list:
          f"uploads ({skipped} superseded)", rate(ckpt_bytes, up), "normal step",
          f"{up / normal1:.1f} steps", ""),
     ]
+    if cpu0 is not None and cpu1 is not None and sync.upload_s:
+        per = (cpu1 - cpu0) / len(sync.upload_s)
+        rows.append(("2 upload", "CPU the local S3 server itself burns per uploaded checkpoint "
+                     "(rclone, /proc; on a real bucket this is not on the training machine)",
+                     f"{per:.2f} CPU-s", "upload time", f"{per / up:.2f} cores", ""))
     return rows
 
 
@@ -604,7 +622,7 @@ def main(argv: list[str] | None = None) -> None:
         if "transfer" not in args.skip:
             rows += bench_transfer(store, client, ckpt_dir, work, args.repeats)
         if "train" not in args.skip:
-            rows += bench_training(store, work, args.quick)
+            rows += bench_training(store, server, work, args.quick)
         if "notice" not in args.skip:
             rows += bench_emergency(store, ckpt_dir, save_s)
     finally:
