@@ -1,0 +1,128 @@
+"""What a run cost and how much of it was useful: pure functions over metrics records and
+events (no clock, no I/O).
+
+* Paid time: one session per process start ("start" event; metrics "start" records as a
+  fallback), from its start to the last thing it wrote (or ``now`` for the live one).
+* Lost work: after a preemption the run resumes from its last committed checkpoint, so
+  the steps between that checkpoint and the step reached before the preemption are
+  computed twice. "resume" events carry ``lost_steps``/``lost_tokens``; without them the
+  same figure is derived from the metrics (a resumed "start" record at step S after
+  train records that reached step R > S).
+* Goodput: useful tokens (the furthest the run got, excluding redone work) per paid
+  GPU-second; $ per 1B useful tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SESSION_START = "start"
+
+
+def lost_work(reached_step: int | None, resumed_step: int,
+              tokens_per_step: int | None) -> tuple[int, int | None]:
+    """(steps, tokens) computed before a preemption and redone after resuming from
+    ``resumed_step``; (0, 0) when nothing was lost or the reached step is unknown."""
+    if reached_step is None or reached_step <= resumed_step:
+        return 0, 0
+    steps = reached_step - resumed_step
+    return steps, None if tokens_per_step is None else steps * tokens_per_step
+
+
+def lost_from_metrics(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per resume found in metrics records: time, from_step, reached_step,
+    lost_steps, lost_tokens."""
+    out: list[dict[str, Any]] = []
+    reached: int | None = None
+    for r in metrics:
+        kind = r.get("kind")
+        if kind == "start" and r.get("resumed"):
+            resumed = int(r.get("step", 0))
+            steps, tokens = lost_work(reached, resumed, r.get("tokens_per_step"))
+            out.append({"time": r.get("time"), "from_step": resumed, "reached_step": reached,
+                        "lost_steps": steps, "lost_tokens": tokens})
+            reached = resumed
+        elif kind in ("train", "eval", "end") and "step" in r:
+            reached = max(reached or 0, int(r["step"]))
+    return out
+
+
+def sessions(events: list[dict[str, Any]], metrics: list[dict[str, Any]],
+             now: float | None = None) -> list[tuple[float, float]]:
+    """(start, end) unix times of each paid session, oldest first."""
+    starts = sorted(e["time"] for e in events if e.get("kind") == SESSION_START and "time" in e)
+    if not starts:
+        starts = sorted(r["time"] for r in metrics if r.get("kind") == "start" and "time" in r)
+    if not starts:
+        return []
+    stamps = sorted(x["time"] for x in [*events, *metrics] if "time" in x)
+    out = []
+    for i, start in enumerate(starts):
+        nxt = starts[i + 1] if i + 1 < len(starts) else None
+        inside = [t for t in stamps if t >= start and (nxt is None or t < nxt)]
+        end = max(inside, default=start)
+        if nxt is None and now is not None:
+            end = max(end, now)
+        out.append((start, end))
+    return out
+
+
+def goodput(useful_tokens: int | float, paid_gpu_seconds: float) -> float | None:
+    """Useful tokens per paid GPU-second; None before anything was paid."""
+    if paid_gpu_seconds <= 0:
+        return None
+    return useful_tokens / paid_gpu_seconds
+
+
+def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
+                 price_per_hour: float | None, gpus: int = 1,
+                 now: float | None = None) -> dict[str, Any]:
+    """Paid time and money, useful and lost work, goodput. ``price_per_hour`` is what the
+    machine (all its ``gpus``) costs per hour; None leaves the dollar figures None."""
+    spans = sessions(events, metrics, now)
+    paid_s = sum(end - start for start, end in spans)
+    gpu_s = paid_s * max(gpus, 1)
+    progress = [r for r in metrics if r.get("kind") in ("train", "end") and "tokens" in r]
+    useful = max((int(r["tokens"]) for r in progress), default=0)
+    resumes = [e for e in events if e.get("kind") == "resume" and "lost_steps" in e]
+    if not resumes:
+        resumes = lost_from_metrics(metrics)
+    lost_steps = sum(int(e.get("lost_steps") or 0) for e in resumes)
+    lost_tokens = sum(int(e.get("lost_tokens") or 0) for e in resumes)
+    notices = [e for e in events if e.get("kind") in ("preemption", "preemption_notice")]
+    cost = None if price_per_hour is None else price_per_hour * paid_s / 3600.0
+    gp = goodput(useful, gpu_s)
+    return {
+        "sessions": len(spans),
+        "preemptions": max(len(notices), len(resumes)),
+        "paid_seconds": paid_s,
+        "gpu_hours": gpu_s / 3600.0,
+        "price_per_hour": price_per_hour,
+        "cost_usd": cost,
+        "useful_tokens": useful,
+        "processed_tokens": useful + lost_tokens,
+        "lost_steps": lost_steps,
+        "lost_tokens": lost_tokens,
+        "goodput_tokens_per_gpu_s": gp,
+        "usd_per_1b_tokens": (cost / useful * 1e9) if cost is not None and useful else None,
+    }
+
+
+def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows for a report table."""
+    def money(v: float | None) -> str:
+        return "-" if v is None else f"${v:,.2f}"
+
+    gp = summary["goodput_tokens_per_gpu_s"]
+    return [
+        ("sessions (starts)", str(summary["sessions"])),
+        ("preemptions", str(summary["preemptions"])),
+        ("GPU-hours paid", f"{summary['gpu_hours']:.2f}"),
+        ("price per hour", money(summary["price_per_hour"])),
+        ("cost", money(summary["cost_usd"])),
+        ("useful tokens", f"{summary['useful_tokens']:,}"),
+        ("lost (redone) work", f"{summary['lost_steps']:,} steps, "
+                               f"{summary['lost_tokens']:,} tokens"),
+        ("goodput", "-" if gp is None else f"{gp:,.0f} tokens / GPU-s"),
+        ("$ per 1B tokens", money(summary["usd_per_1b_tokens"])),
+    ]

@@ -1,0 +1,216 @@
+"""``ten-runner report JOB``: one PNG and one self-contained HTML page per run.
+
+Panels share a wall-clock axis (hours since the first start) so preemptions line up
+across them: loss and held-out loss; tokens/s and MFU; data-wait and checkpoint share of
+wall time; GPU utilisation, memory and power ("no GPU samples" when none were taken).
+Red lines mark preemptions/resumes with the work they lost. The HTML embeds the PNG
+(base64) and the cost summary: GPU-hours paid, goodput, $ per 1B tokens.
+
+matplotlib is imported inside :func:`render_png` with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.monitor.cost import cost_summary, format_cost
+from runner.monitor.source import open_run
+
+
+def load_run(store_or_path: str, job: str | None = None,
+             endpoint_url: str | None = None) -> dict[str, Any]:
+    """Everything a report needs from a run directory or ``<store>/<job>/``."""
+    run = open_run(store_or_path, job, endpoint_url)
+    return {"label": run.label, "job": job or Path(run.label).name,
+            "metrics": run.read_jsonl("metrics.jsonl"),
+            "events": run.read_jsonl("events.jsonl"),
+            "gpu": run.read_jsonl("gpu.jsonl"),
+            "status": run.read_json("status.json")}
+
+
+def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
+                 endpoint_url: str | None = None, price_per_hour: float | None = None,
+                 gpus: int = 1) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<job>-report.png`` and ``.html``; returns both paths.
+    ``price_per_hour`` defaults to the one the heartbeat recorded."""
+    from runner.errors import UserError
+    from runner.exit_codes import ExitCode
+
+    run = load_run(store_or_path, job, endpoint_url)
+    if not run["metrics"]:
+        raise UserError(f"no metrics for {run['label']} yet: nothing to report",
+                        exit_code=ExitCode.CONFIG)
+    if price_per_hour is None:
+        price_per_hour = ((run["status"] or {}).get("cost") or {}).get("price_per_hour")
+    summary = cost_summary(run["metrics"], run["events"], price_per_hour, gpus)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / f"{run['job']}-report.png"
+    render_png(run["metrics"], run["events"], run["gpu"], png, title=run["job"])
+    page = out / f"{run['job']}-report.html"
+    page.write_text(render_html(run, summary, png), encoding="utf-8")
+    return png, page
+
+
+def series(records: list[dict[str, Any]], kind: str | None, key: str, t0: float,
+           scale: float = 1.0) -> tuple[list[float], list[float]]:
+    """(hours since t0, value) of ``key`` in records of ``kind`` (kind None: any), with
+    a NaN breaking the line wherever the run was down (a gap over 5x the usual spacing
+    and over 5 minutes), so nothing is drawn for time nobody trained."""
+    pts = sorted(((r["time"] - t0) / 3600.0, float(r[key]) * scale) for r in records
+                 if (kind is None or r.get("kind") == kind) and r.get(key) is not None
+                 and r.get("time") is not None)
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(pts))
+    limit = max(5 * gaps[len(gaps) // 2], 300 / 3600.0) if gaps else math.inf
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (x, y) in enumerate(pts):
+        if i and x - pts[i - 1][0] > limit:
+            xs.append((x + pts[i - 1][0]) / 2)
+            ys.append(math.nan)
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
+
+
+def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
+               gpu: list[dict[str, Any]], path: Path, title: str = "") -> dict[str, int]:
+    """Draw the panels into ``path``; returns the number of points per series drawn
+    (what the tests check)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    times = [x["time"] for x in [*metrics, *events, *gpu] if x.get("time") is not None]
+    t0 = min(times) if times else 0.0
+    drawn: dict[str, int] = {}
+    fig, axes = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
+    fig.suptitle(f"{title} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}")
+
+    def plot(ax, xs, ys, name, **kw):
+        drawn[name] = sum(1 for y in ys if not math.isnan(y))
+        if xs:
+            ax.plot(xs, ys, label=name, **kw)
+
+    ax = axes[0]
+    plot(ax, *series(metrics, "train", "loss", t0), "train loss", color="tab:blue")
+    plot(ax, *series(metrics, "eval", "loss", t0), "eval loss", color="tab:orange",
+         marker="o", linestyle="--")
+    ax.set_ylabel("loss")
+    ax.legend(loc="upper right")
+
+    ax = axes[1]
+    plot(ax, *series(metrics, "train", "tokens_per_s", t0), "tokens/s", color="tab:green")
+    ax.set_ylabel("tokens/s")
+    twin = ax.twinx()
+    plot(twin, *series(metrics, "train", "mfu", t0, 100.0), "MFU %", color="tab:purple")
+    twin.set_ylabel("MFU %")
+    ax.set_ylim(bottom=0)  # from zero: a 3% wobble should look like one
+    twin.set_ylim(bottom=0)
+    _legend(ax, twin)
+
+    ax = axes[2]
+    plot(ax, *series(metrics, "train", "data_wait_frac", t0, 100.0), "data wait %",
+         color="tab:red")
+    plot(ax, *series(metrics, "train", "checkpoint_frac", t0, 100.0), "checkpoint %",
+         color="tab:brown")
+    ax.set_ylabel("% of wall time")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="upper right")
+
+    ax = axes[3]
+    if gpu:
+        plot(ax, *series(gpu, None, "util", t0), "GPU util %", color="tab:green")
+        mem = [dict(s, mem_pct=100.0 * s["mem_used"] / s["mem_total"]) for s in gpu
+               if s.get("mem_used") is not None and s.get("mem_total")]
+        plot(ax, *series(mem, None, "mem_pct", t0), "GPU memory %", color="tab:blue")
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        twin = ax.twinx()
+        plot(twin, *series(gpu, None, "power_w", t0), "power W", color="tab:orange",
+             alpha=0.7)
+        twin.set_ylabel("W")
+        watts = [s.get("power_limit_w") or s.get("power_w") or 0.0 for s in gpu]
+        twin.set_ylim(0, 1.05 * max(watts + [1.0]))
+        _legend(ax, twin)
+    else:
+        drawn["GPU util %"] = 0
+        ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center",
+                transform=ax.transAxes, fontsize=14, color="gray")
+        ax.set_yticks([])
+    ax.set_xlabel("hours since start")
+
+    marks = preemption_marks(events, metrics)
+    drawn["preemptions"] = len(marks)
+    for t, label in marks:
+        x = (t - t0) / 3600.0
+        for a in axes:
+            a.axvline(x, color="red", linestyle=":", linewidth=1.2)
+        axes[0].annotate(label, (x, 1.0), xycoords=("data", "axes fraction"),
+                         rotation=90, va="top", ha="right", fontsize=8, color="red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return drawn
+
+
+def preemption_marks(events: list[dict[str, Any]],
+                     metrics: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """(time, label) for each resume (with its lost work) and preemption notice."""
+    from runner.monitor.cost import lost_from_metrics
+
+    marks = []
+    resumes = [e for e in events if e.get("kind") == "resume"] or lost_from_metrics(metrics)
+    for e in resumes:
+        if e.get("time") is not None:
+            marks.append((e["time"], f"resume @{e.get('from_step')}: lost "
+                                      f"{e.get('lost_steps') or 0} steps"))
+    for e in events:
+        if e.get("kind") in ("preemption", "preemption_notice") and e.get("time"):
+            marks.append((e["time"], "preemption notice"))
+    return sorted(marks)
+
+
+def render_html(run: dict[str, Any], summary: dict[str, Any], png: Path) -> str:
+    image = base64.b64encode(png.read_bytes()).decode()
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                   for k, v in format_cost(summary))
+    status = run.get("status") or {}
+    diag = "".join(f"<li><b>{html.escape(d.get('severity', ''))}</b> "
+                   f"{html.escape(d.get('message', ''))}</li>"
+                   for d in status.get("diagnoses") or ())
+    events = "".join(
+        f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['time']))}</td>"
+        f"<td>{html.escape(str(e.get('kind')))}</td><td>{html.escape(_fields(e))}</td></tr>"
+        for e in run["events"][-200:] if e.get("time") is not None)
+    state = html.escape(str(status.get("state", "unknown")))
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(run['job'])} report</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left}}</style></head>
+<body><h1>{html.escape(run['job'])}</h1>
+<p>source {html.escape(run['label'])} — state {state}, step {status.get('step', '-')}</p>
+<h2>Cost</h2><table>{rows}</table>
+<h2>Diagnoses</h2><ul>{diag or '<li>none</li>'}</ul>
+<h2>Curves</h2><img alt="training curves" src="data:image/png;base64,{image}">
+<h2>Events</h2><table><tr><th>time (UTC)</th><th>kind</th><th>details</th></tr>{events}
+</table></body></html>
+"""
+
+
+def _fields(e: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "time"))
+
+
+def _legend(ax, twin) -> None:
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = twin.get_legend_handles_labels()
+    if h1 or h2:
+        ax.legend(h1 + h2, l1 + l2, loc="lower right")

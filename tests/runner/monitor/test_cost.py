@@ -1,0 +1,78 @@
+"""Cost, lost work and goodput from a recorded run preempted twice."""
+
+import pytest
+from monitor_tables import T0, TOKENS_PER_STEP, preempted_twice, train_run
+
+from runner.monitor.cost import (
+    cost_summary,
+    format_cost,
+    goodput,
+    lost_from_metrics,
+    lost_work,
+    sessions,
+)
+
+
+@pytest.mark.parametrize("reached, resumed, per_step, expected", [
+    (260, 200, 4096, (60, 60 * 4096)),
+    (200, 200, 4096, (0, 0)),  # preempted right after a checkpoint: nothing lost
+    (None, 200, 4096, (0, 0)),  # first start, or nothing known
+    (150, 200, 4096, (0, 0)),  # restored a newer checkpoint than seen: never negative
+    (530, 500, None, (30, None)),
+])
+def test_lost_work(reached, resumed, per_step, expected):
+    assert lost_work(reached, resumed, per_step) == expected
+
+
+def test_sessions_span_start_to_last_record():
+    metrics, events, (t2, t3) = preempted_twice()
+    spans = sessions(events, metrics)
+    assert [round(s) for s, _ in spans] == [T0, t2, t3]
+    assert [round(e - s) for s, e in spans] == [870, 1080, 1601]
+    live = sessions(events[:4], metrics[:40], now=t2 + 500)  # session 2 still running
+    assert live[-1] == (t2, t2 + 500)
+
+
+def test_lost_work_from_metrics_alone_matches_the_events():
+    metrics, events, _ = preempted_twice()
+    found = lost_from_metrics(metrics)
+    assert [(r["from_step"], r["reached_step"], r["lost_steps"]) for r in found] == \
+        [(200, 260, 60), (500, 530, 30)]
+    with_events = cost_summary(metrics, events, 1.0)
+    without = cost_summary(metrics, [e for e in events if e["kind"] != "resume"], 1.0)
+    assert with_events["lost_tokens"] == without["lost_tokens"] == 90 * TOKENS_PER_STEP
+
+
+def test_cost_summary_of_a_run_preempted_twice():
+    metrics, events, _ = preempted_twice()
+    s = cost_summary(metrics, events, price_per_hour=0.90, gpus=1)
+    paid = 870 + 1080 + 1601
+    assert s["sessions"] == 3 and s["preemptions"] == 2
+    assert s["paid_seconds"] == pytest.approx(paid)
+    assert s["gpu_hours"] == pytest.approx(paid / 3600)
+    assert s["cost_usd"] == pytest.approx(0.90 * paid / 3600)
+    assert s["useful_tokens"] == 1000 * TOKENS_PER_STEP
+    assert s["processed_tokens"] == 1090 * TOKENS_PER_STEP
+    assert s["lost_steps"] == 90
+    assert s["goodput_tokens_per_gpu_s"] == pytest.approx(1000 * TOKENS_PER_STEP / paid)
+    assert s["usd_per_1b_tokens"] == pytest.approx(0.90 * paid / 3600 / (4_096_000 / 1e9))
+    rows = dict(format_cost(s))
+    assert rows["lost (redone) work"] == "90 steps, 368,640 tokens"
+    assert rows["$ per 1B tokens"] == "$216.74"
+
+
+def test_two_gpus_double_the_gpu_seconds_not_the_price():
+    metrics, events, _ = preempted_twice()
+    one, two = cost_summary(metrics, events, 2.0, 1), cost_summary(metrics, events, 2.0, 2)
+    assert two["gpu_hours"] == pytest.approx(2 * one["gpu_hours"])
+    assert two["cost_usd"] == one["cost_usd"]
+    assert two["goodput_tokens_per_gpu_s"] == pytest.approx(one["goodput_tokens_per_gpu_s"] / 2)
+
+
+def test_no_price_no_dollars_and_nothing_paid_no_goodput():
+    s = cost_summary(train_run(), [], None)
+    assert s["cost_usd"] is None and s["usd_per_1b_tokens"] is None
+    assert s["sessions"] == 1 and s["goodput_tokens_per_gpu_s"] > 0
+    assert goodput(100, 0.0) is None
+    empty = cost_summary([], [], 1.0)
+    assert empty["paid_seconds"] == 0 and empty["cost_usd"] == 0

@@ -1,0 +1,71 @@
+"""The pre-flight health gate's policy from tables (and its CPU path), and run logs
+read and followed from a store."""
+
+import pytest
+
+from runner.errors import UserError
+from runner.monitor.health import expected_peak_tflops, judge, preflight
+from runner.monitor.logs import follow_log, read_log
+from runner.monitor.source import open_run
+from runner.storage import open_store
+
+GIB = 2**30
+L40S = {"name": "NVIDIA L40S", "driver": "550.54.15", "cuda": "12.4",
+        "total_bytes": 48 * GIB, "free_bytes": 47 * GIB, "tflops": 250.0, "peak_tflops": 362.0}
+
+
+@pytest.mark.parametrize("facts, ok, reason", [
+    (L40S, True, None),
+    ({**L40S, "tflops": 90.0}, False, "bf16 matmul 90 TFLOP/s is under 35% of its 362"),
+    ({**L40S, "free_bytes": 10 * GIB}, False, "only 10.0 of 48.0 GiB free"),
+    ({**L40S, "error": "CUDA error: uncorrectable ECC error encountered"}, False,
+     "uncorrectable ECC"),
+    ({**L40S, "name": "Tesla T4", "peak_tflops": None, "tflops": 20.0}, True, None),
+])
+def test_judge(facts, ok, reason):
+    report = judge(facts)
+    assert report.ok is ok
+    assert report.lines[0] == f"GPU {facts['name']}, driver 550.54.15, CUDA 12.4"
+    if ok:
+        assert report.reason is None and report.lines[-1] == "health gate passed"
+    else:
+        assert reason in report.reason and report.reason.startswith("health gate failed: ")
+        assert report.reason.endswith("move to another host") and "\n" not in report.reason
+
+
+def test_expected_peaks_come_from_the_mfu_table():
+    assert expected_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert expected_peak_tflops("NVIDIA L40S") == 362.0
+    assert expected_peak_tflops("Tesla T4") is None
+
+
+def test_preflight_on_cpu_is_skipped():
+    report = preflight("cpu")
+    assert report.ok and report.lines == ["no GPU: health gate skipped"]
+
+
+@pytest.mark.gpu
+def test_preflight_on_the_gpu():
+    report = preflight("cuda", matmul_n=4096, seconds=0.3)
+    assert report.ok, report.reason
+    assert any("TFLOP/s" in line for line in report.lines)
+
+
+def test_logs_from_a_store_and_followed(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    store.put_bytes("j/run.log", b"line 1\n")
+    assert read_log(str(tmp_path / "store"), "j") == "line 1\n"
+    out, polls = [], []
+
+    def sleep(_):
+        polls.append(1)
+        if len(polls) == 1:
+            store.put_bytes("j/run.log", b"line 1\nline 2\n")
+        elif len(polls) == 2:  # a new machine started a fresh log
+            store.put_bytes("j/run.log", b"new 1\n")
+
+    follow_log(open_run(str(tmp_path / "store"), "j"), out.append, 0.0,
+               stop=lambda: len(polls) >= 3, sleep=sleep)
+    assert out == ["line 1\n", "line 2\n", "new 1\n"]
+    with pytest.raises(UserError, match="no run.log for"):
+        read_log(str(tmp_path / "store"), "other")

@@ -1,0 +1,188 @@
+"""The heartbeat writes status.json and events.jsonl to the run directory and the store;
+``read_statuses`` reads them back from a local store and an S3 server (moto)."""
+
+import json
+import time
+
+import pytest
+from monitor_tables import TOKENS_PER_STEP, gpu_run, train_run
+
+from runner.errors import UserError
+from runner.monitor.heartbeat import Heartbeat, read_jsonl
+from runner.monitor.status import format_status_table, is_stale, read_statuses
+from runner.storage import open_store
+
+
+class FakeSampler:
+    def __init__(self, samples):
+        self.samples = samples
+
+
+def write_metrics(run_dir, records, mode="w"):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", mode) as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def recent_run(**kw):
+    """A run recorded over the last 15 minutes (diagnoses look at the clock)."""
+    t0 = time.time() - 900
+    return train_run(t0=t0, **kw), gpu_run(t0=t0)
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def test_heartbeat_round_trip_through_a_store(tmp_path, store_url):
+    url, endpoint = store_url
+    store = open_store(url, endpoint)
+    run_dir = tmp_path / "work" / "tiny"
+    records, samples = recent_run(data_wait=0.38)
+    write_metrics(run_dir, records)
+    lines = []
+    hb = Heartbeat(run_dir, store, "tiny", period_s=0.05, price_per_hour=1.80,
+                   sampler=FakeSampler(samples), log=lines.append,
+                   started=time.time() - 1000)
+    hb.start()
+    wait_for(lambda: (run_dir / "status.json").exists())
+    hb.checkpoint_committed(run_dir / "checkpoints" / "step-00000300", 1.5)
+    wait_for(lambda: store.get_bytes("tiny/events.jsonl") is not None
+             and b"checkpoint" in store.get_bytes("tiny/events.jsonl"))
+    (live,) = read_statuses(url, "tiny", endpoint)
+    assert live["state"] == "running" and live["step"] == 300
+    assert live["tokens"] == 300 * TOKENS_PER_STEP
+    assert live["last_checkpoint"]["step"] == 300
+    assert live["gpu"]["util"] == 97
+    assert [d["code"] for d in live["diagnoses"]] == ["data-bound", "power-cap"]
+    assert live["cost"]["cost_usd"] > 0 and live["eta_s"] == pytest.approx(700 * 3.0)
+    hb.stop("done")
+    (done,) = read_statuses(url, None, endpoint)  # every job in the store
+    assert done["job"] == "tiny" and done["state"] == "done" and done["diagnoses"] == []
+    kinds = [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")]
+    assert kinds == ["start", "checkpoint", "stop"]
+    assert store.get_bytes("tiny/gpu.jsonl").count(b"\n") == len(samples)
+    assert store.get_bytes("tiny/metrics.jsonl") == (run_dir / "metrics.jsonl").read_bytes()
+    assert lines == []
+    table = format_status_table([live, done], now=time.time())
+    assert table.splitlines()[0].split() == ["JOB", "STATE", "STEP", "LOSS", "TOK/S", "MFU",
+                                             "ETA", "COST", "AGE", "GPU"]
+    assert "tiny  running  300/1000" in table and "tiny  done" in table
+    assert "[warning] data-bound: 38% of step waiting for batches, GPU util 97%" in table
+
+
+def test_local_run_directory_without_a_store(tmp_path):
+    run_dir = tmp_path / "runs" / "cpu"
+    records, _ = recent_run()
+    write_metrics(run_dir, records)
+    hb = Heartbeat(run_dir, None, "cpu", period_s=0.05)
+    hb.start()
+    hb.stop("preempted")
+    for where, job in ((str(run_dir), None), (str(tmp_path / "runs"), "cpu"),
+                       (str(tmp_path / "runs"), None)):
+        (s,) = read_statuses(where, job)
+        assert s["state"] == "preempted" and s["gpu"] is None and s["step"] == 300
+
+
+def test_stale_heartbeat():
+    now = 1_000_000.0
+    s = {"job": "j", "state": "running", "time": now - 100, "period_s": 30}
+    assert not is_stale(s, now)  # 100 s < max(90, 120)
+    assert is_stale(s, now + 30)
+    assert is_stale({**s, "period_s": 60}, now + 30) is False  # 130 < 180
+    assert not is_stale({**s, "state": "done"}, now + 10_000)
+    table = format_status_table([{**s, "step": 5}], now + 3600)
+    assert table.splitlines()[1].split()[:3] == ["j", "stale", "5"]
+    assert "j: stale — last heartbeat 62m ago" in table
+
+
+def test_resume_after_preemption_records_lost_work(tmp_path):
+    run_dir = tmp_path / "r"
+    first = train_run(steps=range(10, 270, 10), t0=time.time() - 3000)  # reached 260
+    write_metrics(run_dir, first)
+    lines = []
+    hb = Heartbeat(run_dir, None, "r", period_s=0.05, log=lines.append)
+    hb.start()
+    second = train_run(steps=range(210, 230, 10), t0=time.time(), start_step=200,
+                       resumed=True)
+    write_metrics(run_dir, second, mode="a")
+    wait_for(lambda: "resume" in (run_dir / "events.jsonl").read_text())
+    hb.stop()
+    (resume,) = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "resume"]
+    assert (resume["from_step"], resume["reached_step"], resume["lost_steps"],
+            resume["lost_tokens"]) == (200, 260, 60, 60 * TOKENS_PER_STEP)
+    assert lines == ["resumed at step 200: 60 steps (245,760 tokens) done before the "
+                     "interruption are redone"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["cost"]["lost_steps"] == 60
+
+
+def test_a_new_machine_adopts_the_history_in_the_store(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    old = tmp_path / "old"
+    write_metrics(old, train_run(t0=time.time() - 2000))
+    hb = Heartbeat(old, store, "j", period_s=0.05)
+    hb.start()
+    hb.stop("preempted")
+    new = tmp_path / "new"  # a fresh spot instance: empty run directory
+    hb = Heartbeat(new, store, "j", period_s=0.05)
+    hb.start()
+    hb.stop("done")
+    kinds = [e["kind"] for e in read_jsonl(new / "events.jsonl")]
+    assert kinds == ["start", "stop", "start", "stop"]
+    assert (new / "metrics.jsonl").read_bytes() == (old / "metrics.jsonl").read_bytes()
+    assert json.loads(store.get_bytes("j/status.json"))["cost"]["sessions"] == 2
+
+
+def test_stall_warns_loudly_and_calls_on_stall_once(tmp_path):
+    run_dir = tmp_path / "hung"
+    write_metrics(run_dir, train_run(t0=time.time() - 870 - 1500))  # last step 25 min ago
+    lines, stalls = [], []
+    hb = Heartbeat(run_dir, None, "hung", period_s=0.02, log=lines.append,
+                   stall_after_s=600, on_stall=stalls.append, started=time.time() - 3000)
+    hb.start()
+    wait_for(lambda: stalls)
+    time.sleep(0.1)
+    hb.stop("failed")
+    assert len(stalls) == 1 and stalls[0].code == "stalled"
+    assert len(lines) == 1 and lines[0].startswith("WARNING stalled: no step for 25 min")
+    assert [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")].count("stall") == 1
+
+
+class BrokenStore:
+    url = "s3://down"
+
+    def put_bytes(self, key, data, if_absent=False):
+        raise OSError("connection refused")
+
+    def get_bytes(self, key):
+        raise OSError("connection refused")
+
+
+def test_a_broken_store_never_reaches_training(tmp_path):
+    run_dir = tmp_path / "r"
+    records, _ = recent_run()
+    write_metrics(run_dir, records)
+    lines = []
+    hb = Heartbeat(run_dir, BrokenStore(), "r", period_s=0.01, log=lines.append)
+    hb.start()
+    time.sleep(0.2)
+    hb.event("preemption_notice", detail="aws")
+    hb.stop("done")
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    assert lines == ["heartbeat: connection refused"]  # rate-limited: once a minute
+
+
+def test_missing_status_is_one_line_user_error(tmp_path, store_url):
+    url, endpoint = store_url
+    with pytest.raises(UserError, match="no status for .*nojob: the job has not started"):
+        read_statuses(url, "nojob", endpoint)
+    assert read_statuses(url, None, endpoint) == []
+    assert format_status_table([]) == "no jobs with a heartbeat"
+    with pytest.raises(UserError, match="no such directory"):
+        read_statuses(str(tmp_path / "missing"))

@@ -1,0 +1,88 @@
+"""The report: a PNG with the expected series and an HTML page embedding it with the cost
+table, from a run directory and from a store."""
+
+import base64
+import json
+
+import pytest
+from monitor_tables import gpu_run, preempted_twice
+
+from runner.errors import UserError
+from runner.monitor.report import preemption_marks, render_png, write_report
+from runner.storage import open_store
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def jsonl(records):
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def recorded_run(with_gpu=True):
+    metrics, events, (t2, t3) = preempted_twice()
+    evals = [{"kind": "eval", "step": s, "time": r["time"] + 1, "loss": r["loss"] + 0.1,
+              "perplexity": 2.0} for r in metrics if r["kind"] == "train"
+             for s in [r["step"]] if s % 100 == 0]
+    metrics = sorted(metrics + evals, key=lambda r: r["time"])
+    gpu = []
+    if with_gpu:
+        first = metrics[0]["time"]
+        for t in (first, t2 + 100, t3 + 100):
+            gpu += gpu_run(t0=t, n=100, every_s=10.0)
+    return metrics, events, gpu
+
+
+def test_png_has_the_expected_series(tmp_path):
+    metrics, events, gpu = recorded_run()
+    drawn = render_png(metrics, events, gpu, tmp_path / "r.png", title="preempted-twice")
+    n_train = sum(r["kind"] == "train" for r in metrics)
+    assert drawn == {"train loss": n_train, "eval loss": 10, "tokens/s": n_train,
+                     "MFU %": n_train, "data wait %": n_train, "checkpoint %": n_train,
+                     "GPU util %": 300, "GPU memory %": 300, "power W": 300,
+                     "preemptions": 4}
+    assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC
+    labels = [label for _, label in preemption_marks(events, metrics)]
+    assert labels == ["preemption notice", "resume @200: lost 60 steps",
+                      "preemption notice", "resume @500: lost 30 steps"]
+
+
+def test_no_gpu_samples_says_so(tmp_path):
+    metrics, events, _ = recorded_run(with_gpu=False)
+    drawn = render_png(metrics, events, [], tmp_path / "cpu.png")
+    assert drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+
+
+@pytest.mark.parametrize("where", ["run_dir", "store"])
+def test_write_report_from_a_run_directory_or_a_store(tmp_path, where):
+    metrics, events, gpu = recorded_run()
+    status = {"job": "big", "state": "done", "step": 1000, "diagnoses": [
+        {"code": "thermal", "severity": "warning", "message": "thermal throttling <since>"}],
+        "cost": {"price_per_hour": 0.90}}
+    files = {"metrics.jsonl": jsonl(metrics), "events.jsonl": jsonl(events),
+             "gpu.jsonl": jsonl(gpu), "status.json": json.dumps(status).encode()}
+    if where == "run_dir":
+        run = tmp_path / "runs" / "big"
+        run.mkdir(parents=True)
+        for name, data in files.items():
+            (run / name).write_bytes(data)
+        png, page = write_report(str(run), None, tmp_path / "out")
+    else:
+        store = open_store(str(tmp_path / "store"))
+        for name, data in files.items():
+            store.put_bytes(f"big/{name}", data)
+        png, page = write_report(str(tmp_path / "store"), "big", tmp_path / "out")
+    assert png.name == "big-report.png" and png.read_bytes()[:8] == PNG_MAGIC
+    html = page.read_text()
+    assert base64.b64encode(png.read_bytes()).decode() in html
+    assert "<th>GPU-hours paid</th><td>0.99</td>" in html
+    assert "<th>$ per 1B tokens</th><td>$216.74</td>" in html
+    assert "90 steps, 368,640 tokens" in html
+    assert "thermal throttling &lt;since&gt;" in html  # escaped
+    assert html.count("<td>resume</td>") == 2
+
+
+def test_report_without_metrics_is_a_user_error(tmp_path):
+    (tmp_path / "store" / "j").mkdir(parents=True)
+    (tmp_path / "store" / "j" / "status.json").write_text("{}")
+    with pytest.raises(UserError, match="no metrics for"):
+        write_report(str(tmp_path / "store"), "j", tmp_path / "out")
