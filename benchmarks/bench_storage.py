@@ -568,6 +568,19 @@ def bench_emergency(store, ckpt_dir: Path, save_s: float) -> list:
 
 # --- main -------------------------------------------------------------------------------
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds all processes on the machine have used since boot (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """This process and its waited-for children (the rclone server once stopped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def machine() -> str:
     import boto3
     import torch
@@ -598,6 +611,7 @@ def main(argv: list[str] | None = None) -> None:
 
     isolate_aws_env()
     started = time.perf_counter()
+    busy0, own0 = busy_cpu_seconds(), own_cpu_seconds()
     header = [
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
         f"command: {shlex.join([sys.executable.split('/')[-1]] + sys.argv)}",
@@ -630,8 +644,11 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+    wall = time.perf_counter() - started
+    others = (busy_cpu_seconds() - busy0 - (own_cpu_seconds() - own0)) / wall
     header.append(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-                  f"; wall time {time.perf_counter() - started:.0f} s")
+                  f"; wall time {wall:.0f} s; other processes used {max(0.0, others):.2f} "
+                  f"of {os.cpu_count()} cores on average during the run")
     print("\n".join(header))
     print()
     print("| part | measurement | result | vs | ratio | target |")
