@@ -12,6 +12,7 @@ Modules, one concept each:
 * :mod:`runner.monitor.heartbeat` status.json + events.jsonl writer thread
 * :mod:`runner.monitor.source`    reading a run's files from a directory or a store
 * :mod:`runner.monitor.status`    ``ten-runner status``: statuses and the table
+* :mod:`runner.monitor.logs`      ``ten-runner logs [-f]``: the run log, followed
 * :mod:`runner.monitor.cost`      pure cost, lost work and goodput
 * :mod:`runner.monitor.report`    PNG + HTML report (matplotlib, Agg)
 * :mod:`runner.monitor.health`    pre-flight GPU health gate

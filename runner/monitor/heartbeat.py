@@ -130,6 +130,7 @@ class Heartbeat:
         self._gpu_written_until = 0.0
         self._beats = 0
         self._stalled = False
+        self._active: set[str] = set()
         self._last_warn = 0.0
         self._last_error = 0.0
         self._prev_step: int | None = None
@@ -176,12 +177,15 @@ class Heartbeat:
 
     def stop(self, state: str = "done") -> None:
         """A last beat with ``state`` (done, preempted, failed, stopped), every file
-        uploaded, thread joined. Never raises."""
+        uploaded, thread joined. Never raises; callable from ``on_stall`` (the
+        heartbeat's own thread), e.g. before ``os._exit``."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.period_s + 30)
             self._thread = None
+        self._guard(self._read_metrics)
+        self._guard(self._detect_resumes)  # before "stop": a resume belongs to this life
         self.event("stop", state=state)
         self._guard(self.beat, state, True)
 
@@ -190,7 +194,7 @@ class Heartbeat:
         now = time.time()
         self._read_metrics()
         self._detect_resumes()
-        samples = list(self.sampler.samples) if self.sampler is not None else []
+        samples = self.sampler.snapshot() if self.sampler is not None else []
         self._append_gpu(samples)
         with self._lock:
             events = read_jsonl(self.run_dir / EVENTS)
@@ -223,6 +227,12 @@ class Heartbeat:
             self._wake.clear()
 
     def _react(self, status: dict[str, Any]) -> None:
+        """Log each warning/critical diagnosis when it appears; a stall every 5 min."""
+        active = {d["code"]: d for d in status["diagnoses"]
+                  if d["severity"] != "info" and d["code"] != "stalled"}
+        for code in active.keys() - self._active:
+            self.log(f"monitor: {active[code]['message']}")
+        self._active = set(active)
         stalled = [d for d in status["diagnoses"] if d["code"] == "stalled"]
         now = time.monotonic()
         if stalled and now - self._last_warn >= 300:
@@ -257,12 +267,17 @@ class Heartbeat:
         resumes = [i for i, r in enumerate(self.records) if _is_resume(r)]
         for i in resumes[self._resumes_seen:]:
             r = self.records[i]
-            before = [int(x["step"]) for x in self.records[:i]
-                      if x.get("kind") in ("train", "eval", "end") and "step" in x]
+            before = []  # steps of the previous life only (since its start record)
+            for x in reversed(self.records[:i]):
+                if x.get("kind") == "start":
+                    break
+                if x.get("kind") in ("train", "eval", "end") and "step" in x:
+                    before.append(int(x["step"]))
             reached = max([*before, *([self._prev_step] if self._prev_step else [])],
                           default=None)
             steps, tokens = lost_work(reached, int(r.get("step", 0)), r.get("tokens_per_step"))
-            self.event("resume", from_step=r.get("step"), reached_step=reached,
+            self.event("resume", time=r.get("time", time.time()), from_step=r.get("step"),
+                       reached_step=reached,
                        lost_steps=steps, lost_tokens=tokens)
             if steps:
                 self.log(f"resumed at step {r.get('step')}: {steps} steps ({tokens or 0:,} "

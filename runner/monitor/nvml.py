@@ -79,6 +79,7 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error_at = 0.0
+        self._lock = threading.Lock()  # a deque iterated while appended to raises
 
     # -- life cycle -------------------------------------------------------------------
     def start(self) -> bool:
@@ -124,20 +125,21 @@ class GpuSampler:
         return self._thread is not None and self._thread.is_alive()
 
     def latest(self) -> dict[str, Any] | None:
-        try:
-            return self.samples[-1]
-        except IndexError:
-            return None
+        with self._lock:
+            return self.samples[-1] if self.samples else None
 
-    def since(self, t: float) -> list[dict[str, Any]]:
-        """Samples taken after unix time ``t`` (a copy: safe from another thread)."""
-        return [s for s in list(self.samples) if s["time"] > t]
+    def snapshot(self) -> list[dict[str, Any]]:
+        """A copy of the samples, safe to take from another thread."""
+        with self._lock:
+            return list(self.samples)
 
     # -- the thread -------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append(self.sample_once())
+                sample = self.sample_once()
+                with self._lock:
+                    self.samples.append(sample)
             except Exception as e:  # noqa: BLE001 - never let the thread die loudly
                 self._error(e)
             self._stop.wait(self.period_s)

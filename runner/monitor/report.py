@@ -1,6 +1,6 @@
 """``ten-runner report JOB``: one PNG and one self-contained HTML page per run.
 
-Panels share a wall-clock axis (hours since the first start) so preemptions line up
+Panels share a wall-clock axis (minutes or hours since the first start) so preemptions line up
 across them: loss and held-out loss; tokens/s and MFU; data-wait and checkpoint share of
 wall time; GPU utilisation, memory and power ("no GPU samples" when none were taken).
 Red lines mark preemptions/resumes with the work they lost. The HTML embeds the PNG
@@ -58,16 +58,17 @@ def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
     return png, page
 
 
-def series(records: list[dict[str, Any]], kind: str | None, key: str, t0: float,
-           scale: float = 1.0) -> tuple[list[float], list[float]]:
-    """(hours since t0, value) of ``key`` in records of ``kind`` (kind None: any), with
-    a NaN breaking the line wherever the run was down (a gap over 5x the usual spacing
-    and over 5 minutes), so nothing is drawn for time nobody trained."""
-    pts = sorted(((r["time"] - t0) / 3600.0, float(r[key]) * scale) for r in records
+def _series(records: list[dict[str, Any]], kind: str | None, key: str, t0: float,
+           scale: float = 1.0, unit_s: float = 3600.0) -> tuple[list[float], list[float]]:
+    """(time since t0 in ``unit_s``, value) of ``key`` in records of ``kind`` (kind
+    None: any), with a NaN breaking the line wherever the run was down (a gap over 5x
+    the usual spacing and over 5 minutes), so nothing is drawn for time nobody
+    trained."""
+    pts = sorted(((r["time"] - t0) / unit_s, float(r[key]) * scale) for r in records
                  if (kind is None or r.get("kind") == kind) and r.get(key) is not None
                  and r.get("time") is not None)
     gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(pts))
-    limit = max(5 * gaps[len(gaps) // 2], 300 / 3600.0) if gaps else math.inf
+    limit = max(5 * gaps[len(gaps) // 2], 300 / unit_s) if gaps else math.inf
     xs: list[float] = []
     ys: list[float] = []
     for i, (x, y) in enumerate(pts):
@@ -90,9 +91,14 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
 
     times = [x["time"] for x in [*metrics, *events, *gpu] if x.get("time") is not None]
     t0 = min(times) if times else 0.0
+    span = (max(times) - t0) if times else 0.0
+    unit_s, unit = (60.0, "minutes") if span < 7200 else (3600.0, "hours")
     drawn: dict[str, int] = {}
     fig, axes = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
     fig.suptitle(f"{title} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}")
+
+    def series(*args, **kw):  # on this figure's time unit
+        return _series(*args, unit_s=unit_s, **kw)
 
     def plot(ax, xs, ys, name, **kw):
         drawn[name] = sum(1 for y in ys if not math.isnan(y))
@@ -145,12 +151,12 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
         ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center",
                 transform=ax.transAxes, fontsize=14, color="gray")
         ax.set_yticks([])
-    ax.set_xlabel("hours since start")
+    ax.set_xlabel(f"{unit} since start")
 
     marks = preemption_marks(events, metrics)
     drawn["preemptions"] = len(marks)
     for t, label in marks:
-        x = (t - t0) / 3600.0
+        x = (t - t0) / unit_s
         for a in axes:
             a.axvline(x, color="red", linestyle=":", linewidth=1.2)
         axes[0].annotate(label, (x, 1.0), xycoords=("data", "axes fraction"),

@@ -17,6 +17,9 @@ class FakeSampler:
     def __init__(self, samples):
         self.samples = samples
 
+    def snapshot(self):
+        return list(self.samples)
+
 
 def write_metrics(run_dir, records, mode="w"):
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +71,8 @@ def test_heartbeat_round_trip_through_a_store(tmp_path, store_url):
     assert kinds == ["start", "checkpoint", "stop"]
     assert store.get_bytes("tiny/gpu.jsonl").count(b"\n") == len(samples)
     assert store.get_bytes("tiny/metrics.jsonl") == (run_dir / "metrics.jsonl").read_bytes()
-    assert lines == []
+    assert lines == ["monitor: data-bound: 38% of step waiting for batches, GPU util 97% — "
+                     "use pretokenized mode or more workers"]  # once, not every beat
     table = format_status_table([live, done], now=time.time())
     assert table.splitlines()[0].split() == ["JOB", "STATE", "STEP", "LOSS", "TOK/S", "MFU",
                                              "ETA", "COST", "AGE", "GPU"]
@@ -122,6 +126,22 @@ def test_resume_after_preemption_records_lost_work(tmp_path):
     assert status["cost"]["lost_steps"] == 60
 
 
+def test_lost_work_counts_only_the_previous_life(tmp_path):
+    run_dir = tmp_path / "r"
+    t = time.time() - 5000
+    first = train_run(steps=range(10, 270, 10), t0=t)  # reached 260, checkpoint 200
+    second = train_run(steps=range(210, 240, 10), t0=t + 2000, start_step=200,
+                       resumed=True)  # preempted again at 230, before another checkpoint
+    write_metrics(run_dir, first + second)
+    hb = Heartbeat(run_dir, None, "r", period_s=0.05)
+    hb.start()
+    write_metrics(run_dir, train_run(steps=[210], t0=time.time(), start_step=200,
+                                     resumed=True), mode="a")
+    hb.stop()
+    (resume,) = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "resume"]
+    assert (resume["reached_step"], resume["lost_steps"]) == (230, 30)
+
+
 def test_a_new_machine_adopts_the_history_in_the_store(tmp_path):
     store = open_store(str(tmp_path / "store"))
     old = tmp_path / "old"
@@ -143,8 +163,13 @@ def test_stall_warns_loudly_and_calls_on_stall_once(tmp_path):
     run_dir = tmp_path / "hung"
     write_metrics(run_dir, train_run(t0=time.time() - 870 - 1500))  # last step 25 min ago
     lines, stalls = [], []
+
+    def on_stall(diagnosis):  # what run_job does before os._exit: a last status
+        stalls.append(diagnosis)
+        hb.stop("stalled")
+
     hb = Heartbeat(run_dir, None, "hung", period_s=0.02, log=lines.append,
-                   stall_after_s=600, on_stall=stalls.append, started=time.time() - 3000)
+                   stall_after_s=600, on_stall=on_stall, started=time.time() - 3000)
     hb.start()
     wait_for(lambda: stalls)
     time.sleep(0.1)
