@@ -39,11 +39,25 @@ def ignore_stop_signals(worker_id: int) -> None:
 
     Ctrl-C (SIGINT) reaches every process of the foreground group. A worker that died
     of it would take with it the batches the trainer still needs to finish its step and
-    commit a checkpoint; the main process decides when everyone stops. SIGTERM keeps
-    its default: supervisors (docker, tini, torchrun) send it to the main process only,
-    and multiprocessing relies on it to stop workers at exit.
+    commit a checkpoint; the main process decides when everyone stops. Workers are
+    forked with SIGINT blocked (:func:`start_workers`), so one that arrives before this
+    runs stays pending and is discarded here. SIGTERM keeps its default: supervisors
+    (docker, tini, torchrun) send it to the main process only, and multiprocessing
+    relies on it to stop workers at exit.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def start_workers(loader: DataLoader) -> Iterator[Any]:
+    """``iter(loader)`` with SIGINT blocked while its workers are forked: they inherit
+    the mask, so none can die of a Ctrl-C before :func:`ignore_stop_signals` runs. The
+    main process gets any SIGINT that came meanwhile as soon as the mask is restored."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -147,7 +161,7 @@ class ShardLoader:
                             timeout=WORKER_TIMEOUT_S if workers else 0,
                             prefetch_factor=4 if workers else None, pin_memory=self.pin_memory,
                             worker_init_fn=ignore_stop_signals)
-        for batch in loader:
+        for batch in start_workers(loader):
             self.position += 1  # the caller now holds this batch: the cursor moves past it
             if self.position == self.batches_per_epoch:
                 self.epoch, self.position = self.epoch + 1, 0

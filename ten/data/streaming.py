@@ -40,6 +40,7 @@ from ten.data.loader import (
     WORKER_TIMEOUT_S,
     check_cursor,
     ignore_stop_signals,
+    start_workers,
 )
 from ten.data.sources import Doc, Source, is_val, usable
 from ten.data.tokenizer import Tokenizer
@@ -161,7 +162,7 @@ class StreamLoader:
             lens: deque[int] = deque()
             ends: deque[int] = deque()
             expected = self.block
-            for number, after, ids in loader:
+            for number, after, ids in start_workers(loader):
                 if number != expected:  # would be a bug, never a silently wrong stream
                     raise RuntimeError(f"stream blocks out of order: got {number}, "
                                        f"expected {expected}")
