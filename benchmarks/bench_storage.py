@@ -379,22 +379,26 @@ def train_run(data, mcfg, tcfg, run_dir: Path, sync=None) -> dict:
 
 
 def classify(run: dict, every: int, warmup: int, busy: list[tuple[float, float]]) -> dict:
-    normal, saves, during = [], [], []
+    """Split steps into normal ones, save steps (clean: no earlier upload still running)
+    and steps that ran while the background upload did."""
+    normal, saves, during, dirty = [], [], [], 0
     for s, dt in run["steps"].items():
         if s <= warmup:
             continue
-        if s % every == 0:
-            saves.append((s, dt))
-            continue
         start, end = run["times"][s - 1], run["times"][s]
-        if any(u0 < end and u1 > start for u0, u1 in busy):
+        if s % every == 0:
+            if any(u0 < start < u1 for u0, u1 in busy):
+                dirty += 1  # the previous checkpoint's upload was still running
+            else:
+                saves.append((s, dt))
+        elif any(u0 < end and u1 > start for u0, u1 in busy):
             during.append(dt)
         else:
             normal.append(dt)
-    return {"normal": normal, "saves": saves, "during": during}
+    return {"normal": normal, "saves": saves, "during": during, "dirty": dirty}
 
 
-def bench_training(store, server, work: Path, quick: bool) -> list:
+def bench_training(store, server, work: Path, quick: bool, pairs: int) -> list:
     import torch
 
     from runner.storage.checkpoints import Lease
@@ -403,6 +407,23 @@ def bench_training(store, server, work: Path, quick: bool) -> list:
     from ten.model import TENLM
     from ten.presets import count_params, model_config
     from ten.trainer import TrainConfig
+
+    class TimedSync(CheckpointSync):
+        """Records when the background thread is busy, and each upload's seconds."""
+
+        def __init__(self, *args, **kwargs):
+            self.busy: list[tuple[float, float]] = []
+            self.upload_s: list[float] = []
+            super().__init__(*args, **kwargs)
+
+        def _upload(self, path: Path) -> None:
+            t0 = time.perf_counter()
+            try:
+                super()._upload(path)
+            finally:
+                self.busy.append((t0, time.perf_counter()))
+                if path.name in self.uploaded:
+                    self.upload_s.append(self.last_upload_s)
 
     seq = 128
     corpus = work / "corpus.jsonl"
@@ -422,101 +443,116 @@ def bench_training(store, server, work: Path, quick: bool) -> list:
                        num_workers=0, seed=7)
     warmup = 2
 
-    say(f"training without a store: {params / 1e6:.1f}M params, {steps} steps, "
-        f"checkpoint every {every}, torch threads {torch.get_num_threads()}")
-    base = train_run(data, mcfg, tcfg, work / "run-local")
-
-    class TimedSync(CheckpointSync):
-        """Records when the background thread is busy, and each upload's seconds."""
-
-        def __init__(self, *args, **kwargs):
-            self.busy: list[tuple[float, float]] = []
-            self.upload_s: list[float] = []
-            super().__init__(*args, **kwargs)
-
-        def _upload(self, path: Path) -> None:
-            t0 = time.perf_counter()
-            try:
-                super()._upload(path)
-            finally:
-                self.busy.append((t0, time.perf_counter()))
-                if path.name in self.uploaded:
-                    self.upload_s.append(self.last_upload_s)
-
-    logs: list[str] = []
-    lease = Lease.acquire(store, "train", owner="bench")
-    sync = TimedSync(store, "train", keep_last=2, milestone_every=None, lease=lease,
-                     log=logs.append)
-    say("training with CheckpointSync to the S3 server")
-    cpu0 = server.cpu_seconds()
-    synced = train_run(data, mcfg, tcfg, work / "run-s3", sync)
-    sync.flush()
-    cpu1 = server.cpu_seconds()
-    sync.close()
+    base_runs, store_runs, syncs, logs = [], [], [], []
+    server_cpu = 0.0
+    for r in range(pairs):  # interleaved: the machine's other load hits both alike
+        say(f"training run {r + 1}/{pairs} without a store: {params / 1e6:.1f}M params, "
+            f"{steps} steps, checkpoint every {every}, torch threads {torch.get_num_threads()}")
+        base_runs.append(train_run(data, mcfg, tcfg, work / f"run-local-{r}"))
+        say(f"training run {r + 1}/{pairs} with CheckpointSync to the S3 server")
+        lease = Lease.acquire(store, f"train-{r}", owner="bench")
+        sync = TimedSync(store, f"train-{r}", keep_last=2, milestone_every=None, lease=lease,
+                         log=logs.append)
+        cpu0 = server.cpu_seconds()
+        run = train_run(data, mcfg, tcfg, work / f"run-s3-{r}", sync)
+        sync.flush()
+        sync.close()
+        cpu1 = server.cpu_seconds()
+        server_cpu = None if cpu0 is None or cpu1 is None else server_cpu + cpu1 - cpu0
+        if sync.error:
+            say(f"upload error: {sync.error}")
+        store_runs.append(run)
+        syncs.append(sync)
+        drop_prefix(store, f"train-{r}/")
     skipped = sum("superseded" in line for line in logs)
-    if sync.error:
-        say(f"upload error: {sync.error}")
-    ckpt_dir = sorted((work / "run-s3" / "checkpoints").glob("step-*"))[-1]
+    ckpt_dir = sorted((work / "run-s3-0" / "checkpoints").glob("step-*"))[-1]
     manifest = json.loads((ckpt_dir / "manifest.json").read_text())
     ckpt_bytes = sum(e["size"] for e in manifest["files"].values())
     sizes = ", ".join(f"{n} {e['size'] / MiB:.1f}" for n, e in
                       sorted(manifest["files"].items()) if e["size"] > MiB)
 
-    c0 = classify(base, every, warmup, [])
-    c1 = classify(synced, every, warmup, sync.busy)
+    for name, runs, busy in (("no store", base_runs, [[]] * pairs),
+                             ("with store", store_runs, [s.busy for s in syncs])):
+        for run, b in zip(runs, busy, strict=True):
+            t0 = run["times"][0]
+            say(f"step times, {name}: " + " ".join(
+                f"{s}{'S' if s % every == 0 else ''}:{dt:.2f}" for s, dt in run["steps"].items()))
+            if b:
+                say("  upload busy (s from the first batch): " + " ".join(
+                    f"{u0 - t0:.1f}-{u1 - t0:.1f}" for u0, u1 in b))
+
+    def pooled(runs, busies):
+        out = {"normal": [], "saves": [], "during": [], "dirty": 0, "save_s": []}
+        for run, b in zip(runs, busies, strict=True):
+            c = classify(run, every, warmup, b)
+            secs = dict(run["commits"])
+            out["normal"] += c["normal"]
+            out["during"] += c["during"]
+            out["dirty"] += c["dirty"]
+            out["saves"] += [(dt, secs[s]) for s, dt in c["saves"]]
+        return out
+
+    c0 = pooled(base_runs, [[]] * pairs)
+    c1 = pooled(store_runs, [s.busy for s in syncs])
     med = statistics.median
+    nan = float("nan")
     normal0, normal1 = med(c0["normal"]), med(c1["normal"])
-    save_s0 = {s: sec for s, sec in base["commits"]}
-    save_s1 = {s: sec for s, sec in synced["commits"]}
-    save_step1 = med(dt for _, dt in c1["saves"])
-    save_step0 = med(dt for _, dt in c0["saves"])
-    local_save = med(save_s1[s] for s, _ in c1["saves"])
-    # what is left of a save step once its own synchronous local save is taken out
-    rest1 = med(dt - save_s1[s] for s, dt in c1["saves"])
-    rest0 = med(dt - save_s0[s] for s, dt in c0["saves"])
-    during = med(c1["during"]) if c1["during"] else float("nan")
-    extra_steps = sum(dt - normal1 for dt in c1["during"]) / max(1, len(sync.upload_s))
-    up = med(sync.upload_s) if sync.upload_s else float("nan")
+    save_step1 = med(dt for dt, _ in c1["saves"]) if c1["saves"] else nan
+    local_save = med(sec for _, sec in c1["saves"] + c0["saves"])
+    rest1 = med(dt - sec for dt, sec in c1["saves"]) if c1["saves"] else nan
+    rest0 = med(dt - sec for dt, sec in c0["saves"])
+    during = med(c1["during"]) if c1["during"] else nan
+    uploads = [u for sync in syncs for u in sync.upload_s]
+    up = med(uploads) if uploads else nan
+    # The whole loop (first batch to last), best run of each kind, minus its local saves:
+    # what the background uploads cost the run in total, per uploaded checkpoint.
+    def loop_s(run):
+        return run["times"][-1] - run["times"][0] - sum(
+            sec for s, sec in run["commits"] if s < len(run["times"]))
+
+    best0, best1 = min(map(loop_s, base_runs)), min(map(loop_s, store_runs))
+    in_loop = sum(s < len(store_runs[0]["times"]) for s, _ in store_runs[0]["commits"])
+    per_ckpt = (best1 - best0) / max(1, in_loop)  # checkpoints saved inside the loop
+    interval = every * normal0
+    agg = per_ckpt / interval
 
     def pct(x: float) -> str:
         return f"{x:+.1%}"
 
-    submit_stall = (rest1 - normal1) / normal1
-    submit0 = (rest0 - normal0) / normal0
-    added = submit_stall - submit0
-    overlap_stall = (during - normal1) / normal1
+    save_stall = (save_step1 - normal1) / normal1
+    added = (rest1 - normal1) / normal1 - (rest0 - normal0) / normal0
+    overlap = (during - normal1) / normal1
+    runs_note = f"{pairs} run(s) of each, interleaved"
     rows = [
         ("2 setup", f"TEN d_model {d_model}, 2 layers, vocab {vocab} ({params / 1e6:.1f}M "
-         f"params), batch 4 x {seq}, fp32 CPU, checkpoint every {every} of {steps} steps",
+         f"params), batch 4 x {seq}, fp32 CPU, {torch.get_num_threads()} torch threads, "
+         f"checkpoint every {every} of {steps} steps; {runs_note}",
          f"checkpoint {ckpt_bytes / MiB:.0f} MiB ({sizes} MiB)", "", "", ""),
         ("2 stall", f"normal step: median of {len(c1['normal'])} steps with no save and no "
-         "upload running", f"{normal1:.3f} s", "no-store run", f"{normal1 / normal0:.2f}x "
-         f"({normal0:.3f} s)", ""),
-        ("2 stall", f"save step, median of {len(c1['saves'])}: step + synchronous local "
-         "save + submit", f"{save_step1:.3f} s", "normal step", pct(
-             (save_step1 - normal1) / normal1), "reported, not a target"),
-        ("2 stall", "  of which local save (ten.checkpoint.save; the seconds given to "
+         "upload running", f"{normal1:.3f} s", "no-store runs",
+         f"{normal1 / normal0:.2f}x ({normal0:.3f} s)", ""),
+        ("2 stall", f"save step (median of {len(c1['saves'])}; {c1['dirty']} left out: the "
+         "previous upload still running): step + synchronous local save + submit",
+         f"{save_step1:.3f} s", "normal step", pct(save_stall), "reported, not a target"),
+        ("2 stall", "  of which the local save (ten.checkpoint.save, seconds given to "
          "on_commit), median", f"{local_save:.3f} s, {ckpt_bytes / MiB / local_save:,.0f} "
          "MiB/s", "normal step", f"{local_save / normal1:.2f} steps", "synchronous, separate"),
-        ("2 stall", "save step minus its local save, with the store (submit + rest of "
-         "the iteration)", f"{rest1:.3f} s", "normal step", pct(submit_stall), ""),
-        ("2 stall", "same, in the run without a store (no upload at all)",
-         f"{rest0:.3f} s (save step {save_step0:.3f} s)", "its normal step",
-         pct(submit0), ""),
-        ("2 stall", "what the async upload adds to the save step (difference of the two "
-         "rows above)", f"{rest1 - rest0:+.3f} s", "normal step", pct(added),
-         "< 5% " + ("met" if added < 0.05 else "MISSED")),
+        ("2 stall", "what handing the upload over adds to the save step (save step minus its "
+         "local save, with store vs without)", f"{rest1:.3f} s vs {rest0:.3f} s",
+         "normal step", pct(added), "< 5% " + ("met" if added < 0.05 else "MISSED")),
         ("2 stall", f"steps while the background upload runs: median of {len(c1['during'])}",
-         f"{during:.3f} s", "normal step", pct(overlap_stall),
-         "< 5% " + ("met" if overlap_stall < 0.05 else "MISSED (CPU contention)")),
-        ("2 stall", "  extra time of those steps per uploaded checkpoint", f"{extra_steps:.2f} s",
-         "normal step", f"{extra_steps / normal1:.2f} steps", ""),
-        ("2 upload", f"CheckpointSync.last_upload_s, median of {len(sync.upload_s)} "
-         f"uploads ({skipped} superseded)", rate(ckpt_bytes, up), "normal step",
+         f"{during:.3f} s", "normal step", pct(overlap),
+         "< 5% " + ("met" if overlap < 0.05 else "MISSED (CPU contention)")),
+        ("2 stall", "whole run, best loop time minus local saves: with store vs without, "
+         "per uploaded checkpoint", f"{per_ckpt:+.2f} s ({best1:.1f} vs {best0:.1f} s)",
+         f"{every} normal steps ({interval:.2f} s)", pct(agg),
+         "< 5% " + ("met" if agg < 0.05 else "MISSED (CPU contention)")),
+        ("2 upload", f"CheckpointSync.last_upload_s, median of {len(uploads)} uploads "
+         f"({skipped} superseded)", rate(ckpt_bytes, up), "normal step",
          f"{up / normal1:.1f} steps", ""),
     ]
-    if cpu0 is not None and cpu1 is not None and sync.upload_s:
-        per = (cpu1 - cpu0) / len(sync.upload_s)
+    if server_cpu is not None and uploads:
+        per = server_cpu / len(uploads)
         rows.append(("2 upload", "CPU the local S3 server itself burns per uploaded checkpoint "
                      "(rclone, /proc; on a real bucket this is not on the training machine)",
                      f"{per:.2f} CPU-s", "upload time", f"{per / up:.2f} cores", ""))
@@ -599,6 +635,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="smoke run: 64 MiB, small training run (< 60 s)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs of each transfer variant; the best is reported")
+    parser.add_argument("--train-repeats", type=int, default=None,
+                        help="pairs of training runs, without and with the store "
+                        "(default 2; 1 with --quick)")
     parser.add_argument("--server", choices=("rclone", "moto"), default="rclone")
     parser.add_argument("--part-size-mb", type=int, default=16, help="S3Store part_size")
     parser.add_argument("--concurrency", type=int, default=8, help="S3Store max_concurrency")
@@ -608,6 +647,8 @@ def main(argv: list[str] | None = None) -> None:
                         "(local disk; default: the system's)")
     args = parser.parse_args(argv)
     size_mb = args.size_mb or (64 if args.quick else 1024)
+    if args.train_repeats is None:
+        args.train_repeats = 1 if args.quick else 2
 
     isolate_aws_env()
     started = time.perf_counter()
@@ -636,7 +677,7 @@ def main(argv: list[str] | None = None) -> None:
         if "transfer" not in args.skip:
             rows += bench_transfer(store, client, ckpt_dir, work, args.repeats)
         if "train" not in args.skip:
-            rows += bench_training(store, server, work, args.quick)
+            rows += bench_training(store, server, work, args.quick, args.train_repeats)
         if "notice" not in args.skip:
             rows += bench_emergency(store, ckpt_dir, save_s)
     finally:
