@@ -12,4 +12,5 @@ class ExitCode(enum.IntEnum):
     CONFIG = 2  # the job (YAML, --set, environment) is wrong: fix it, do not retry
     DATA = 3  # the dataset, tokenizer or shards are wrong: fix them, do not retry
     STORAGE = 4  # the checkpoint store cannot be read or written
+    UNHEALTHY_HOST = 5  # the GPU failed the pre-flight check: relaunch on another host
     PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import threading
@@ -99,33 +100,140 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
 
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
     """Run a job to its end; returns the process exit code."""
-    from runner.storage import StorageError
-    from ten.data import DataError
-    from ten.presets import model_config
-    from ten.trainer import Outcome, ResumeError, Trainer
+    return JobRun(job, sample_prompt).run()
 
-    run_dir = run_dir_of(job)
-    log = RunLog(run_dir)
-    sync = None
-    try:
-        log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
-            f"({job.data.mode}), run dir {run_dir}")
-        store = lease = None
-        if job.storage.is_remote:
-            try:
-                store, lease = connect_store(job, run_dir, log)
-            except StorageError as e:
-                log(f"storage error: {e}")
-                return ExitCode.STORAGE
+
+class JobRun:
+    """One execution of a job on this machine. Every resource it opens (log, bucket,
+    uploader, notice watcher, GPU sampler, heartbeat) is closed in :meth:`_close`, and
+    every way it can end is one exit code."""
+
+    def __init__(self, job: Job, sample_prompt: str | None) -> None:
+        self.job, self.sample_prompt = job, sample_prompt
+        self.run_dir = run_dir_of(job)
+        self.log = RunLog(self.run_dir)
+        # Only one process of a torchrun group talks to the bucket and writes telemetry.
+        self.is_main = int(os.environ.get("RANK", "0")) == 0
+        self.store = self.lease = self.sync = self.cache = None
+        self.watcher = self.sampler = self.heartbeat = None
+        self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)
+        self._warned = False
+
+    def run(self) -> ExitCode:
+        from runner.storage import StorageError
+
+        code = ExitCode.CRASH
         try:
-            cache = BucketDataCache(store, log) if store is not None else None
-            data = _open_data(job, log, cache)
-            mcfg = model_config(job.model.arch, job.model.preset, **{
-                **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
-                "seq_len": job.data.seq_len})
+            code = self._run()
+        except KeyboardInterrupt:
+            self.log("interrupted before a checkpoint could be committed")
+            code = ExitCode.PREEMPTED
+        except StorageError as e:
+            self.log(f"storage error: {e}")
+            code = ExitCode.STORAGE
+        except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
+            self.log("crash:\n" + traceback.format_exc())
+            code = ExitCode.CRASH
+        finally:
+            self._close(code)
+        return code
+
+    def _run(self) -> ExitCode:
+        from ten.data import DataError
+        from ten.trainer import Outcome, ResumeError
+
+        job, log = self.job, self.log
+        log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
+            f"({job.data.mode}), run dir {self.run_dir}")
+        if job.monitor.health_gate and not self._healthy():
+            return ExitCode.UNHEALTHY_HOST
+        if job.storage.is_remote and self.is_main:
+            self.store, self.lease = connect_store(job, self.run_dir, log)
+        if self.is_main:
+            self._start_monitor()
+        try:
+            data, mcfg = self._open_data()
         except DataError as e:
             log(f"data error: {e}")
             return ExitCode.DATA
+        trainer = self._trainer(data, mcfg)
+        try:
+            outcome = trainer.run()
+        except ResumeError as e:
+            log(f"config error: {e}")
+            return ExitCode.CONFIG
+        except DataError as e:
+            log(f"data error: {e}")
+            return ExitCode.DATA
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
+        if not self._finish_uploads():
+            return ExitCode.STORAGE
+        if outcome is Outcome.PREEMPTED:
+            return ExitCode.PREEMPTED
+        if self.cache is not None:  # done: let the prepared data finish sharing
+            for thread in self.cache.threads:
+                thread.join(timeout=300)
+        if trainer.dist.is_main:
+            log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
+                f"perplexity {_ppl(trainer.final_loss):.2f}")
+            if self.sample_prompt:
+                text = generate_text(trainer.raw_model, data.tokenizer, self.sample_prompt,
+                                     48, temperature=0.8, top_k=40, seed=job.train.seed)
+                log(f"sample: {text!r}")
+        return ExitCode.OK
+
+    # -- the steps -------------------------------------------------------------------------
+    def _healthy(self) -> bool:
+        """The pre-flight GPU check: a bad host is reported and not trained on."""
+        from runner.monitor.health import preflight
+
+        health = preflight(self.job.train.device)
+        for line in health.lines:
+            self.log(line)
+        if not health.ok:
+            self.log(f"unhealthy host: {health.reason}")
+        return health.ok
+
+    def _start_monitor(self) -> None:
+        """GPU sampler and heartbeat, started before data preparation so the paid time
+        they account for includes it."""
+        from runner.monitor.heartbeat import Heartbeat
+        from runner.monitor.nvml import GpuSampler
+
+        mon, log = self.job.monitor, self.log
+        self.sampler = GpuSampler(period_s=mon.gpu_sample_s, log=log)
+        self.sampler.start()
+
+        def on_stall(diagnosis: Any) -> None:
+            if mon.exit_on_stall:
+                log(f"exiting: {diagnosis.message}")
+                self.heartbeat.stop("stalled")
+                os._exit(int(ExitCode.CRASH))  # a hung loader cannot checkpoint
+
+        self.heartbeat = Heartbeat(
+            self.run_dir, self.store, self.job.name, period_s=mon.heartbeat_s,
+            price_per_hour=self.job.resources.price_per_hour, sampler=self.sampler, log=log,
+            gpus=max(self.job.resources.gpus, 1), stall_after_s=mon.stall_after_s,
+            on_stall=on_stall)
+        self.heartbeat.start()
+
+    def _open_data(self):
+        from ten.presets import model_config
+
+        job = self.job
+        self.cache = BucketDataCache(self.store, self.log) if self.store is not None else None
+        data = _open_data(job, self.log, self.cache)
+        mcfg = model_config(job.model.arch, job.model.preset, **{
+            **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
+            "seq_len": job.data.seq_len})
+        return data, mcfg
+
+    def _trainer(self, data: Any, mcfg: Any):
+        from ten.trainer import Trainer
+
+        job, run_dir = self.job, self.run_dir
         shutil.copyfile(data.tokenizer.path, run_dir / "tokenizer.model")
         resolved = job.redacted_dict()
         (run_dir / "job.json").write_text(json.dumps(resolved, indent=1, default=str))
@@ -136,102 +244,69 @@ def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
                      "tokenizer": data.tokenizer.fingerprint, "mode": job.data.mode},
             "batch_size": job.train.batch_size,
         }
-        trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved, log=log)
-        if store is not None:
+        trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved,
+                          log=self.log, on_commit=self._on_commit)
+        if self.store is not None:
             from runner.sync import CheckpointSync
 
-            store.put_bytes(f"{job.name}/job.json", json.dumps(resolved, indent=1,
-                                                               default=str).encode())
-            sync = CheckpointSync(store, job.name, job.checkpoint.keep_last,
-                                  job.checkpoint.milestone_every, lease, log,
-                                  on_lease_lost=trainer.stop.request,
-                                  sidecars=(run_dir / "metrics.jsonl", run_dir / "run.log"))
-        watcher = start_notice_watcher(job, trainer, log)
-        commits: list[tuple[Path, float, float]] = []  # (path, seconds to save, when)
+            self.store.put_bytes(f"{job.name}/job.json",
+                                 json.dumps(resolved, indent=1, default=str).encode())
+            self.sync = CheckpointSync(self.store, job.name, job.checkpoint.keep_last,
+                                       job.checkpoint.milestone_every, self.lease, self.log,
+                                       on_lease_lost=trainer.stop.request)
+        self.watcher = start_notice_watcher(job, trainer, self.log, self.heartbeat)
+        return trainer
 
-        warned: list[bool] = []
+    def _on_commit(self, path: Path, seconds: float) -> None:
+        self.commits.append((path, seconds, time.time()))
+        if self.sync is not None:
+            self.sync.submit(path)
+        if self.heartbeat is not None:
+            self.heartbeat.checkpoint_committed(path, seconds)
+        # Once a save (and, with a bucket, an upload) has been measured: would an
+        # emergency checkpoint fit the notice window?
+        upload_s = 0.0 if self.sync is None else self.sync.last_upload_s
+        if self.watcher is not None and upload_s is not None and not self._warned:
+            from runner.preemption import startup_warning
 
-        def on_commit(path: Path, seconds: float) -> None:
-            commits.append((path, seconds, time.time()))
-            if sync is not None:
-                sync.submit(path)
-            # Once a save (and, with a bucket, an upload) has been measured: would an
-            # emergency checkpoint fit the notice window?
-            upload_s = 0.0 if sync is None else sync.last_upload_s
-            if watcher is not None and upload_s is not None and not warned:
-                from runner.preemption import startup_warning
+            self._warned = True
+            warning = startup_warning(self.watcher.provider, seconds + upload_s,
+                                      self.job.resources.notice_poll_s)
+            if warning:
+                self.log(f"warning: {warning}")
 
-                warned.append(True)
-                warning = startup_warning(watcher.provider, seconds + upload_s,
-                                          job.resources.notice_poll_s)
-                if warning:
-                    log(f"warning: {warning}")
-
-        trainer.on_commit = on_commit
-        try:
-            outcome = trainer.run()
-        except ResumeError as e:
-            log(f"config error: {e}")
-            return ExitCode.CONFIG
-        except DataError as e:
-            log(f"data error: {e}")
-            return ExitCode.DATA
-        finally:
-            if watcher is not None:
-                watcher.stop()
-        committed_at = commits[-1][2] if commits else None
-        if sync is not None:
-            if not finish_uploads(sync, store, commits[-1][0] if commits else None, run_dir,
-                                  log):
-                return ExitCode.STORAGE
+    def _finish_uploads(self) -> bool:
+        """Before exiting: the newest checkpoint must be committed in the bucket (waiting
+        for it is the only time training waits on the network). Then, after a notice,
+        how long that took against its deadline. False when the bucket lacks it."""
+        committed_at = self.commits[-1][2] if self.commits else None
+        if self.sync is not None and self.commits:
+            last = self.commits[-1][0]
+            if not self.sync.commit_now(last):
+                why = self.sync.lease_lost or self.sync.error or "upload failed"
+                self.log(f"storage error: {last.name} is committed in {self.run_dir} but not "
+                         f"in {self.store.url}: {why}")
+                return False
             committed_at = time.time()  # in the bucket: what survives the machine
-        if watcher is not None and watcher.notice is not None and committed_at is not None:
+        notice = self.watcher.notice if self.watcher is not None else None
+        if notice is not None and committed_at is not None:
             from runner.preemption import emergency_report
 
-            log(emergency_report(watcher.notice, committed_at))
-        if outcome is Outcome.PREEMPTED:
-            return ExitCode.PREEMPTED
-        if cache is not None:  # done: let the prepared data finish sharing
-            for thread in cache.threads:
-                thread.join(timeout=300)
-        if trainer.dist.is_main:
-            log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
-                f"perplexity {_ppl(trainer.final_loss):.2f}")
-            if sample_prompt:
-                text = generate_text(trainer.raw_model, data.tokenizer, sample_prompt, 48,
-                                     temperature=0.8, top_k=40, seed=job.train.seed)
-                log(f"sample: {text!r}")
-        return ExitCode.OK
-    except KeyboardInterrupt:
-        log("interrupted before a checkpoint could be committed")
-        return ExitCode.PREEMPTED
-    except StorageError as e:
-        log(f"storage error: {e}")
-        return ExitCode.STORAGE
-    except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
-        log("crash:\n" + traceback.format_exc())
-        return ExitCode.CRASH
-    finally:
-        if sync is not None:
-            sync.close()
-        log.close()
+            self.log(emergency_report(notice, committed_at))
+        return True
+
+    def _close(self, code: ExitCode) -> None:
+        if self.sync is not None:
+            self.sync.close()
+        if self.heartbeat is not None:
+            state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
+            self.heartbeat.stop(state)
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.log.close()
 
 
-def finish_uploads(sync: Any, store: Any, last: Path | None, run_dir: Path,
-                   log: RunLog) -> bool:
-    """Before exiting: the newest checkpoint must be committed in the bucket (waiting
-    for it is the only time training waits on the network), then logs and metrics go
-    along. False when the bucket does not have the newest checkpoint."""
-    if last is not None and not sync.commit_now(last):
-        why = sync.lease_lost or sync.error or "upload failed"
-        log(f"storage error: {last.name} is committed in {run_dir} but not in {store.url}: "
-            f"{why}")
-        return False
-    sync.upload_sidecars()
-    return True
-
-
-def start_notice_watcher(job: Job, trainer: Any, log: RunLog):
+def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = None):
     """Poll the cloud's preemption notice (resources.spot_notice) and turn a notice into
     the same stop as SIGTERM: finish the step, commit a checkpoint, exit preempted —
     before the SIGTERM that follows the notice."""
@@ -250,6 +325,8 @@ def start_notice_watcher(job: Job, trainer: Any, log: RunLog):
     def on_notice(notice: Any) -> None:
         log(f"preemption notice from {provider}: {notice.detail}")
         trainer.stop.request(f"{provider} preemption notice")
+        if heartbeat is not None:
+            heartbeat.event("preemption_notice", provider=provider, detail=notice.detail)
 
     watcher = NoticeWatcher(provider, on_notice, interval_s=res.notice_poll_s,
                             endpoint=res.metadata_endpoint, log=log)

@@ -25,10 +25,8 @@ class CheckpointSync:
     def __init__(self, store: Store, job_prefix: str, keep_last: int,
                  milestone_every: int | None, lease: Lease | None,
                  log: Callable[[str], None] = print,
-                 on_lease_lost: Callable[[str], None] | None = None,
-                 sidecars: tuple[Path, ...] = ()) -> None:
+                 on_lease_lost: Callable[[str], None] | None = None) -> None:
         self.store, self.job_prefix = store, job_prefix
-        self.sidecars = sidecars  # e.g. metrics.jsonl: copied along after each checkpoint
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.lease, self.log, self.on_lease_lost = lease, log, on_lease_lost
         self._pending: Path | None = None
@@ -61,15 +59,6 @@ class CheckpointSync:
                     return False
                 self._cond.wait(left)
         return True
-
-    def upload_sidecars(self) -> None:
-        """Best effort: logs and metrics help a human, checkpoints are what must land."""
-        for path in self.sidecars:
-            if path.is_file():
-                try:
-                    self.store.put_file(f"{self.job_prefix}/{path.name}", path)
-                except (StorageError, OSError) as e:
-                    self.log(f"could not upload {path.name}: {e}")
 
     def commit_now(self, path: Path, attempts: int = 3) -> bool:
         """The last or emergency checkpoint: wait for the queue, then make sure ``path``
@@ -124,7 +113,6 @@ class CheckpointSync:
                                    self.milestone_every, report=self.log, lease=self.lease)
             if dropped:
                 self.log(f"pruned {len(dropped)} old checkpoint(s) from the bucket")
-            self.upload_sidecars()
         except LeaseLost as e:
             self.lease_lost = str(e)
             self.log(f"lease lost: {e}")

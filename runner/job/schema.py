@@ -165,6 +165,15 @@ class ResourcesSection(Section):
     notice_poll_s: Float = Field(2.0, gt=0.0, description="seconds between notice polls")
 
 
+class MonitorSection(Section):
+    gpu_sample_s: Float = Field(10.0, gt=0.0, description="seconds between NVML GPU samples")
+    heartbeat_s: Float = Field(30.0, gt=0.0, description="seconds between status.json updates")
+    stall_after_s: Float = Field(600.0, gt=0.0, description="no step for this long: stalled")
+    exit_on_stall: Bool = Field(False, description="exit (code 1) when stalled, so a "
+                                "supervisor relaunches and resumes")
+    health_gate: Bool = Field(True, description="check the GPU before training")
+
+
 def slugify(name: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", name.lower())).strip("-")[:63]
 
@@ -181,6 +190,7 @@ class JobSchema(BaseModel):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     storage: StorageSection = Field(default_factory=StorageSection)
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    monitor: MonitorSection = Field(default_factory=MonitorSection)
 
     @field_validator("name")
     @classmethod
