@@ -100,6 +100,86 @@ def sample(run_dir: str, prompt: str, max_new_tokens: int, temperature: float, t
     click.echo(sample_run(run_dir, prompt, max_new_tokens, temperature, top_k, seed))
 
 
+def _resolve(target: str, job: str | None, endpoint_url: str | None):
+    """A job file, a store URL or path, or a run directory -> (where, job, endpoint)."""
+    if target.endswith((".yaml", ".yml")):
+        from runner.job import JobError, load_job
+
+        try:
+            spec = load_job(target, check_model=False)
+        except JobError as err:
+            raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+        where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
+        return where, job or spec.name, endpoint_url or spec.storage.endpoint_url or None
+    return target, job, endpoint_url
+
+
+_TARGET = click.argument("target", default="./runs")
+_JOB = click.option("--job", "job_name", default=None, help="Job name inside a store.")
+_ENDPOINT = click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
+
+
+@cli.command()
+@_TARGET
+@_JOB
+@_ENDPOINT
+def status(target: str, job_name: str | None, endpoint_url: str | None) -> None:
+    """Where runs stand, from their heartbeat: TARGET is a job file, a store (./runs,
+    s3://bucket/prefix) or a run directory. Works from a laptop while the job runs
+    elsewhere; a heartbeat that stopped arriving shows as stale."""
+    from runner.monitor.status import format_status_table, read_statuses
+
+    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    statuses = read_statuses(where, job_name, endpoint_url)
+    if not statuses:
+        raise UserError(f"no runs with a heartbeat under {where}", exit_code=ExitCode.CONFIG)
+    click.echo(format_status_table(statuses))
+
+
+@cli.command()
+@_TARGET
+@_JOB
+@_ENDPOINT
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what is appended.")
+@click.option("--interval", default=10.0, show_default=True, help="Seconds between polls.")
+def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bool,
+         interval: float) -> None:
+    """Print a run's log (from its directory or its store)."""
+    from runner.monitor.logs import follow_log, read_log
+    from runner.monitor.source import open_run
+
+    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    if not follow:
+        click.echo(read_log(where, job_name, endpoint_url), nl=False)
+        return
+    try:
+        follow_log(open_run(where, job_name, endpoint_url), lambda s: click.echo(s, nl=False),
+                   interval_s=interval)
+    except KeyboardInterrupt:
+        pass
+
+
+@cli.command()
+@_TARGET
+@_JOB
+@_ENDPOINT
+@click.option("--out", "out_dir", default="./reports", show_default=True,
+              type=click.Path(file_okay=False), help="Where the PNG and HTML go.")
+@click.option("--price-per-hour", type=float, default=None,
+              help="USD per machine-hour (default: the job's resources.price_per_hour).")
+@click.option("--gpus", type=click.IntRange(1), default=1, show_default=True)
+def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir: str,
+           price_per_hour: float | None, gpus: int) -> None:
+    """Plot a run (loss, eval, tokens/s, MFU, GPU, preemptions) and its cost: GPU-hours
+    paid, goodput, $ per 1B tokens. Writes a PNG and an HTML page."""
+    from runner.monitor.report import write_report
+
+    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    png, page = write_report(where, job_name, out_dir, endpoint_url,
+                             price_per_hour=price_per_hour, gpus=gpus)
+    click.echo(f"wrote {png}\nwrote {page}")
+
+
 def main() -> None:
     cli()
 
