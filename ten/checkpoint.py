@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ten.fileio import fsync_dir, sha256_file
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d{8})$")
@@ -39,22 +41,6 @@ class CheckpointError(Exception):
 
 def step_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -89,11 +75,11 @@ def save(root: Path, step: int, files: dict[str, Any], meta: dict[str, Any] | No
     manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(),
                 "files": entries, "meta": meta or {}}
     _write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if final.exists():  # a re-run of the same step (e.g. after a crash mid-prune)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 

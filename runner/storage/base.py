@@ -7,12 +7,14 @@ cache) is written against :class:`Store` only, and tested against both.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from ten.fileio import sha256_file
+
+__all__ = ["ObjectInfo", "StorageError", "Store", "check_key", "sha256_file"]
 
 
 class StorageError(UserError):
@@ -43,13 +45,6 @@ def check_key(key: str) -> str:
         raise ValueError(f"invalid storage key {key!r}")
     return key
 
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Store:

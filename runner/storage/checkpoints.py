@@ -34,6 +34,7 @@ from typing import Any
 from runner.storage.base import StorageError, Store, sha256_file
 from runner.storage.lease import Lease, LeaseLost
 from runner.storage.retention import retained_steps
+from ten.fileio import fsync_dir
 
 __all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "committed_steps", "download_checkpoint",
            "latest_committed", "prune_remote", "restore_latest", "retained_steps",
@@ -57,14 +58,6 @@ def step_name(step: int) -> str:
 
 def _step_prefix(job_prefix: str, step: int) -> str:
     return f"{job_prefix.strip('/')}/checkpoints/{step_name(step)}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
@@ -240,11 +233,11 @@ def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_roo
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -14,19 +14,9 @@ import uuid
 from pathlib import Path
 
 from runner.storage.base import ObjectInfo, StorageError, Store, check_key, sha256_file
+from ten.fileio import fsync_dir
 
 _TMP = ".tmp-"  # temporary files start with this; never listed
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tmp_name(final: Path) -> Path:
@@ -77,7 +67,7 @@ class LocalStore(Store):
             with open(local_path, "rb") as src:
                 tmp = self._write_tmp(final, lambda f: shutil.copyfileobj(src, f, 1 << 20))
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent, strict=False)
             size, expected = final.stat().st_size, Path(local_path).stat().st_size
         except OSError as e:
             raise self._fail("write", key, e) from None
@@ -110,7 +100,7 @@ class LocalStore(Store):
                     return False
                 finally:
                     tmp.unlink(missing_ok=True)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent, strict=False)
         except OSError as e:
             raise self._fail("write", key, e) from None
         return True

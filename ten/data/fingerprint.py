@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 
@@ -16,16 +15,6 @@ def digest(obj: Any, length: int = 16) -> str:
     """Hex digest of a JSON-able object (key order does not matter)."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:length]
-
-
-def file_sha256(path: Path, offset: int = 0, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes from ``offset`` on, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def unit_hash(key: str) -> float:

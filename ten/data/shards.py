@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ten.data.errors import DataError
-from ten.data.fingerprint import file_sha256
+from ten.fileio import sha256_file
 
 MAGIC = b"TENTOKS\0"
 VERSION = 1
@@ -121,7 +121,7 @@ class SplitWriter:
         path = self._path(len(self.shards))
         self.shards.append({"file": path.name, "tokens": self.open_tokens,
                             "bytes": path.stat().st_size,
-                            "sha256": file_sha256(path)})
+                            "sha256": sha256_file(path)})
         self.open_tokens = 0
 
     def sync(self) -> dict[str, Any]:
@@ -221,6 +221,6 @@ def verify(directory: Path, expected: dict[str, Any], command: str,
                 raise DataError(f"shard {file} has a bad header ({e}); {hint}") from None
             if (head_itemsize, head_tokens) != (itemsize, shard["tokens"]):
                 raise DataError(f"shard {file} header does not match the manifest; {hint}")
-            if checksums and file_sha256(file) != shard["sha256"]:
+            if checksums and sha256_file(file) != shard["sha256"]:
                 raise DataError(f"shard {file} fails its sha256 check (corrupt); {hint}")
     return manifest

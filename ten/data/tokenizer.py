@@ -27,7 +27,8 @@ import numpy as np
 import sentencepiece as spm
 
 from ten.data.errors import DataError
-from ten.data.fingerprint import digest, file_sha256
+from ten.data.fingerprint import digest
+from ten.fileio import sha256_file
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 RECIPE_VERSION = 1
@@ -50,7 +51,7 @@ class Tokenizer:
         except (OSError, RuntimeError):
             raise DataError(f"{str(self.path)!r} is not a sentencepiece model; fix "
                             "data.tokenizer_path") from None
-        self.fingerprint = file_sha256(self.path)[:16]
+        self.fingerprint = sha256_file(self.path)[:16]
         self.vocab_size = self._sp.get_piece_size()
         self.eos_id = self._sp.eos_id()
         if self.eos_id < 0:
