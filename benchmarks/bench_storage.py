@@ -398,7 +398,8 @@ def classify(run: dict, every: int, warmup: int, busy: list[tuple[float, float]]
     return {"normal": normal, "saves": saves, "during": during, "dirty": dirty}
 
 
-def bench_training(store, server, work: Path, quick: bool, pairs: int) -> list:
+def bench_training(store, server, work: Path, quick: bool, pairs: int,
+                   threads: int | None) -> list:
     import torch
 
     from runner.storage.checkpoints import Lease
@@ -425,6 +426,8 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int) -> list:
                 if path.name in self.uploaded:
                     self.upload_s.append(self.last_upload_s)
 
+    if threads:
+        torch.set_num_threads(threads)
     seq = 128
     corpus = work / "corpus.jsonl"
     make_corpus(corpus, 600 if quick else 2000)
@@ -638,6 +641,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-repeats", type=int, default=None,
                         help="pairs of training runs, without and with the store "
                         "(default 2; 1 with --quick)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch.set_num_threads for the training part (default: "
+                        "torch's own, all cores); 1 leaves a core to the upload")
     parser.add_argument("--server", choices=("rclone", "moto"), default="rclone")
     parser.add_argument("--part-size-mb", type=int, default=16, help="S3Store part_size")
     parser.add_argument("--concurrency", type=int, default=8, help="S3Store max_concurrency")
@@ -677,7 +683,8 @@ def main(argv: list[str] | None = None) -> None:
         if "transfer" not in args.skip:
             rows += bench_transfer(store, client, ckpt_dir, work, args.repeats)
         if "train" not in args.skip:
-            rows += bench_training(store, server, work, args.quick, args.train_repeats)
+            rows += bench_training(store, server, work, args.quick, args.train_repeats,
+                                   args.torch_threads)
         if "notice" not in args.skip:
             rows += bench_emergency(store, ckpt_dir, save_s)
     finally:
