@@ -27,6 +27,7 @@ import os
 import random
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -86,17 +87,22 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, ClientError) and (_code(e) in _TRANSIENT or _status(e) >= 500)
 
 
-def file_digests(path: Path, part_size: int) -> tuple[str, str, str, int]:
-    """(whole-file MD5, multipart ETag for ``part_size``, sha256, size) in one read."""
+def file_digests(path: Path, part_size: int, whole_md5: bool = True,
+                 part_md5s: bool = True) -> tuple[str | None, str | None, str, int]:
+    """(whole-file MD5, multipart ETag for ``part_size``, sha256, size) in one read; an
+    MD5 that is not wanted is skipped (None): each costs a full pass of MD5 over the file."""
     whole, sha, parts, size = hashlib.md5(), hashlib.sha256(), [], 0
     with open(path, "rb") as f:
         while block := f.read(part_size):
-            whole.update(block)
+            if whole_md5:
+                whole.update(block)
+            if part_md5s:
+                parts.append(hashlib.md5(block).digest())
             sha.update(block)
-            parts.append(hashlib.md5(block).digest())
             size += len(block)
-    multipart = f"{hashlib.md5(b''.join(parts)).hexdigest()}-{max(1, len(parts))}"
-    return whole.hexdigest(), multipart, sha.hexdigest(), size
+    multipart = (f"{hashlib.md5(b''.join(parts)).hexdigest()}-{max(1, len(parts))}"
+                 if part_md5s else None)
+    return whole.hexdigest() if whole_md5 else None, multipart, sha.hexdigest(), size
 
 
 class S3Store(Store):
@@ -107,6 +113,7 @@ class S3Store(Store):
                  multipart_threshold: int | None = None, max_concurrency: int = 8,
                  conditional_writes: bool | None = None, check: bool = True):
         self.bucket, self.prefix = bucket, prefix.strip("/")
+        self._multipart_etag: str | None = None  # "parts" or "whole", once seen
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
             "AWS_ENDPOINT_URL")
@@ -225,29 +232,47 @@ class S3Store(Store):
                 pass
 
     def put_file(self, key: str, local_path: Path, sha256: str | None = None) -> ObjectInfo:
+        """Upload, hashing the file in a second thread while it is sent (hashlib releases
+        the GIL), then check the stored object against those hashes. Hashing first would
+        add a whole extra read of the file to every upload."""
         local_path = Path(local_path)
         try:
             size = local_path.stat().st_size
-            part = ChunksizeAdjuster().adjust_chunksize(self.part_size, size)
-            md5, multipart, sha, hashed = file_digests(local_path, part)
         except OSError as e:
             raise StorageError(f"cannot read {local_path}: {e.strerror or e}") from None
+        part = ChunksizeAdjuster().adjust_chunksize(self.part_size, size)
+        full = self._full(key)
+        # A single PUT's ETag is the file's MD5. For multipart uploads S3, MinIO and moto
+        # return an MD5 of the part MD5s, some servers (rclone) the whole file's MD5:
+        # once a multipart ETag has shown which, only that one is computed.
+        multi = size >= self.transfer.multipart_threshold
+        style = self._multipart_etag if multi else "whole"
+        with ThreadPoolExecutor(1) as pool:
+            digests = pool.submit(file_digests, local_path, part, style != "parts",
+                                  multi and style != "whole")
+
+            def upload():
+                with TransferManager(self.client, self.transfer) as tm:
+                    tm.upload(str(local_path), self.bucket, full).result()
+
+            self._call("upload", key, upload, attempts=3)
+            try:
+                md5, multipart, sha, hashed = digests.result()
+            except OSError as e:
+                raise StorageError(f"cannot read {local_path}: {e.strerror or e}") from None
         if hashed != size or (sha256 is not None and sha != sha256):
+            self.delete([key])  # not committed anywhere yet: no manifest names it
             raise StorageError(f"local file {local_path} does not match its expected "
                                "sha256 (changed or corrupt); not uploading it")
-        full = self._full(key)
-
-        def upload():
-            with TransferManager(self.client, self.transfer) as tm:
-                tm.upload(str(local_path), self.bucket, full).result()
-
-        self._call("upload", key, upload, attempts=3)
         info = self.head(key)
         if info is None or info.size != size:
             got = "nothing" if info is None else f"{info.size} bytes"
             raise StorageError(f"upload of {self._where(key)} stored {got}, expected {size} "
                                "bytes")
-        if info.etag not in (md5, multipart) and self._remote_sha256(key) != sha:
+        if multi and info.etag and self._multipart_etag is None:
+            self._multipart_etag = ("parts" if info.etag == multipart
+                                    else "whole" if info.etag == md5 else None)
+        if info.etag not in {md5, multipart} - {None} and self._remote_sha256(key) != sha:
             raise StorageError(f"upload of {self._where(key)} does not match the local file "
                                "(sha256 differs); it will be uploaded again next time")
         return info
