@@ -78,7 +78,6 @@ def run_dir_of(job: Job) -> Path:
 def connect_store(job: Job, run_dir: Path, log: RunLog):
     """Open the job's bucket, claim the writer lease, and bring the newest committed
     checkpoint from the bucket when it is newer than what this machine has."""
-    import os
     import socket
 
     from runner.storage import open_store
