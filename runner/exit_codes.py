@@ -13,4 +13,8 @@ class ExitCode(enum.IntEnum):
     DATA = 3  # the dataset, tokenizer or shards are wrong: fix them, do not retry
     STORAGE = 4  # the checkpoint store cannot be read or written
     UNHEALTHY_HOST = 5  # the GPU failed the pre-flight check: relaunch on another host
+    # Provisioning (``ten-runner submit``), never returned by ``run``:
+    NO_CAPACITY = 6  # the cloud has no capacity for the instance type (spot and fallback)
+    HOST_UNREACHABLE = 7  # ssh cannot reach the host
+    CLOUD_CREDENTIALS = 8  # no usable cloud credentials, or they are not allowed to do it
     PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)

@@ -299,7 +299,7 @@ class JobRun:
             self.sync.close()
         if self.heartbeat is not None:
             state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
-            self.heartbeat.stop(state)
+            self.heartbeat.stop(state, exit_code=int(code))
         if self.sampler is not None:
             self.sampler.stop()
         self.log.close()

@@ -163,6 +163,21 @@ class ResourcesSection(Section):
     metadata_endpoint: Str | None = Field(
         None, description="metadata service base URL (default: the provider's own)")
     notice_poll_s: Float = Field(2.0, gt=0.0, description="seconds between notice polls")
+    # Where `ten-runner submit` puts the job (see runner/provision/).
+    image: Str = Field("ghcr.io/ten-runner/ten-runner:latest",
+                       description="container image run by `submit` and `export`")
+    instance_type: Str = Field("g6e.xlarge", description="`submit --to aws`: EC2 instance type "
+                               "(g6e.xlarge: one L40S)")
+    region: Str | None = Field(None, description="`submit --to aws`: AWS region; null: the "
+                               "AWS default chain (AWS_REGION, profile)")
+    max_price: Float | None = Field(None, gt=0.0, description="`submit --to aws`: spot bid, "
+                                    "USD per hour; null: up to the on-demand price")
+    on_demand_fallback: Bool = Field(False, description="`submit --to aws`: launch on-demand "
+                                     "when no spot capacity is found")
+    instance_profile: Str | None = Field(None, description="`submit --to aws`: IAM instance "
+                                         "profile giving the machine its bucket access")
+    max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
+                              "(preemptions always relaunch)")
 
 
 class MonitorSection(Section):

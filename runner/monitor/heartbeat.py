@@ -135,6 +135,7 @@ class Heartbeat:
         self._last_error = 0.0
         self._prev_step: int | None = None
         self._resumes_seen = 0
+        self._exit_code: int | None = None  # set by stop()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -175,10 +176,12 @@ class Heartbeat:
         step = int(name.split("-")[-1]) if name.split("-")[-1].isdigit() else None
         self.event("checkpoint", step=step, seconds=seconds, path=name)
 
-    def stop(self, state: str = "done") -> None:
-        """A last beat with ``state`` (done, preempted, failed, stopped), every file
+    def stop(self, state: str = "done", exit_code: int | None = None) -> None:
+        """A last beat with ``state`` (done, preempted, failed, stopped) and the process's
+        ``exit_code`` (a managed job's supervisor reads it from the store), every file
         uploaded, thread joined. Never raises; callable from ``on_stall`` (the
         heartbeat's own thread), e.g. before ``os._exit``."""
+        self._exit_code = exit_code
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -186,7 +189,7 @@ class Heartbeat:
             self._thread = None
         self._guard(self._read_metrics)
         self._guard(self._detect_resumes)  # before "stop": a resume belongs to this life
-        self.event("stop", state=state)
+        self.event("stop", state=state, exit_code=exit_code)
         self._guard(self.beat, state, True)
 
     def beat(self, state: str = "running", upload_files: bool = False) -> dict[str, Any]:
@@ -202,6 +205,8 @@ class Heartbeat:
                               period_s=self.period_s, price_per_hour=self.price_per_hour,
                               gpus=self.gpus, stall_after_s=self.stall_after_s,
                               host=self.host, session_start=self.started)
+        if state != "running" and self._exit_code is not None:
+            status["exit_code"] = self._exit_code
         data = json.dumps(status, indent=1, default=str).encode()
         tmp = self.run_dir / (STATUS + ".tmp")
         tmp.write_bytes(data)
