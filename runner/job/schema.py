@@ -174,6 +174,9 @@ class ResourcesSection(Section):
                                     "USD per hour; null: up to the on-demand price")
     on_demand_fallback: Bool = Field(False, description="`submit --to aws`: launch on-demand "
                                      "when no spot capacity is found")
+    ami: Str | None = Field(None, description="`submit --to aws`: machine image with docker "
+                            "and the NVIDIA container toolkit; null: the AWS Deep Learning "
+                            "Base GPU AMI (Ubuntu 22.04) of the region")
     instance_profile: Str | None = Field(None, description="`submit --to aws`: IAM instance "
                                          "profile giving the machine its bucket access")
     max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
