@@ -53,6 +53,29 @@ def _substitute(text: str, path: Path_, env: Mapping[str, str], used: list[str])
     return _REF.sub(one, text)
 
 
+def references(data: Any) -> list[str]:
+    """The variable names the string values of ``data`` refer to, sorted: what a machine
+    that loads the same job file (``submit`` to a remote host) must be given. ``$${``
+    escapes are skipped; a malformed reference is left to :func:`substitute` to report."""
+    names: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and "${" in value:
+            for match in _REF.finditer(value):
+                ref = _NAME.match(match.group(1)) if match.group(0) != "$${" else None
+                if ref is not None:
+                    names.add(ref.group(1))
+
+    walk(data)
+    return sorted(names)
+
+
 def substitute(data: Any, env: Mapping[str, str],
                path: Path_ = ()) -> tuple[Any, dict[Path_, str], list[str], list[EnvProblem]]:
     """Replace references in every string value; returns (data, {path: text as written},
