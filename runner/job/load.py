@@ -82,11 +82,12 @@ def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
     listing every problem, one per line."""
     source = str(path)
     problems = Problems(source)
-    text = _read(Path(path), problems)
+    remote = source.lower().startswith("s3://")
+    text = _fetch(source, problems) if remote else _read(Path(path), problems)
     if text is None:
         raise problems.error()
     job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model)
-    job._source_path = Path(path)
+    job._source_path = None if remote else Path(path)
     return job
 
 
@@ -223,6 +224,34 @@ def _read(path: Path, problems: Problems) -> str | None:
             raw = f.read(MAX_BYTES + 1)
     except OSError as err:
         return fail(f"cannot read: {err.strerror or err}")
+    return _decode(raw, fail)
+
+
+def _fetch(url: str, problems: Problems) -> str | None:
+    """A job file in a bucket (``s3://bucket/key.yaml``), e.g. the one ``submit --to aws``
+    uploaded for the instance to run. The endpoint comes from AWS_ENDPOINT_URL_S3 /
+    AWS_ENDPOINT_URL (a job's own endpoint_url is inside the file), credentials from the
+    AWS chain."""
+    from runner.storage import StorageError, open_store
+
+    def fail(message: str) -> None:
+        problems.add_line(0, f"{url}: {message}")
+
+    parent, _, key = url.rpartition("/")
+    if "/" not in url[len("s3://"):] or not key:
+        return fail("expected s3://bucket/path/job.yaml")
+    try:
+        raw = open_store(parent).get_bytes(key)
+    except StorageError as e:
+        return fail(f"cannot fetch: {e}")
+    if raw is None:
+        return fail("no such object")
+    if len(raw) > MAX_BYTES:
+        return fail(f"is {len(raw):,} bytes; a job file must be under {MAX_BYTES:,}")
+    return _decode(raw, fail)
+
+
+def _decode(raw: bytes, fail) -> str | None:
     if b"\0" in raw:
         return fail("not a text file (binary data)")
     try:
