@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -180,6 +181,6 @@ def test_healthcheck_process_imports_no_torch(pointer):
             "assert 'torch' not in sys.modules and 'runner.monitor.heartbeat' not in "
             "sys.modules; liveness.healthcheck()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("healthy: starting")
