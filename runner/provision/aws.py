@@ -1,0 +1,653 @@
+"""``ten-runner submit JOB.yaml --to aws``: one EC2 (spot) instance per attempt.
+
+The instance boots the cloud-init user data (:mod:`runner.provision.cloudinit`), which
+runs ``ten-runner run s3://.../<job id>.yaml`` in the container and powers the machine
+off when the job ends; ``InstanceInitiatedShutdownBehavior=terminate`` makes that
+power-off delete the instance, so a finished or crashed job stops costing money even if
+nobody is watching. The managed loop (:mod:`runner.provision.managed`) watches through
+:meth:`AWSProvider.poll` and the heartbeat in the bucket.
+
+Rules this module keeps:
+
+* Validate before creating anything (region, credentials, instance type, AMI): a
+  mistake costs one API call, not a half-launched machine.
+* Tags go on the instance and its volumes *in* ``run_instances`` (TagSpecifications),
+  never in a second call that could fail after the launch, so :meth:`teardown_job` can
+  always find what a job created.
+* Once an instance id exists, any failure (or Ctrl-C) terminates it before raising.
+* Decisions are pure functions tested from tables: :func:`launch_step` (what an EC2
+  error code means for the next try), :func:`plan_attempts`, :func:`classify` (what a
+  ``describe_instances`` record means for the loop).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import difflib
+import functools
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
+
+from runner.exit_codes import ExitCode
+from runner.provision.base import (
+    CloudCredentials,
+    Instance,
+    InstanceStatus,
+    LaunchSpec,
+    NoCapacity,
+    Phase,
+    ProvisionError,
+)
+
+# The AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver,
+# docker and the NVIDIA container toolkit preinstalled; AWS publishes the newest id per
+# region under this public SSM parameter.
+DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
+                   "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+USER_DATA_LIMIT = 16 * 1024  # bytes, before base64: EC2's limit
+TAG_JOB_ID, TAG_JOB, TAG_ATTEMPT = "ten-runner:job-id", "ten-runner:job", "ten-runner:attempt"
+GPU_TYPES = ("g6e.xlarge", "g6e.2xlarge", "g6e.4xlarge", "g6e.12xlarge", "g6.xlarge",
+             "g5.xlarge", "g5.2xlarge", "g4dn.xlarge", "p4d.24xlarge", "p5.48xlarge")
+# Not found right after run_instances is EC2's eventual consistency, not a vanished VM.
+VISIBILITY_GRACE_S = 120.0
+LIVE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
+
+_CREDENTIAL_HINT = ("set AWS_PROFILE (a profile in ~/.aws/config) or AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, or run where an instance role is attached")
+_CREDENTIAL_CODES = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId",
+                     "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException",
+                     "RequestExpired", "AccessDenied", "AccessDeniedException",
+                     "UnrecognizedClientException", "InvalidAccessKeyId"}
+
+
+# -- pure decisions ----------------------------------------------------------------------
+
+class Step(str, Enum):
+    """What a failed ``run_instances`` means for the next try."""
+
+    NEXT_ZONE = "next-zone"  # no capacity / price / type here: another zone may have it
+    NEXT_MARKET = "next-market"  # a quota of this market (spot or on-demand): skip its zones
+    CREDENTIALS = "credentials"  # the caller's credentials are missing or not allowed
+    CONFIG = "config"  # the request is wrong (AMI, profile, parameters): the user fixes it
+    FAIL = "fail"  # anything else: stop and report
+
+
+_STEPS = {
+    Step.NEXT_ZONE: {"InsufficientInstanceCapacity", "InsufficientCapacity",
+                     "InsufficientHostCapacity", "SpotMaxPriceTooLow", "Unsupported",
+                     "InsufficientFreeAddressesInSubnet"},
+    Step.NEXT_MARKET: {"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded",
+                       "InstanceLimitExceeded", "SpotInstanceCountExceeded"},
+    Step.CREDENTIALS: _CREDENTIAL_CODES,
+    Step.CONFIG: {"InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable",
+                  "InvalidParameterValue", "InvalidParameterCombination", "InvalidParameter",
+                  "MissingParameter", "NoSuchEntity", "InvalidInstanceType",
+                  "InvalidSubnetID.NotFound", "InvalidUserData.Malformed", "OptInRequired",
+                  "InvalidBlockDeviceMapping", "InvalidGroup.NotFound"},
+}
+
+
+def launch_step(code: str) -> Step:
+    """The decision for an EC2 error code returned by ``run_instances``."""
+    for step, codes in _STEPS.items():
+        if code in codes:
+            return step
+    return Step.FAIL
+
+
+def plan_attempts(zones: Sequence[str], spot: bool, on_demand_fallback: bool
+                  ) -> list[tuple[str, str]]:
+    """``(market, zone)`` pairs in the order to try: every zone on spot, then (when
+    allowed) every zone on-demand; on-demand only when the job does not ask for spot."""
+    markets = (["spot", "on-demand"] if on_demand_fallback else ["spot"]) if spot \
+        else ["on-demand"]
+    return [(market, zone) for market in markets for zone in zones]
+
+
+# Spot request status codes that mean EC2 took the instance back (not the user).
+_INTERRUPTED = {"instance-terminated-by-price", "instance-terminated-no-capacity",
+                "instance-terminated-capacity-oversubscribed",
+                "instance-terminated-launch-group-constraint", "instance-terminated-by-experiment",
+                "instance-stopped-by-price", "instance-stopped-no-capacity",
+                "instance-stopped-capacity-oversubscribed",
+                "instance-stopped-launch-group-constraint", "marked-for-termination",
+                "marked-for-stop"}
+
+
+def classify(instance: dict[str, Any], spot_request: dict[str, Any] | None) -> InstanceStatus:
+    """What one ``describe_instances`` record (plus its spot request, if any) means.
+
+    EXITED carries no exit code: the VM shut itself down when the job ended, and the job's
+    own code is in the heartbeat in the bucket, which the managed loop reads.
+    """
+    state = (instance.get("State") or {}).get("Name", "")
+    reason = instance.get("StateReason") or {}
+    code = reason.get("Code") or ""
+    transition = instance.get("StateTransitionReason") or ""
+    request_code = ((spot_request or {}).get("Status") or {}).get("Code", "")
+    if state == "pending":
+        return InstanceStatus(Phase.PENDING, reason="instance pending")
+    if state == "running":
+        notice = " (spot interruption notice)" if request_code.startswith("marked-for-") else ""
+        return InstanceStatus(Phase.RUNNING, reason=f"instance running{notice}")
+    said = code or request_code or transition or "no reason given"
+    if (code.startswith("Server.SpotInstance") or "Server.SpotInstance" in transition
+            or request_code in _INTERRUPTED):
+        return InstanceStatus(Phase.PREEMPTED, reason=f"spot interruption: {said}")
+    if code == "Server.InsufficientInstanceCapacity":
+        return InstanceStatus(Phase.PREEMPTED, reason=f"no capacity at start: {said}")
+    if code == "Client.InstanceInitiatedShutdown":
+        return InstanceStatus(Phase.EXITED, None, reason="the instance shut itself down")
+    if code.startswith("Client.UserInitiated") or request_code.endswith("-by-user"):
+        return InstanceStatus(Phase.GONE, reason=f"instance {state} by a user or the API: "
+                              f"{said}")
+    return InstanceStatus(Phase.GONE, reason=f"instance {state}: {said}")
+
+
+def error_code(e: ClientError) -> str:
+    return str((e.response.get("Error") or {}).get("Code") or "")
+
+
+def _aws_message(e: ClientError, limit: int = 200) -> str:
+    text = " ".join(str((e.response.get("Error") or {}).get("Message") or "").split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def aws_error(e: BaseException, what: str, region: str) -> ProvisionError:
+    """A one-line, secret-free error for a failed AWS call (``what``: 'describe
+    instance types', ...). Credentials problems are exit 8, everything the user must
+    change is CONFIG, the rest CRASH (unexpected: the supervisor may retry)."""
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+        return CloudCredentials(f"no usable AWS credentials ({type(e).__name__}) for {what}: "
+                                f"{_CREDENTIAL_HINT}")
+    if isinstance(e, NoRegionError):
+        return region_missing()
+    if isinstance(e, ClientError):
+        code = error_code(e)
+        if code in _CREDENTIAL_CODES:
+            return CloudCredentials(f"AWS refused {what} in {region} ({code}): the credentials "
+                                    f"are invalid, expired or not allowed to do it; "
+                                    f"{_CREDENTIAL_HINT}, with EC2 permissions")
+        if code in _STEPS[Step.CONFIG]:
+            return ProvisionError(f"AWS rejected {what} in {region}: {code}: {_aws_message(e)}")
+        return ProvisionError(f"AWS {what} failed in {region}: {code}: {_aws_message(e)}",
+                              ExitCode.CRASH)
+    name = type(e).__name__
+    if "Token" in name or "SSO" in name or "Credential" in name:  # expired SSO login & co
+        return CloudCredentials(f"cannot load AWS credentials ({name}) for {what}: "
+                                f"run `aws sso login` for the profile, or {_CREDENTIAL_HINT}")
+    if isinstance(e, EndpointConnectionError):
+        return ProvisionError(f"cannot reach the AWS API for {what} in {region} ({name}); "
+                              "check the network and resources.region", ExitCode.CRASH)
+    return ProvisionError(f"AWS {what} failed in {region}: {name}", ExitCode.CRASH)
+
+
+# -- validation before anything is created ------------------------------------------------
+
+def region_missing() -> ProvisionError:
+    return ProvisionError("no AWS region: set resources.region in the job, or AWS_REGION "
+                          "(or a region in your AWS profile)")
+
+
+@functools.cache
+def known_regions() -> tuple[str, ...]:
+    """EC2 regions boto3 knows, every partition (aws, aws-cn, aws-us-gov, ...)."""
+    session = boto3.session.Session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return tuple(sorted(regions))
+
+
+def check_region(region: str) -> str:
+    regions = known_regions()
+    if region in regions:
+        return region
+    near = difflib.get_close_matches(region, regions, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(near)}?)" if near else \
+        " (e.g. us-east-1, us-west-2, eu-west-1)"
+    raise ProvisionError(f"resources.region {region!r} is not an AWS EC2 region{hint}")
+
+
+def resolve_region(region: str | None, session: Any = None) -> str:
+    """The job's region, else the AWS default chain (AWS_REGION, AWS_DEFAULT_REGION, the
+    profile's region); a clear error when none is set."""
+    region = region or os.environ.get("AWS_REGION") or \
+        (session or boto3.session.Session()).region_name  # AWS_DEFAULT_REGION, profile
+    if not region:
+        raise region_missing()
+    return check_region(region)
+
+
+def check_instance_type(client: Any, instance_type: str, region: str = "") -> dict[str, Any]:
+    """The type's description (architectures, GPUs); CONFIG naming resources.instance_type
+    with a near match when EC2 does not know it."""
+    try:
+        found = client.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except ClientError as e:
+        if error_code(e) not in ("InvalidInstanceType", "InvalidParameterValue"):
+            raise aws_error(e, "describe instance types", region) from None
+        found = []
+    except BotoCoreError as e:
+        raise aws_error(e, "describe instance types", region) from None
+    if found:
+        return found[0]
+    try:
+        names = list(client.meta.service_model.shape_for("InstanceType").enum)
+    except Exception:  # noqa: BLE001 - suggestions are a nicety
+        names = []
+    near = difflib.get_close_matches(instance_type, list(GPU_TYPES) + names, n=2, cutoff=0.6)
+    hint = f"did you mean {' or '.join(near)}?" if near else \
+        f"GPU types: {', '.join(GPU_TYPES[:5])}"
+    raise ProvisionError(f"resources.instance_type {instance_type!r} is not an EC2 instance "
+                         f"type{' in ' + region if region else ''} ({hint})")
+
+
+# -- the provider -------------------------------------------------------------------------
+
+class AWSProvider:
+    """EC2 attempts of one job. Cheap to build (no API call); :meth:`prepare` validates
+    and is run by the first :meth:`launch` (the CLI can call it before uploading
+    anything)."""
+
+    name = "aws"
+
+    def __init__(self, region: str, instance_type: str = "g6e.xlarge", *,
+                 ami: str | None = None, max_price: float | None = None,
+                 on_demand_fallback: bool = False, instance_profile: str | None = None,
+                 user_data: Callable[[LaunchSpec], str], endpoint_url: str | None = None,
+                 zones: Sequence[str] | None = None, subnet_ids: Sequence[str] | None = None,
+                 session: Any = None, ami_parameter: str = DLAMI_PARAMETER,
+                 on_launch: Callable[[Instance], None] | None = None):
+        self.region, self.instance_type = region, instance_type
+        self.ami, self.max_price = ami, max_price
+        self.on_demand_fallback, self.instance_profile = on_demand_fallback, instance_profile
+        self.user_data, self.endpoint_url = user_data, endpoint_url
+        self.zones, self.subnet_ids = list(zones or []), list(subnet_ids or [])
+        self.ami_parameter = ami_parameter
+        # Called with the new instance before launch returns (e.g. to record its id at
+        # once); if it raises, the instance is terminated.
+        self.on_launch = on_launch
+        self._session = session
+        self._clients: dict[str, Any] = {}
+        self._image: str | None = None
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _client(self, service: str) -> Any:
+        if service not in self._clients:
+            if self._session is None:  # one session: the service models load once
+                self._session = boto3.session.Session()
+            session = self._session
+            config = Config(retries={"max_attempts": 5, "mode": "standard"},
+                            connect_timeout=10, read_timeout=60, user_agent_extra="ten-runner")
+            try:
+                self._clients[service] = session.client(
+                    service, region_name=self.region, endpoint_url=self.endpoint_url,
+                    config=config)
+            except (BotoCoreError, ValueError) as e:
+                raise ProvisionError(f"cannot configure the AWS {service} client for "
+                                     f"{self.region}: {type(e).__name__}") from None
+        return self._clients[service]
+
+    @property
+    def ec2(self) -> Any:
+        return self._client("ec2")
+
+    def _api(self, what: str, fn: Callable[..., Any], **params: Any) -> Any:
+        try:
+            return fn(**params)
+        except (ClientError, BotoCoreError) as e:
+            raise aws_error(e, what, self.region) from None
+
+    # -- validation --------------------------------------------------------------------
+    def prepare(self) -> str:
+        """Check region, credentials, instance type and machine image; return the AMI id.
+        Raises ProvisionError (CONFIG / CloudCredentials) and creates nothing."""
+        if self._image is None:
+            check_region(self.region)
+            info = check_instance_type(self.ec2, self.instance_type, self.region)
+            image = self._resolve_image()
+            arches = (info.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
+            arch = image.get("Architecture")
+            if arches and arch and arch not in arches:
+                raise ProvisionError(f"resources.ami {image['ImageId']} is {arch} but "
+                                     f"{self.instance_type} runs {'/'.join(arches)}: pick a "
+                                     "matching AMI or instance type")
+            self._image = image["ImageId"]
+        return self._image
+
+    def _resolve_image(self) -> dict[str, Any]:
+        ami = self.ami
+        if ami is None:
+            ssm = self._client("ssm")
+            try:
+                ami = ssm.get_parameter(Name=self.ami_parameter)["Parameter"]["Value"]
+            except ClientError as e:
+                code = error_code(e)
+                if code in _CREDENTIAL_CODES and code not in ("AccessDenied",
+                                                              "AccessDeniedException"):
+                    raise aws_error(e, "read the default AMI from SSM", self.region) from None
+                raise ProvisionError(
+                    f"cannot find the default GPU AMI in {self.region} ({code} reading SSM "
+                    f"parameter {self.ami_parameter}): set resources.ami to an AMI with "
+                    "docker and the NVIDIA container toolkit") from None
+            except BotoCoreError as e:
+                raise aws_error(e, "read the default AMI from SSM", self.region) from None
+        try:
+            images = self.ec2.describe_images(ImageIds=[ami])["Images"]
+        except ClientError as e:
+            if not error_code(e).startswith("InvalidAMIID"):
+                raise aws_error(e, "describe images", self.region) from None
+            images = []
+        except BotoCoreError as e:
+            raise aws_error(e, "describe images", self.region) from None
+        if not images:
+            raise ProvisionError(f"resources.ami {ami!r} does not exist in {self.region} (or "
+                                 "is not shared with this account); null picks the AWS Deep "
+                                 "Learning Base GPU AMI")
+        return images[0]
+
+    def _zones(self, avoid: frozenset[str]) -> tuple[list[str], dict[str, str]]:
+        """Zones of the region offering the type (in the given subnets' zones when set),
+        minus ``avoid``; and the subnet to use per zone."""
+        pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [self.instance_type]}])
+        try:
+            offered = sorted({o["Location"] for page in pages
+                              for o in page["InstanceTypeOfferings"]})
+        except (ClientError, BotoCoreError) as e:
+            raise aws_error(e, "describe instance type offerings", self.region) from None
+        subnets: dict[str, str] = {}
+        if self.subnet_ids:
+            found = self._api("describe subnets", self.ec2.describe_subnets,
+                              SubnetIds=self.subnet_ids)["Subnets"]
+            subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in found}
+            offered = [z for z in offered if z in subnets]
+        if self.zones:
+            offered = [z for z in self.zones if z in offered]
+        if not offered:
+            where = "the zones of the given subnets/zones" if self.subnet_ids or self.zones \
+                else "any availability zone"
+            raise ProvisionError(f"resources.instance_type {self.instance_type} is not "
+                                 f"offered in {where} of {self.region}: pick another "
+                                 "resources.region or instance_type")
+        usable = [z for z in offered if z not in avoid]
+        if not usable:
+            raise NoCapacity(f"every zone offering {self.instance_type} in {self.region} is "
+                             f"blocked after failed health checks: {', '.join(offered)}")
+        return usable, subnets
+
+    # -- Provider ----------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
+        image = self.prepare()
+        user_data = self.user_data(spec)
+        if len(user_data.encode()) > USER_DATA_LIMIT:
+            raise ProvisionError(f"the instance user data is {len(user_data.encode())} bytes; "
+                                 f"EC2 allows {USER_DATA_LIMIT}: shorten resources.image or "
+                                 "the environment passed to the job")
+        zones, subnets = self._zones(avoid)
+        tried: list[str] = []
+        skipped: set[str] = set()
+        codes: set[str] = set()
+        for market, zone in plan_attempts(zones, spec.spot, self.on_demand_fallback):
+            if market in skipped:
+                continue
+            params = self._launch_params(spec, image, user_data, market, zone,
+                                         subnets.get(zone))
+            try:
+                described = self._run_instances(**params)["Instances"][0]
+            except ClientError as e:
+                code = error_code(e)
+                step = launch_step(code)
+                if step in (Step.NEXT_ZONE, Step.NEXT_MARKET):
+                    tried.append(f"{market} in {zone}: {code}")
+                    codes.add(code)
+                    if step is Step.NEXT_MARKET:
+                        skipped.add(market)
+                    continue
+                raise self._launch_error(e) from None
+            except BaseException as e:
+                # No answer (network, Ctrl-C): the instance may exist all the same.
+                self._terminate_attempt(spec)
+                if isinstance(e, BotoCoreError):
+                    raise aws_error(e, "run instances", self.region) from None
+                raise
+            return self._launched(described, spec, market, image)
+        raise NoCapacity(self._no_capacity(tried, codes, spec.spot))
+
+    def _run_instances(self, **params: Any) -> dict[str, Any]:
+        """The one call that creates an instance (a test double may refuse capacity)."""
+        return self.ec2.run_instances(**params)
+
+    def _launch_params(self, spec: LaunchSpec, image: str, user_data: str, market: str,
+                       zone: str, subnet: str | None) -> dict[str, Any]:
+        tags = [{"Key": TAG_JOB_ID, "Value": spec.job_id}, {"Key": TAG_JOB, "Value": spec.job_name},
+                {"Key": TAG_ATTEMPT, "Value": str(spec.attempt)},
+                {"Key": "Name", "Value": f"{spec.job_id} attempt {spec.attempt}"}]
+        params: dict[str, Any] = dict(
+            ImageId=image, InstanceType=self.instance_type, MinCount=1, MaxCount=1,
+            UserData=user_data, InstanceInitiatedShutdownBehavior="terminate",
+            ClientToken=uuid.uuid4().hex,  # retries of this call never start a second VM
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
+                               {"ResourceType": "volume", "Tags": tags}],
+        )
+        if subnet:
+            params["SubnetId"] = subnet
+        else:
+            params["Placement"] = {"AvailabilityZone": zone}
+        if market == "spot":
+            options: dict[str, Any] = {"SpotInstanceType": "one-time",
+                                       "InstanceInterruptionBehavior": "terminate"}
+            if self.max_price is not None:
+                options["MaxPrice"] = f"{self.max_price:.6f}".rstrip("0").rstrip(".")
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+        if self.instance_profile:
+            key = "Arn" if self.instance_profile.startswith("arn:") else "Name"
+            params["IamInstanceProfile"] = {key: self.instance_profile}
+        return params
+
+    def _launched(self, described: dict[str, Any], spec: LaunchSpec, market: str,
+                  image: str) -> Instance:
+        instance_id = described["InstanceId"]
+        try:
+            instance = Instance(
+                provider=self.name, id=instance_id,
+                zone=(described.get("Placement") or {}).get("AvailabilityZone"),
+                spot=market == "spot", launched_at=time.time(),
+                details={"region": self.region, "instance_type": self.instance_type,
+                         "market": market, "ami": image, "attempt": spec.attempt,
+                         "spot_request_id": described.get("SpotInstanceRequestId")})
+            if self.on_launch is not None:
+                self.on_launch(instance)
+            return instance
+        except BaseException:
+            self._terminate_quietly(instance_id, described.get("SpotInstanceRequestId"))
+            raise
+
+    def _launch_error(self, e: ClientError) -> ProvisionError:
+        code, message = error_code(e), _aws_message(e)
+        if self.instance_profile and ("nstance profile" in message or
+                                      "iamInstanceProfile" in message or code == "NoSuchEntity"):
+            return ProvisionError(f"resources.instance_profile {self.instance_profile!r} is not "
+                                  f"usable in {self.region}: {code}: {message}")
+        error = aws_error(e, f"launching {self.instance_type}", self.region)
+        if self.instance_profile and code == "UnauthorizedOperation":
+            error = CloudCredentials(f"{error.message}; launching with "
+                                     "resources.instance_profile also needs iam:PassRole on "
+                                     "its role")
+        return error
+
+    def _no_capacity(self, tried: list[str], codes: set[str], spot: bool) -> str:
+        hints = []
+        if codes & _STEPS[Step.NEXT_MARKET]:
+            hints.append("ask AWS for a higher quota (Service Quotas, EC2: 'All G and VT "
+                         "Spot Instance Requests' / 'Running On-Demand G and VT instances')")
+        if "SpotMaxPriceTooLow" in codes:
+            hints.append("raise resources.max_price")
+        if spot and not self.on_demand_fallback:
+            hints.append("set resources.on_demand_fallback: true")
+        hints.append("try another resources.region or instance_type, or submit again later")
+        return (f"no capacity for {self.instance_type} in {self.region}; tried "
+                f"{'; '.join(tried)}: {', '.join(hints)}")
+
+    def poll(self, instance: Instance) -> InstanceStatus:
+        try:
+            found = self.ec2.describe_instances(InstanceIds=[instance.id])["Reservations"]
+        except ClientError as e:
+            if error_code(e) != "InvalidInstanceID.NotFound":
+                raise aws_error(e, "describe instances", self.region) from None
+            found = []
+        except BotoCoreError as e:
+            raise aws_error(e, "describe instances", self.region) from None
+        records = [i for r in found for i in r["Instances"]]
+        if not records:
+            if time.time() - (instance.launched_at or 0.0) < VISIBILITY_GRACE_S:
+                return InstanceStatus(Phase.PENDING, reason="instance not visible yet")
+            return InstanceStatus(Phase.GONE, reason=f"instance {instance.id} not found")
+        record = records[0]
+        request = None
+        request_id = record.get("SpotInstanceRequestId")
+        if request_id and record.get("State", {}).get("Name") not in ("pending",):
+            try:
+                requests = self.ec2.describe_spot_instance_requests(
+                    SpotInstanceRequestIds=[request_id])["SpotInstanceRequests"]
+                request = requests[0] if requests else None
+            except (ClientError, BotoCoreError):
+                request = None  # the instance's own StateReason usually suffices
+        return classify(record, request)
+
+    def terminate(self, instance: Instance) -> None:
+        """Terminate the instance and cancel its spot request; fine when already gone."""
+        request_id = instance.details.get("spot_request_id")
+        try:
+            self.ec2.terminate_instances(InstanceIds=[instance.id])
+        except ClientError as e:
+            if error_code(e) not in ("InvalidInstanceID.NotFound", "IncorrectInstanceState"):
+                raise aws_error(e, f"terminate {instance.id}", self.region) from None
+        except BotoCoreError as e:
+            raise aws_error(e, f"terminate {instance.id}", self.region) from None
+        if request_id:
+            self._cancel_spot_requests([request_id])
+
+    def logs(self, instance: Instance) -> str:
+        """The instance's serial console (boot and cloud-init output); '' when none."""
+        try:
+            output = self.ec2.get_console_output(InstanceId=instance.id).get("Output") or ""
+        except (ClientError, BotoCoreError):
+            return ""
+        return decode_console(output)
+
+    # -- clean-up ----------------------------------------------------------------------
+    def job_instances(self, job_id: str, states: Sequence[str] = LIVE_STATES,
+                      attempt: int | None = None) -> list[dict[str, Any]]:
+        """Every instance tagged with the job id (and attempt) in one of ``states``."""
+        filters = [{"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+                   {"Name": "instance-state-name", "Values": list(states)}]
+        if attempt is not None:
+            filters.append({"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]})
+        try:
+            pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+            return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+        except (ClientError, BotoCoreError) as e:
+            raise aws_error(e, "describe instances", self.region) from None
+
+    def teardown_job(self, job_id: str) -> list[str]:
+        """Terminate every instance of the job that is not terminated yet, cancel their
+        spot requests and delete the job's detached volumes; return the instance ids."""
+        found = self.job_instances(job_id)
+        ids = [i["InstanceId"] for i in found]
+        if ids:
+            self._api("terminate instances", self.ec2.terminate_instances, InstanceIds=ids)
+        self._cancel_spot_requests([i["SpotInstanceRequestId"] for i in found
+                                    if i.get("SpotInstanceRequestId")])
+        try:
+            volumes = self.ec2.describe_volumes(Filters=[
+                {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+                {"Name": "status", "Values": ["available"]}])["Volumes"]
+            for volume in volumes:
+                self.ec2.delete_volume(VolumeId=volume["VolumeId"])
+        except (ClientError, BotoCoreError):
+            pass  # attached volumes go with their instances (DeleteOnTermination)
+        return ids
+
+    def _terminate_attempt(self, spec: LaunchSpec) -> None:
+        try:
+            for found in self.job_instances(spec.job_id, attempt=spec.attempt):
+                self._terminate_quietly(found["InstanceId"], found.get("SpotInstanceRequestId"))
+        except Exception:  # noqa: BLE001 - best effort; the original error matters more
+            pass
+
+    def _terminate_quietly(self, instance_id: str, request_id: str | None = None) -> None:
+        try:
+            self.ec2.terminate_instances(InstanceIds=[instance_id])
+        except Exception:  # noqa: BLE001 - already failing; teardown_job(job_id) finds it
+            pass
+        if request_id:
+            self._cancel_spot_requests([request_id])
+
+    def _cancel_spot_requests(self, request_ids: list[str]) -> None:
+        if not request_ids:
+            return
+        try:
+            self.ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=request_ids)
+        except (ClientError, BotoCoreError):
+            pass  # one-time requests close on their own once the instance is gone
+
+
+def decode_console(output: str) -> str:
+    """EC2 returns the console base64-encoded; some servers (moto) return it plain."""
+    try:
+        return base64.b64decode(output, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return output
+
+
+# -- building it from a job ---------------------------------------------------------------
+
+def provider_for(job: Any, record: Any) -> AWSProvider:
+    """The provider for a submitted job (``runner.job.Job`` and its registry record)."""
+    r = job.resources
+    region = resolve_region(record.details.get("region") or r.region)
+
+    def user_data(spec: LaunchSpec) -> str:
+        from runner.provision.cloudinit import render_user_data  # not needed until launch
+
+        return render_user_data(image=spec.image, job_url=spec.job_url or
+                                record.details["job_url"], job_id=spec.job_id)
+
+    return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
+                       on_demand_fallback=r.on_demand_fallback,
+                       instance_profile=r.instance_profile, user_data=user_data)
+
+
+def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
+    """Put the job YAML, as written, into the job's store and return its ``s3://`` URL
+    (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
+    secrets are never uploaded by us."""
+    if not job.storage.is_remote:
+        raise ProvisionError(f"storage.url {job.storage.url!r} is on this machine; an AWS "
+                             "instance cannot see it: use s3://bucket/prefix")
+    from runner.storage import open_store
+
+    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
+    key = f"{job.name}/submitted/{job_id}.yaml"
+    store.put_bytes(key, Path(job_file).read_bytes())
+    return f"{store.url}/{key}"
