@@ -1,0 +1,79 @@
+# ten-runner: the training image. One job per container; the job is the argument.
+#
+#   docker build -t ten-runner .
+#   docker run --rm -v ten-cache:/cache ten-runner run jobs/tiny-cpu.yaml          # CPU
+#   docker run --gpus all --ipc host --stop-timeout 110 -v ten-cache:/cache \
+#       -e AWS_REGION ten-runner run s3://bucket/runs/my-job/submitted/my-job.yaml  # GPU
+#
+# Base: the CUDA 12.8 "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
+# container toolkit reads). The torch cu128 wheel below brings its own cuBLAS, cuDNN,
+# NCCL and Triton as pip packages, so a -runtime or -cudnn base would only add ~3 GB of
+# duplicate libraries that every new spot VM has to pull. Hosts need an NVIDIA driver
+# >= 570 (CUDA 12.8). Change CUDA and torch together: the test checks they match.
+FROM nvidia/cuda:12.8.1-base-ubuntu24.04
+
+ARG TORCH_VERSION=2.8.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+ARG DEBIAN_FRONTEND=noninteractive
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Python 3.12, tini (PID 1), and gcc + headers: Triton compiles a small C launcher the
+# first time torch.compile runs on a GPU. Ubuntu package versions are not pinned: the
+# archive drops old versions, so pins would break rebuilds; the base tag fixes the release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        ca-certificates gcc libc6-dev python3 python3-dev python3-venv tini \
+    && rm -rf /var/lib/apt/lists/*
+
+# A non-root user with a fixed uid: infra/cloud-init chowns the host cache to it.
+RUN groupadd --gid 10001 ten \
+    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin ten
+
+# A venv, so pip never touches the distribution's Python.
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+
+# torch first, in its own layer: the biggest download, and it changes the least.
+RUN python3 -m venv "$VIRTUAL_ENV" \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+
+# The dependencies, from pyproject.toml alone (a code change does not rebuild this layer).
+# The constraint keeps the CUDA torch above: a dependency can never swap it for another.
+WORKDIR /app
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
+    && echo "torch==${TORCH_VERSION}" > /tmp/constraints.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt \
+    && rm /tmp/requirements.txt /tmp/constraints.txt
+
+# The code, then the example jobs (so `docker run IMAGE run jobs/tiny-cpu.yaml` works).
+COPY README.md ./
+COPY ten ./ten
+COPY runner ./runner
+RUN pip install --no-cache-dir --no-deps . \
+    && rm -rf build ten_runner.egg-info
+COPY jobs ./jobs
+
+# Caches on one mountable volume: prepared shards and bucket jobs' run directories
+# (TEN_CACHE_DIR), Hugging Face downloads (HF_HOME), torch.compile/Triton kernels
+# (TORCHINDUCTOR_CACHE_DIR). /app/runs takes local-store runs (storage.url ./runs).
+ENV TEN_CACHE_DIR=/cache/ten \
+    HF_HOME=/cache/hf \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torch-compile
+RUN install -d -o ten -g ten /cache /cache/ten /cache/hf /cache/torch-compile /app/runs
+VOLUME ["/cache"]
+
+# Numeric, so Kubernetes runAsNonRoot can verify it.
+USER 10001:10001
+
+# tini is PID 1 without -g: SIGTERM (docker stop, spot reclaim) goes to ten-runner only,
+# which finishes the step and commits a checkpoint; its DataLoader workers must not get
+# it directly. Give `docker stop` the notice window: --stop-timeout 110 on AWS.
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=60s --timeout=30s --start-period=120s --retries=3 \
+    CMD ["ten-runner", "healthcheck"]
+ENTRYPOINT ["tini", "--", "ten-runner"]
+CMD ["--help"]
