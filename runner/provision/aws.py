@@ -630,8 +630,10 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
     def user_data(spec: LaunchSpec) -> str:
         from runner.provision.cloudinit import render_user_data  # not needed until launch
 
+        # The container's S3 client needs a region; nothing secret goes in user data.
         return render_user_data(image=spec.image, job_url=spec.job_url or
-                                record.details["job_url"], job_id=spec.job_id)
+                                record.details["job_url"], job_id=spec.job_id,
+                                env={"AWS_DEFAULT_REGION": region})
 
     return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
                        on_demand_fallback=r.on_demand_fallback,

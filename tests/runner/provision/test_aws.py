@@ -413,6 +413,7 @@ def test_provider_for_takes_the_jobs_resources(fake_aws_env, tmp_path):
         return
     text = p.user_data(spec())
     assert "s3://bucket/tiny-aws/submitted/tiny-aws-1a2b3c.yaml" in text
+    assert "AWS_DEFAULT_REGION=us-west-2" in text and len(text) <= aws.USER_DATA_LIMIT
 
 
 # -- pure decisions from tables -----------------------------------------------------------------
@@ -494,3 +495,61 @@ def test_classify_table(record, request_status, phase):
     assert status.phase is phase
     assert status.exit_code is None
     assert status.reason
+
+
+# -- the managed loop on moto --------------------------------------------------------------------
+
+def test_managed_loop_relaunches_after_the_vm_vanishes_and_tears_down(moto_aws, tmp_path,
+                                                                      monkeypatch):
+    """Attempt 1 runs, then someone terminates its VM (no final heartbeat: a charged
+    restart); the relaunch first finds no spot capacity anywhere, backs off on the fake
+    clock, launches attempt 2, which reports done; nothing of the job is left running."""
+    managed = pytest.importorskip("runner.provision.managed")
+    from runner.provision.policy import Limits, State
+
+    monkeypatch.setenv("TEN_RUNNER_HOME", str(tmp_path / "home"))
+    job_id = "tiny-aws-1a2b3c"
+    zones = ec2(moto_aws).describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["g6e.xlarge"]}])["InstanceTypeOfferings"]
+    refusals = {"left": 0}
+
+    def refuse(market, zone):
+        if refusals["left"]:
+            refusals["left"] -= 1
+            return "InsufficientInstanceCapacity"
+        return None
+
+    p = provider(moto_aws, cls=Refusing, refuse=refuse)
+    record = JobRecord(job_id=job_id, job_name="tiny-aws", target="aws",
+                       state=State.PENDING.value, details={"max_restarts": 2})
+    record.save()
+    now = [0.0]
+    polls = {1: 0, 2: 0}
+
+    def final_status():
+        attempt = controller.record.attempt
+        polls[attempt] += 1
+        if attempt == 1 and polls[1] == 2:  # the VM is terminated behind our back
+            ec2(moto_aws).terminate_instances(InstanceIds=[controller.instance.id])
+            refusals["left"] = len(zones)  # and the next launch finds no capacity
+        if attempt == 2 and polls[2] == 2:
+            return {"state": "done", "exit_code": 0, "time": time.time()}
+        return None
+
+    controller = managed.ManagedJob(
+        record, p, lambda attempt: spec(job_id=job_id, attempt=attempt), final_status,
+        poll_s=5.0, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+        log=lambda line: None, limits=Limits(backoff_s=10, capacity_timeout_s=600))
+    record = controller.run()
+
+    assert record.state == State.SUCCEEDED.value and record.exit_code == 0
+    assert (record.attempt, record.restarts, record.preemptions) == (2, 1, 0)
+    reasons = " | ".join(h["reason"] for h in record.history)
+    assert "vanished" in reasons and "no capacity" in reasons
+    assert live(moto_aws, job_id) == []
+    ended = ec2(moto_aws).describe_instances(Filters=[
+        {"Name": f"tag:{aws.TAG_JOB_ID}", "Values": [job_id]}])["Reservations"]
+    states = sorted((tag["Value"], i["State"]["Name"]) for r in ended for i in r["Instances"]
+                    for tag in i["Tags"] if tag["Key"] == aws.TAG_ATTEMPT)
+    assert states == [("1", "terminated"), ("2", "terminated")]
