@@ -3,6 +3,7 @@ matches the package (console script, COPY sources, the healthcheck command, the 
 it sets are read by something, CUDA and torch agree, the user and signals are right)."""
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -250,11 +251,12 @@ def context_files() -> set[str]:
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.strip().startswith("#")]
     files = set()
-    for p in ROOT.rglob("*"):
-        rel = p.relative_to(ROOT).as_posix()
-        if p.is_file() and not rel.startswith(".git/") and not dockerignore_excluded(rel,
-                                                                                       patterns):
-            files.add(rel)
+    for dirpath, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in (".git", ".venv")]  # never sent, can be big
+        for name in names:
+            rel = (Path(dirpath) / name).relative_to(ROOT).as_posix()
+            if not dockerignore_excluded(rel, patterns):
+                files.add(rel)
     return files
 
 
