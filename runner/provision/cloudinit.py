@@ -150,7 +150,9 @@ def docker_run_args(*, image: str, job_url: str, job_id: str, stop_timeout_s: in
     """The ``docker run`` argv that starts the job (detached; the watcher follows it)."""
     args = ["docker", "run", "--detach", "--name", CONTAINER,
             "--label", f"ten.job-id={job_id}",
-            f"--restart=on-failure:{max_restarts}", "--stop-timeout", str(stop_timeout_s),
+            # on-failure:0 would mean "restart forever" to docker
+            f"--restart=on-failure:{max_restarts}" if max_restarts > 0 else "--restart=no",
+            "--stop-timeout", str(stop_timeout_s),
             "--gpus", "all", "--network", "host", "--ipc", "host",
             "--log-opt", "max-size=100m", "--log-opt", "max-file=3",
             "--volume", f"{CACHE_HOST_DIR}:{CACHE_MOUNT}"]

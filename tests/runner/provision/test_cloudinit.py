@@ -90,6 +90,12 @@ def test_structure():
     assert install[-1] == CACHE_HOST_DIR and str(cloudinit.IMAGE_UID) in install
 
 
+def test_no_restarts_means_no_restart_policy():
+    """docker reads on-failure:0 as "no limit"."""
+    argv = shlex.split(run_line(parse_user_data(render_user_data(**BASE, max_restarts=0))))
+    assert "--restart=no" in argv and not any("on-failure" in a for a in argv)
+
+
 def test_an_ecr_image_is_pulled_after_a_login():
     image = "123456789012.dkr.ecr.eu-central-1.amazonaws.com/team/ten-runner:1"
     doc = parse_user_data(render_user_data(**{**BASE, "image": image}))
