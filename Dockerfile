@@ -29,7 +29,7 @@ RUN apt-get update \
 
 # A non-root user with a fixed uid: infra/cloud-init chowns the host cache to it.
 RUN groupadd --gid 10001 ten \
-    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin ten
+    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash ten
 
 # A venv, so pip never touches the distribution's Python.
 ENV VIRTUAL_ENV=/opt/venv \
