@@ -1,0 +1,374 @@
+"""The managed loop against a scripted cloud (fakecloud.py) on a fake clock: every path
+ends with nothing left running, and the record tells the story in order."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from runner.exit_codes import ExitCode
+from runner.provision.base import CloudCredentials, LaunchSpec, ProvisionError
+from runner.provision.managed import (
+    CANCEL,
+    ManagedJob,
+    controller_lock,
+    controller_pid,
+    describe,
+    request_cancel,
+)
+from runner.provision.policy import Limits, State
+from runner.provision.registry import JobRecord, load_record
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakecloud import (  # noqa: E402
+    GONE,
+    PENDING,
+    PREEMPTED,
+    RUNNING,
+    FakeClock,
+    FakeCloud,
+    Script,
+    exited,
+)
+
+LIMITS = Limits(capacity_timeout_s=600, backoff_s=10, backoff_max_s=60, start_timeout_s=300,
+                unreachable_timeout_s=120)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEN_RUNNER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def new_record(max_restarts=2, job_id="fake-job-0a1b2c"):
+    record = JobRecord(job_id=job_id, job_name="fake-job", target="fake",
+                       state=State.PENDING.value, details={"max_restarts": max_restarts})
+    record.transition(State.PENDING.value, "submitted")
+    record.save()
+    return record
+
+
+def spec(attempt: int) -> LaunchSpec:
+    return LaunchSpec(job_id="fake-job-0a1b2c", job_name="fake-job", job_file=Path("j.yaml"),
+                      job_url=None, image="img", attempt=attempt)
+
+
+def controller(cloud, record=None, clock=None, **kw):
+    clock = clock or FakeClock()
+    record = record or new_record()
+    lines = []
+    job = ManagedJob(record, cloud, spec, cloud.final_status, poll_s=5.0, clock=clock,
+                     sleep=clock.sleep, log=lines.append, limits=kw.pop("limits", LIMITS),
+                     **kw)
+    return job, clock, lines
+
+
+def states(record):
+    """The history's states with repeats collapsed."""
+    out = []
+    for h in record.history:
+        if not out or out[-1] != h["state"]:
+            out.append(h["state"])
+    return out
+
+
+def test_preempted_then_relaunched_then_done():
+    cloud = FakeCloud([Script.runs(3, PREEMPTED), Script.runs(2, exited(0))])
+    job, _, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.exit_code == 0
+    assert (record.attempt, record.preemptions, record.restarts) == (2, 1, 0)
+    assert states(record) == ["PENDING", "STARTING", "RUNNING", "RECOVERING", "RUNNING",
+                              "SUCCEEDED"]
+    assert [s.attempt for s, _ in cloud.launches] == [1, 2]
+    assert load_record(record.job_id).state == "SUCCEEDED"  # persisted
+    assert record.instance is None
+    cloud.assert_clean()
+
+
+def test_crashes_are_counted_up_to_max_restarts_then_failed():
+    cloud = FakeCloud([Script.runs(1, exited(ExitCode.CRASH))])
+    job, _, _ = controller(cloud, new_record(max_restarts=2))
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.CRASH
+    assert (len(cloud.launches), record.restarts, record.preemptions) == (3, 2, 0)
+    assert "no restarts left (2/2 used)" in record.history[-1]["reason"]
+    cloud.assert_clean()
+
+
+def test_preemptions_do_not_use_up_restarts():
+    cloud = FakeCloud([Script.runs(1, PREEMPTED)] * 5 + [Script.runs(1, exited(0))])
+    job, _, _ = controller(cloud, new_record(max_restarts=0))
+    record = job.run()
+    assert record.state == "SUCCEEDED"
+    assert (record.preemptions, record.restarts, len(cloud.launches)) == (5, 0, 6)
+    cloud.assert_clean()
+
+
+def test_config_error_fails_without_relaunch():
+    cloud = FakeCloud([Script.runs(1, exited(ExitCode.CONFIG))])
+    job, _, _ = controller(cloud, new_record(max_restarts=5))
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.CONFIG
+    assert len(cloud.launches) == 1 and record.restarts == 0
+    assert "not retried" in record.history[-1]["reason"]
+    cloud.assert_clean()
+
+
+def test_remote_exit_code_comes_from_the_final_heartbeat():
+    """The provider cannot tell the container's exit code: the heartbeat in the bucket
+    says DATA, which is not retried."""
+    cloud = FakeCloud([Script.runs(2, exited(None), {"state": "failed", "exit_code": 3})])
+    job, _, _ = controller(cloud, new_record(max_restarts=5))
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.DATA
+    assert len(cloud.launches) == 1
+    cloud.assert_clean()
+
+
+def test_job_done_while_the_machine_still_runs_is_torn_down():
+    cloud = FakeCloud([Script.runs(2, RUNNING, {"state": "done", "exit_code": 0})])
+    job, _, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED"
+    assert cloud.terminations == ["i-0001"]
+    cloud.assert_clean()
+
+
+def test_heartbeat_is_read_sparingly_while_running_and_at_once_when_ended():
+    cloud = FakeCloud([Script.runs(60, exited(None), {"state": "failed", "exit_code": 2})])
+    job, clock, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.CONFIG
+    # 62 polls 5 s apart: 61 while running, read at the first and every 6th after it
+    # (11 reads, one per 30 s), then once more at the exit
+    assert cloud.vms[0].polls == 62 and cloud.status_reads == 11 + 1
+    cloud.assert_clean()
+
+
+def test_stale_final_status_of_a_previous_attempt_is_ignored():
+    """Attempt 1 wrote "preempted" and was relaunched; attempt 2 must not be judged by
+    it while it runs."""
+    cloud = FakeCloud([Script.runs(1, exited(None), {"state": "preempted", "exit_code": 75}),
+                       Script.runs(6, exited(0))])
+    job, _, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.preemptions == 1
+    assert cloud.vms[1].polls == 8  # ran to its own end
+    cloud.assert_clean()
+
+
+def test_unhealthy_host_blocks_the_zone_and_relaunches_elsewhere():
+    cloud = FakeCloud([Script.runs(0, exited(ExitCode.UNHEALTHY_HOST)),
+                       Script.runs(2, exited(0))])
+    job, _, _ = controller(cloud, new_record(max_restarts=0))
+    record = job.run()
+    assert record.state == "SUCCEEDED"
+    assert record.blocked == ["z1"] and record.restarts == 0
+    (_, avoid1), (_, avoid2) = cloud.launches
+    assert avoid1 == frozenset() and avoid2 == {"z1"}
+    assert cloud.vms[1].instance.zone == "z2"
+    cloud.assert_clean()
+
+
+def test_unhealthy_everywhere_ends_when_no_zone_is_left():
+    cloud = FakeCloud([Script.runs(0, exited(ExitCode.UNHEALTHY_HOST))], zones=("z1", "z2"))
+    job, clock, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.NO_CAPACITY
+    assert record.blocked == ["z1", "z2"] and len(cloud.vms) == 2
+    cloud.assert_clean()
+
+
+def test_no_capacity_waits_with_backoff_then_launches():
+    cloud = FakeCloud([Script.runs(2, exited(0))], refuse=3)
+    job, clock, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED"
+    assert cloud.refusals == 3 and len(cloud.vms) == 1
+    assert clock.now >= 10 + 20 + 40  # the backoff was slept (in naps of <= poll_s)
+    assert max(clock.slept) <= 5.0
+    waits = [h["reason"] for h in record.history if "no capacity" in h["reason"]]
+    assert [w.split("retrying in ")[1].split(" s")[0] for w in waits] == ["10", "20", "40"]
+    assert states(record) == ["PENDING", "STARTING", "RUNNING", "SUCCEEDED"]
+    cloud.assert_clean()
+
+
+def test_no_capacity_forever_fails_after_the_deadline():
+    cloud = FakeCloud([Script.runs(1, exited(0))], refuse=-1)
+    job, clock, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.NO_CAPACITY
+    assert clock.now >= LIMITS.capacity_timeout_s
+    assert clock.now < LIMITS.capacity_timeout_s + 2 * LIMITS.backoff_max_s
+    assert not cloud.vms and record.instance is None
+    cloud.assert_clean()
+
+
+def test_cloud_credentials_fail_at_once():
+    cloud = FakeCloud([Script.runs(1, exited(0))],
+                      launch_errors=[CloudCredentials("no AWS credentials: run aws configure")])
+    job, _, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.CLOUD_CREDENTIALS
+    assert "aws configure" in record.history[-1]["reason"]
+    cloud.assert_clean()
+
+
+def test_provider_bug_at_launch_is_retried_as_a_counted_restart():
+    cloud = FakeCloud([Script.runs(1, exited(0))], launch_errors=[RuntimeError("boom")])
+    job, _, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.restarts == 1
+    cloud.assert_clean()
+
+
+def test_vanished_machine_is_a_counted_restart():
+    cloud = FakeCloud([Script.runs(1, GONE), Script.runs(1, exited(0))])
+    job, _, _ = controller(cloud, new_record(max_restarts=1))
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.restarts == 1 and record.preemptions == 0
+    cloud.assert_clean()
+
+
+def test_attempt_stuck_pending_is_replaced():
+    cloud = FakeCloud([Script([PENDING]),
+                       Script.runs(1, exited(0))])
+    job, clock, _ = controller(cloud)
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.restarts == 1
+    assert "did not start within" in " ".join(h["reason"] for h in record.history)
+    cloud.assert_clean()
+
+
+def test_poll_outage_recovers_or_fails_after_the_timeout():
+    cloud = FakeCloud([Script.runs(2, exited(0))], poll_errors=3)
+    job, _, lines = controller(cloud)
+    assert job.run().state == "SUCCEEDED"
+    assert sum("cannot poll" in line for line in lines) == 1  # warned once
+    cloud.assert_clean()
+
+    cloud = FakeCloud([Script.runs(2, exited(0))], poll_errors=10_000)
+    job, clock, _ = controller(cloud, new_record(job_id="fake-job-0a1b2d"))
+    record = job.run()
+    assert record.state == "FAILED" and record.exit_code == ExitCode.HOST_UNREACHABLE
+    assert cloud.terminations == ["i-0001"]  # torn down even so
+    cloud.assert_clean()
+
+
+def test_cancel_tears_down_and_records_cancelled(home):
+    cloud = FakeCloud([Script.runs(1000, exited(0))])
+    job, clock, _ = controller(cloud)
+
+    def cancel_later(c):
+        if c.now >= 30 and not (job.record.dir / CANCEL).exists():
+            assert controller_pid(job.record.job_id) is not None  # the loop holds the lock
+            record = request_cancel(job.record.job_id, wait_s=0)  # only writes the file
+            assert record.state == "RUNNING"
+    clock.on_sleep = cancel_later
+    record = job.run()
+    assert record.state == "CANCELLED" and record.exit_code is None
+    assert states(record)[-2:] == ["RUNNING", "CANCELLED"]
+    assert clock.now < 45  # seen at the next step
+    cloud.assert_clean()
+    assert "CANCELLED" in describe(record)
+
+
+def test_exception_in_the_loop_still_tears_down():
+    """The finally block: a controller bug ends FAILED with nothing left running."""
+    cloud = FakeCloud([Script.runs(1000, exited(0))])
+    job, clock, _ = controller(cloud)
+
+    def explode(c):
+        if c.now >= 20:
+            raise RuntimeError("controller bug")
+    clock.on_sleep = explode
+    record = job.run()
+    assert record.state == "FAILED" and "controller bug" in record.history[-1]["reason"]
+    cloud.assert_clean()
+
+    cloud = FakeCloud([Script.runs(1000, exited(0))])
+    job, clock, _ = controller(cloud, new_record(job_id="fake-job-0a1b2d"))
+
+    def interrupt(c):
+        if c.now >= 20:
+            raise KeyboardInterrupt
+    clock.on_sleep = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        job.run()
+    assert job.record.state == "CANCELLED"
+    cloud.assert_clean()
+
+
+def test_teardown_is_retried_and_a_failed_one_is_left_for_cancel():
+    cloud = FakeCloud([Script.runs(1, exited(0))], terminate_errors=2)
+    job, _, _ = controller(cloud)
+    assert job.run().state == "SUCCEEDED"
+    assert cloud.terminations == ["i-0001"] * 3
+    cloud.assert_clean()
+
+    cloud = FakeCloud([Script.runs(1, exited(0))], terminate_errors=6)
+    job, _, lines = controller(cloud, new_record(job_id="fake-job-0a1b2d"))
+    record = job.run()
+    assert record.state == "SUCCEEDED" and record.exit_code == 0  # the job did succeed
+    assert "could not terminate i-0001" in record.history[-1]["reason"]
+    assert record.instance["id"] == "i-0001" and cloud.running() == ["i-0001"]
+    assert "may still run" in describe(load_record(record.job_id))
+    record = request_cancel(record.job_id, provider=cloud)  # the cloud answers again
+    assert record.state == "SUCCEEDED" and record.instance is None
+    cloud.assert_clean()
+
+
+def test_cancel_with_no_controller_running_tears_down_itself():
+    cloud = FakeCloud([Script.runs(1000, exited(0))])
+    job, clock, _ = controller(cloud)
+    clock.on_sleep = lambda c: job.request_detach() if c.now >= 15 else None
+    assert job.run().state == "RUNNING" and cloud.running() == ["i-0001"]
+    # request_cancel builds a controller from the record: give it the same cloud
+    record = request_cancel(job.record.job_id, provider=cloud, wait_s=0)
+    assert record.state == "CANCELLED"
+    cloud.assert_clean()
+
+
+def test_detach_leaves_the_attempt_running_and_a_new_controller_adopts_it():
+    cloud = FakeCloud([Script.runs(8, exited(0))])
+    job, clock, _ = controller(cloud)
+    clock.on_sleep = lambda c: job.request_detach() if c.now >= 15 else None
+    record = job.run()
+    assert record.state == "RUNNING" and cloud.running() == ["i-0001"]  # not torn down
+    assert "unsupervised" in record.history[-1]["reason"]
+    assert "no controller is running" in describe(load_record(record.job_id))
+
+    again, _, lines = controller(cloud, load_record(record.job_id))
+    record = again.run()
+    assert record.state == "SUCCEEDED" and len(cloud.launches) == 1
+    assert any("adopting attempt 1" in line for line in lines)
+    cloud.assert_clean()
+
+
+def test_one_controller_per_job():
+    record = new_record()
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with controller_lock(record.job_id):
+            held.set()
+            release.wait(10)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        cloud = FakeCloud([Script.runs(1, exited(0))])
+        job, _, _ = controller(cloud, record)
+        with pytest.raises(ProvisionError, match="already has a controller"):
+            job.run()
+        assert not cloud.launches
+    finally:
+        release.set()
+        thread.join()
+    assert controller_pid(record.job_id) is None
