@@ -79,6 +79,10 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
         job = load_job(job_file, sets=sets)
     except JobError as err:
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+    from runner.launch import launch, needs_launcher
+
+    if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
+        raise SystemExit(launch(job_file, sets, job, no_sample=no_sample))
     from runner.run import run_job
 
     code = run_job(job, sample_prompt=None if no_sample else "The")

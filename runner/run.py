@@ -98,8 +98,15 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
 
 
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
-    """Run a job to its end; returns the process exit code."""
-    return JobRun(job, sample_prompt).run()
+    """Run a job to its end; returns the process exit code. Under torchrun every rank
+    runs this, and a rank's code is rank 0's once it ended in order (runner.ranks)."""
+    from runner.ranks import RankGroup
+
+    ranks = RankGroup.from_env()
+    if ranks is None:
+        return JobRun(job, sample_prompt).run()
+    ranks.started()
+    return ranks.finish(JobRun(job, sample_prompt, ranks).run())
 
 
 class JobRun:
@@ -107,8 +114,8 @@ class JobRun:
     uploader, notice watcher, GPU sampler, heartbeat) is closed in :meth:`_close`, and
     every way it can end is one exit code."""
 
-    def __init__(self, job: Job, sample_prompt: str | None) -> None:
-        self.job, self.sample_prompt = job, sample_prompt
+    def __init__(self, job: Job, sample_prompt: str | None, ranks: Any = None) -> None:
+        self.job, self.sample_prompt, self.ranks = job, sample_prompt, ranks
         self.run_dir = run_dir_of(job)
         self.log = RunLog(self.run_dir)
         # Only one process of a torchrun group talks to the bucket and writes telemetry.
@@ -148,6 +155,14 @@ class JobRun:
             return ExitCode.UNHEALTHY_HOST
         if job.storage.is_remote and self.is_main:
             self.store, self.lease = connect_store(job, self.run_dir, log)
+        if job.storage.is_remote and self.ranks is not None:
+            # The other ranks load the checkpoint rank 0 has just brought from the bucket.
+            # (The trainer's process group also forms only once rank 0 gets there, but
+            # its rendezvous times out sooner than a big checkpoint downloads.)
+            if self.is_main:
+                self.ranks.publish("restored", "1")
+            else:
+                self.ranks.wait_for("restored")
         if self.is_main:
             self._start_monitor()
         try:

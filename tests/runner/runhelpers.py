@@ -44,13 +44,17 @@ storage: {{url: {store}}}
 
 
 def write_job(tmp_path, corpus, name="t", arch="ten", mode="pretokenized", steps=40, every=3,
-              workers=1, batch=4):
+              workers=1, batch=4, gpus=None):
+    """``gpus``: a resources section with that many GPUs (2+ runs under torchrun; with
+    train.device cpu, as here, the ranks use gloo on CPU)."""
     ten_extra = ", n_eigenstates: 8, n_heads: 2, chunk_size: 16" if arch == "ten" else ""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(JOB.format(name=name, arch=arch, ten_extra=ten_extra,
-                               corpus=corpus / "docs.jsonl", mode=mode, workers=workers,
-                               cache=corpus / "cache", steps=steps, batch=batch, every=every,
-                               store=tmp_path / "store"))
+    text = JOB.format(name=name, arch=arch, ten_extra=ten_extra, corpus=corpus / "docs.jsonl",
+                      mode=mode, workers=workers, cache=corpus / "cache", steps=steps,
+                      batch=batch, every=every, store=tmp_path / "store")
+    if gpus is not None:
+        text += f"resources: {{gpus: {gpus}}}\n"
+    path.write_text(text)
     return path
 
 

@@ -1,0 +1,170 @@
+"""``resources.gpus: 2`` runs the job as two ranks under torchrun (gloo on CPU here):
+real subprocesses, real signals to the launcher, kill -9 of everything."""
+
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runhelpers import (
+    cli,
+    final_weights,
+    losses,
+    run_to_end,
+    same_weights,
+    wait_for_step,
+    write_job,
+)
+
+from runner.errors import UserError
+from runner.exit_codes import ExitCode
+from runner.job import load_job
+from runner.launch import Nodes, needs_launcher, nodes_from_env, torchrun_command
+from ten import checkpoint as ckpt
+from ten.metrics import read_metrics
+
+STEPS = 24
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="process handling (/proc, parent-death signal) is Linux's")
+
+
+# --- pure parts -----------------------------------------------------------------------------
+
+def test_only_more_than_one_gpu_outside_torchrun_needs_the_launcher(tmp_path, corpus):
+    two = load_job(write_job(tmp_path, corpus, name="two", gpus=2))
+    one = load_job(write_job(tmp_path, corpus, name="one", gpus=1))
+    assert needs_launcher(two, env={})
+    assert not needs_launcher(one, env={})
+    assert not needs_launcher(load_job(write_job(tmp_path, corpus)), env={})
+    assert not needs_launcher(two, env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+
+
+def test_node_settings_become_torchrun_rendezvous_flags():
+    assert nodes_from_env({}) is None
+    assert nodes_from_env({"TEN_NNODES": "1"}) is None
+    nodes = nodes_from_env({"TEN_NNODES": "2", "TEN_NODE_RANK": "1",
+                            "TEN_MASTER_ADDR": "10.0.0.5", "TEN_MASTER_PORT": "29555"})
+    assert nodes == Nodes(2, 1, "10.0.0.5", 29555)
+    cmd = torchrun_command("job.yaml", ("train.lr=1e-3",), 4, nodes, no_sample=True)
+    flags = " ".join(cmd[1:])
+    assert ("--nproc_per_node 4" in flags and "--nnodes 2 --node_rank 1 --master_addr "
+            "10.0.0.5 --master_port 29555" in flags and "--standalone" not in flags)
+    assert cmd[-6:] == ["runner.cli", "run", "job.yaml", "--set", "train.lr=1e-3", "--no-sample"]
+    assert "--standalone" in torchrun_command("job.yaml", (), 2, None)
+    assert nodes_from_env({"TEN_NNODES": "2", "TEN_NODE_RANK": "0",
+                           "TEN_MASTER_ADDR": "h"}).master_port == 29500
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"TEN_NODE_RANK": "1"}, "TEN_NNODES"),
+    ({"TEN_NNODES": "two"}, "TEN_NNODES='two'"),
+    ({"TEN_NNODES": "2", "TEN_MASTER_ADDR": "h"}, "TEN_NODE_RANK"),
+    ({"TEN_NNODES": "2", "TEN_NODE_RANK": "2", "TEN_MASTER_ADDR": "h"}, "between 0 and 1"),
+    ({"TEN_NNODES": "2", "TEN_NODE_RANK": "0", "TEN_MASTER_ADDR": "h",
+      "TEN_MASTER_PORT": "70000"}, "TEN_MASTER_PORT"),
+])
+def test_bad_node_settings_name_the_variable(env, words):
+    with pytest.raises(UserError, match=words):
+        nodes_from_env(env)
+
+
+def test_more_gpus_than_visible_is_a_config_error(tmp_path, corpus):
+    if __import__("torch").cuda.device_count() >= 2:
+        pytest.skip("this machine has two GPUs")
+    job = write_job(tmp_path, corpus, gpus=2)
+    code, out, err = run_to_end("run", job, "--set", "train.device=cuda")
+    assert code == ExitCode.CONFIG, err
+    assert "resources.gpus is 2" in err and "Traceback" not in err + out
+
+
+# --- two ranks, for real ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory, corpus):
+    """Uninterrupted runs with the same global batch: 2 ranks x 4 and 1 process x 8."""
+    root = tmp_path_factory.mktemp("refs")
+    two = write_job(root, corpus, name="two", steps=STEPS, batch=4, gpus=2)
+    one = write_job(root, corpus, name="one", steps=STEPS, batch=8)
+    code, _, err = run_to_end("run", two, "--no-sample")
+    assert code == 0, err[-3000:]
+    code, _, err = run_to_end("run", one, "--no-sample")
+    assert code == 0, err[-3000:]
+    return root / "store" / "two", root / "store" / "one", err
+
+
+@pytest.mark.slow
+def test_two_ranks_train_like_one_process_with_the_same_global_batch(refs):
+    two, one, _ = refs
+    start = next(r for r in read_metrics(two / "metrics.jsonl") if r["kind"] == "start")
+    assert start["world_size"] == 2
+    a, b = losses(two), losses(one)
+    assert a.keys() == b.keys() == set(range(1, STEPS + 1))
+    worst = max(abs(a[s] - b[s]) for s in a)
+    assert worst < 2e-4, worst
+    (s2, w2), (s1, w1) = final_weights(two), final_weights(one)
+    assert s2 == s1 == STEPS
+    assert all(float((w2[k] - w1[k]).abs().max()) < 1e-3 for k in w1)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_commits_exits_75_and_resumes_exactly(tmp_path, corpus, refs):
+    job = write_job(tmp_path, corpus, name="two", steps=STEPS, batch=4, gpus=2, every=100)
+    run = tmp_path / "store" / "two"
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(run / "metrics.jsonl", proc, 4)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.PREEMPTED, err[-3000:]
+    assert err.count("stopped by SIGTERM") == 2 and "Traceback" not in err
+    last = max(losses(run))
+    assert last < STEPS and ckpt.committed_steps(run / "checkpoints") == [last]
+
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err[-3000:]
+    assert f"step-{last:08d}" in err and "resumed from" in err
+    assert losses(run) == losses(refs[0])
+    (s1, w1), (s2, w2) = final_weights(refs[0]), final_weights(run)
+    assert s1 == s2 == STEPS and same_weights(w1, w2)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_ends_every_rank_and_the_run_resumes_exactly(
+        tmp_path, corpus, refs):
+    job = write_job(tmp_path, corpus, name="two", steps=STEPS, batch=4, gpus=2)
+    run = tmp_path / "store" / "two"
+    proc = cli("run", job, "--no-sample", start_new_session=True)
+    reached = wait_for_step(run / "metrics.jsonl", proc, random.Random().randint(4, 15))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert _processes_of(job, timeout=10) == []  # torchrun and both ranks are gone
+    assert ckpt.committed_steps(run / "checkpoints")[-1] <= reached + 1  # no late writer
+
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err[-3000:]
+    assert "resumed from" in err
+    assert losses(run) == losses(refs[0])
+    (s1, w1), (s2, w2) = final_weights(refs[0]), final_weights(run)
+    assert s1 == s2 == STEPS and same_weights(w1, w2)
+
+
+def _processes_of(job: Path, timeout: float) -> list[int]:
+    """Pids of live processes whose command line names the job file (Linux /proc)."""
+    deadline = time.time() + timeout
+    while True:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if str(job).encode() in cmdline and state != "Z":
+                alive.append(int(entry.name))
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.1)
