@@ -359,6 +359,15 @@ def make_provider(record: JobRecord, job: Any = None) -> Provider:
     raise ProvisionError(f"managed jobs run --to local or --to aws, not {record.target!r}")
 
 
+def _upload_job(job: Any, job_file: Path, job_id: str) -> str:
+    """``runner.provision.aws.upload_job``: the job YAML into its bucket (s3:// URL)."""
+    try:
+        from runner.provision.aws import upload_job
+    except ImportError as e:
+        raise ProvisionError(f"submit --to aws is not available: {e}") from None
+    return upload_job(job, job_file, job_id)
+
+
 def load_job_copy(record: JobRecord) -> Any:
     """The job as submitted (the copy beside the record), validated again."""
     from runner.errors import UserError
@@ -385,28 +394,45 @@ def final_status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
     its local run directory) that opens the store once. Returns the status when its
     state is final (done, preempted, failed, stalled, ...), else None; store errors
     propagate (the loop logs them and treats them as "no final status yet")."""
-    from runner.monitor.source import RunFiles
     from runner.monitor.status import read_status
 
-    files: list[RunFiles] = []
+    files: list[Any] = []
 
     def read() -> dict[str, Any] | None:
         if not files:
-            if job.storage.is_remote:
-                from runner.storage import open_store
-
-                store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                                   job.storage.region or None)
-                files.append(RunFiles(f"{store.url}/{job.name}", store=store, job=job.name))
-            else:
-                from runner.run import run_dir_of
-
-                files.append(RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job)))
+            files.append(_run_files(job))
         status = read_status(files[0])
         if status is None or status.get("state") in LIVE_STATES:
             return None
         return status
     return read
+
+
+def _run_files(job: Any) -> Any:
+    """The job's run files: ``<name>/`` in its bucket, or its local run directory."""
+    from runner.monitor.source import RunFiles
+
+    if job.storage.is_remote:
+        from runner.storage import open_store
+
+        store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                           job.storage.region or None)
+        return RunFiles(f"{store.url}/{job.name}", store=store, job=job.name)
+    from runner.run import run_dir_of
+
+    return RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job))
+
+
+def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
+    """The job's latest heartbeat status, whatever its state (for ``describe``); None
+    when there is none yet or the store cannot be read."""
+    from runner.errors import UserError
+    from runner.monitor.status import read_status
+
+    try:
+        return read_status(_run_files(load_job_copy(record)))
+    except (UserError, OSError, KeyError):
+        return None
 
 
 def store_final_status(job: Any) -> dict[str, Any] | None:
@@ -426,26 +452,35 @@ def controller_for(record: JobRecord, provider: Provider | None = None, *,
 def submit_managed(job: Any, job_file: Path | str, target: str, *,
                    provider: Provider | None = None, detach: bool = True,
                    poll_s: float = 5.0, limits: Limits | None = None,
+                   details: dict[str, Any] | None = None,
                    log: Callable[[str], None] = print) -> JobRecord:
-    """Create the job's record (state PENDING, a copy of the job YAML beside it) and
-    supervise it: in a background controller (``detach``, the default; returns at
-    once) or here until it ends. A Ctrl-C in the foreground hands the job over to a
-    background controller instead of stopping it."""
+    """Create the job's record (state PENDING, a copy of the job YAML beside it; for
+    ``aws`` the YAML also goes to the job's bucket, where the instance reads it) and
+    supervise it: in a background controller (``detach``, the default; returns at once)
+    or here until it ends. A Ctrl-C in the foreground hands the job over to a
+    background controller instead of stopping it. ``details``: more for the record
+    (e.g. a region override), never secrets."""
     if target not in ("local", "aws"):
         raise ProvisionError(f"managed jobs run --to local or --to aws, not {target!r}")
     job_id = new_job_id(job.name)
     directory = job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=False)
     copy = directory / JOB_COPY
-    shutil.copyfile(job_file, copy)
-    copy.chmod(0o600)  # the YAML may name secrets
-    details: dict[str, Any] = {"job_file": str(copy), "source": str(Path(job_file).resolve()),
-                               "cwd": os.getcwd(), "storage": job.storage.url,
-                               "max_restarts": job.resources.max_restarts, "poll_s": poll_s}
-    if limits is not None:
-        details["limits"] = dict(vars(limits))
+    try:
+        shutil.copyfile(job_file, copy)
+        copy.chmod(0o600)  # the YAML may name secrets
+        extra = dict(details or {})
+        if target == "aws" and "job_url" not in extra:
+            extra["job_url"] = _upload_job(job, copy, job_id)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)  # no half-submitted job is listed
+        raise
     record = JobRecord(job_id=job_id, job_name=job.name, target=target,
-                       state=State.PENDING.value, details=details)
+                       state=State.PENDING.value, details={
+                           "job_file": str(copy), "source": str(Path(job_file).resolve()),
+                           "cwd": os.getcwd(), "storage": job.storage.url,
+                           "max_restarts": job.resources.max_restarts, "poll_s": poll_s,
+                           **({"limits": dict(vars(limits))} if limits else {}), **extra})
     record.transition(State.PENDING.value, f"submitted --to {target}")
     record.save()
     if detach:
@@ -526,9 +561,11 @@ def _cancel_here(job_id: str, provider: Provider | None) -> JobRecord:
         return record
 
 
-def describe(record: JobRecord, now: float | None = None) -> str:
+def describe(record: JobRecord, heartbeat: dict[str, Any] | None = None,
+             now: float | None = None) -> str:
     """What ``ten-runner status JOB_ID`` prints: state, attempts, the current instance,
-    the controller, and the recent history."""
+    the controller, the job's progress from its ``heartbeat`` (:func:`read_heartbeat`)
+    when given, and the recent history."""
     now = time.time() if now is None else now
     pid = controller_pid(record.job_id)
     lines = [
@@ -553,6 +590,13 @@ def describe(record: JobRecord, now: float | None = None) -> str:
         lines.append(f"controller pid {pid}" if pid else
                      "controller none: no controller is running, so nothing relaunches "
                      "the job (its attempt may still run); starting one adopts it")
+    if heartbeat:
+        total = heartbeat.get("total_steps")
+        step = f"{heartbeat.get('step', 0)}" + (f"/{total}" if total else "")
+        loss = heartbeat.get("loss")
+        lines.append(f"progress   step {step}" + (f", loss {loss:.4f}" if loss else "") +
+                     f" (heartbeat {heartbeat.get('state', '?')}, "
+                     f"{_age(now - float(heartbeat.get('time') or now))} ago)")
     lines.append(f"files      {record.dir}")
     lines.append("history")
     for h in record.history[-10:]:

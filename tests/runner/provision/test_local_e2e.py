@@ -23,6 +23,7 @@ from runner.provision.local import LocalProvider, _group_alive
 from runner.provision.managed import (
     controller_pid,
     describe,
+    read_heartbeat,
     request_cancel,
     start_detached,
     store_final_status,
@@ -56,7 +57,7 @@ class NewMachineEachAttempt(LocalProvider):
         return instance
 
 
-@pytest.mark.slow  # about 25 s on 2 cores: three short training processes
+@pytest.mark.slow  # 15 s on 2 idle cores, up to 30 s on busy ones: three training runs
 def test_kill_9_relaunch_resume_from_the_bucket_succeeds(tmp_path, corpus, moto_aws,
                                                           monkeypatch):
     monkeypatch.setenv("TEN_RUNNER_HOME", str(tmp_path / "home"))
@@ -133,7 +134,6 @@ def metrics_steps(run_dir):
         return []
 
 
-@pytest.mark.slow  # about 15 s: a background controller and one training process
 def test_background_controller_stopped_then_adopted_then_cancel(tmp_path, corpus,
                                                                  monkeypatch):
     """The detached controller (python -m runner.provision.managed) is SIGTERMed: it
@@ -162,6 +162,8 @@ def test_background_controller_stopped_then_adopted_then_cancel(tmp_path, corpus
     assert done.state == "SUCCEEDED" and done.attempt == 1 and done.exit_code == 0, \
         describe(done)
     assert "the attempt is gone: exit 0" in done.history[-1]["reason"]  # from the heartbeat
+    text = describe(done, read_heartbeat(done))
+    assert "progress   step 30/30" in text and "heartbeat done" in text
     log = (done.dir / "controller.log").read_text()
     assert "adopting attempt 1" in log and f"controller pid {second}" in log
     assert max(metrics_steps(run_dir)) == 30

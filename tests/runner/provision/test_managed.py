@@ -372,3 +372,37 @@ def test_one_controller_per_job():
         release.set()
         thread.join()
     assert controller_pid(record.job_id) is None
+
+
+def test_submit_to_aws_puts_the_job_in_the_bucket_for_the_instance(tmp_path, corpus,
+                                                                    moto_aws):
+    import boto3
+    from runhelpers import write_job
+
+    from runner.job import load_job
+    from runner.provision.managed import submit_managed
+    from runner.provision.registry import list_records
+    from runner.storage import open_store
+
+    boto3.client("s3", endpoint_url=moto_aws).create_bucket(Bucket="ten-submit")
+    path = write_job(tmp_path, corpus, name="to-aws")
+    local = load_job(path, check_model=False)
+    with pytest.raises(ProvisionError, match="cannot see it"):  # a local store
+        submit_managed(local, path, "aws", provider=FakeCloud([]), detach=False)
+    assert list_records() == [] and not list((tmp_path / "home" / "jobs").iterdir())
+
+    path.write_text(path.read_text().replace(
+        f"storage: {{url: {tmp_path / 'store'}}}",
+        f"storage: {{url: 's3://ten-submit/runs', endpoint_url: '{moto_aws}'}}"))
+    job = load_job(path, check_model=False)
+    cloud = FakeCloud([Script.runs(1, exited(0))])
+    record = submit_managed(job, path, "aws", provider=cloud, detach=False, poll_s=0.001,
+                            log=lambda line: None)
+    assert record.state == "SUCCEEDED"
+    url = record.details["job_url"]
+    assert cloud.launches[0][0].job_url == url and url.startswith("s3://ten-submit/runs/")
+    store = open_store("s3://ten-submit/runs", endpoint_url=moto_aws)
+    assert store.get_bytes(url[len("s3://ten-submit/runs/"):]) == path.read_bytes()
+    assert (record.dir / "job.yaml").read_bytes() == path.read_bytes()
+    assert (record.dir / "job.yaml").stat().st_mode & 0o777 == 0o600
+    cloud.assert_clean()
