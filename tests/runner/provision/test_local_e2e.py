@@ -178,3 +178,35 @@ def test_background_controller_stopped_then_adopted_then_cancel(tmp_path, corpus
     assert not _group_alive(pid)
     assert store_final_status(job)["state"] == "preempted"  # it checkpointed on its way out
     wait_for(lambda: controller_pid(record.job_id) is None, what="controller exit")
+
+
+def test_a_process_we_did_not_start_is_polled_and_terminated_by_pid_and_start_time():
+    """What a restarted controller sees: no Popen object, only the record's details. A
+    reused pid (another start time) is neither reported running nor signalled."""
+    import subprocess
+    import sys
+
+    from runner.provision.base import Instance, Phase
+    from runner.provision.local import _start_ticks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    try:
+        ticks = _start_ticks(proc.pid)
+        details = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks}
+        fresh = LocalProvider(grace_s=5)  # not its parent, as after a controller restart
+        if ticks is not None:  # Linux: the start time tells a reused pid apart
+            impostor = Instance("local", str(proc.pid), details={**details,
+                                                                 "start_ticks": ticks + 1})
+            assert fresh.poll(impostor).phase == Phase.GONE
+            fresh.terminate(impostor)  # not ours: left alone
+            assert proc.poll() is None
+        ours = Instance("local", str(proc.pid), details=details)
+        assert fresh.poll(ours).phase == Phase.RUNNING
+        fresh.terminate(ours)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+        assert fresh.poll(ours).phase == Phase.GONE
+        fresh.terminate(ours)  # idempotent
+    finally:
+        proc.kill()
+        proc.wait()
