@@ -1,7 +1,8 @@
-"""Shared by the runner tests: a small corpus and the subprocess helpers in
-runhelpers.py (importable because this folder is put on sys.path here)."""
+"""Shared by the runner tests: a small corpus, fake AWS credentials, and the subprocess
+helpers in runhelpers.py (importable because this folder is put on sys.path here)."""
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -10,7 +11,25 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fakeaws import ACCESS_KEY, REGION, SECRET_KEY  # noqa: E402
 from runhelpers import WORDS  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def aws_env():
+    """Fake credentials for the whole session; no user config files, profiles, endpoint
+    overrides or instance metadata are read."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION",
+                     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_EC2"):
+            mp.delenv(name, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        mp.setenv("AWS_DEFAULT_REGION", REGION)
+        mp.setenv("AWS_CONFIG_FILE", os.devnull)
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 folder is put on sys.path here) and an in-process S3 server (moto), as in
 tests/runner/storage/conftest.py."""
 
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -15,30 +14,20 @@ BUCKET = "ten-monitor-test"
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint():
+def moto_endpoint(aws_env):
     import boto3
     from botocore.config import Config
     from moto.server import ThreadedMotoServer
 
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                     "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_PROFILE"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", "AKIATENMONITORTEST1")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "tenMonitorSecretKey0123456789")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_CONFIG_FILE", os.devnull)
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
-        yield endpoint
-        server.stop()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
+    yield endpoint
+    server.stop()
 
 
 @pytest.fixture(params=["local", "moto"])

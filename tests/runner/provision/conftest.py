@@ -7,33 +7,14 @@ instances, parameters or buckets.
 
 from __future__ import annotations
 
-import os
 import urllib.request
 
 import pytest
-
-ACCESS_KEY = "AKIATENRUNNERPROV01"
-SECRET_KEY = "tenRunnerProvisionSecret0123456789abcXYZ"
-REGION = "us-east-1"
+from fakeaws import ACCESS_KEY, REGION, SECRET_KEY  # noqa: F401 - used by the tests
 
 
 @pytest.fixture(scope="session")
-def fake_aws_env():
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION",
-                     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_EC2"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        mp.setenv("AWS_DEFAULT_REGION", REGION)
-        mp.setenv("AWS_CONFIG_FILE", os.devnull)
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        yield
-
-
-@pytest.fixture(scope="session")
-def moto_aws_server(fake_aws_env):
+def moto_aws_server(aws_env):
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -222,7 +222,7 @@ def test_unknown_region_is_config_with_near_matches():
     assert aws.check_region("eu-west-1") == "eu-west-1"
 
 
-def test_missing_region_names_the_field(fake_aws_env, monkeypatch):
+def test_missing_region_names_the_field(aws_env, monkeypatch):
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(ProvisionError) as err:
         aws.resolve_region(None, boto3.session.Session())
@@ -397,7 +397,7 @@ def test_upload_job_puts_the_yaml_in_the_bucket(moto_aws, tmp_path):
     assert "storage.url" in str(err.value) and "s3://" in str(err.value)
 
 
-def test_provider_for_takes_the_jobs_resources(fake_aws_env, tmp_path):
+def test_provider_for_takes_the_jobs_resources(aws_env, tmp_path):
     from runner.job import load_job
 
     job = load_job(write_job(tmp_path, "s3://ten-jobs/runs"))

@@ -23,9 +23,8 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
+from fakeaws import ACCESS_KEY, SECRET_KEY  # noqa: F401 - also imported by the tests
 
-ACCESS_KEY = "AKIATENRUNNERTEST01"
-SECRET_KEY = "tenRunnerSecretKey0123456789abcdefXYZ"
 BUCKET = "ten-test"
 
 
@@ -50,22 +49,6 @@ def raw_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY
         config=Config(s3={"addressing_style": "path"},
                       request_checksum_calculation="when_required",
                       response_checksum_validation="when_required"))
-
-
-@pytest.fixture(scope="session")
-def aws_env():
-    """Fake credentials for the whole session; no user config files are read."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                     "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_PROFILE"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_CONFIG_FILE", os.devnull)
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,8 @@
+"""The one set of fake AWS credentials every runner test uses (importable because
+tests/runner is on sys.path). One set, because the fixtures that install them are
+session-scoped: two different sets would leave whichever came last in force, and the
+rclone server checks credentials."""
+
+ACCESS_KEY = "AKIATENRUNNERTEST01"
+SECRET_KEY = "tenRunnerSecretKey0123456789abcdefXYZ"
+REGION = "us-east-1"
