@@ -622,6 +622,16 @@ def decode_console(output: str) -> str:
 
 # -- building it from a job ---------------------------------------------------------------
 
+def check_submit(job: Any, region: str | None = None) -> str:
+    """Everything ``submit --to aws`` can check before it creates anything (region,
+    credentials, instance type, machine image); returns the AMI id."""
+    _require_bucket(job)
+    r = job.resources
+    return AWSProvider(resolve_region(region or r.region), r.instance_type, ami=r.ami,
+                       max_price=r.max_price, on_demand_fallback=r.on_demand_fallback,
+                       instance_profile=r.instance_profile, user_data=lambda spec: "").prepare()
+
+
 def provider_for(job: Any, record: Any) -> AWSProvider:
     """The provider for a submitted job (``runner.job.Job`` and its registry record)."""
     r = job.resources
@@ -640,13 +650,17 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
                        instance_profile=r.instance_profile, user_data=user_data)
 
 
+def _require_bucket(job: Any) -> None:
+    if not job.storage.is_remote:
+        raise ProvisionError(f"storage.url {job.storage.url!r} is on this machine; an AWS "
+                             "instance cannot see it: use s3://bucket/prefix")
+
+
 def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
     """Put the job YAML, as written, into the job's store and return its ``s3://`` URL
     (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
     secrets are never uploaded by us."""
-    if not job.storage.is_remote:
-        raise ProvisionError(f"storage.url {job.storage.url!r} is on this machine; an AWS "
-                             "instance cannot see it: use s3://bucket/prefix")
+    _require_bucket(job)
     from runner.storage import open_store
 
     store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)

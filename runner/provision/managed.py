@@ -347,25 +347,22 @@ def make_provider(record: JobRecord, job: Any = None) -> Provider:
 
         return LocalProvider(cwd=record.details.get("cwd"))
     if record.target == "aws":
-        try:
-            from runner.provision import aws
-        except ImportError as e:
-            raise ProvisionError(f"submit --to aws is not available: {e}") from None
-        factory = getattr(aws, "provider_for", None)
-        if factory is None:
-            raise ProvisionError("submit --to aws is not available: "
-                                 "runner.provision.aws has no provider_for(job, record)")
-        return factory(job if job is not None else load_job_copy(record), record)
+        from runner.provision import aws  # boto3: only for aws jobs
+
+        return aws.provider_for(job if job is not None else load_job_copy(record), record)
     raise ProvisionError(f"managed jobs run --to local or --to aws, not {record.target!r}")
 
 
-def _upload_job(job: Any, job_file: Path, job_id: str) -> str:
-    """``runner.provision.aws.upload_job``: the job YAML into its bucket (s3:// URL)."""
-    try:
-        from runner.provision.aws import upload_job
-    except ImportError as e:
-        raise ProvisionError(f"submit --to aws is not available: {e}") from None
-    return upload_job(job, job_file, job_id)
+def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
+                check: bool) -> str:
+    """Check what can be checked before anything is created in the cloud (``check``:
+    not for a provider the caller built), then put the job YAML into its bucket
+    (returns the s3:// URL the instance runs)."""
+    from runner.provision import aws
+
+    if check:
+        aws.check_submit(job, region)
+    return aws.upload_job(job, job_file, job_id)
 
 
 def load_job_copy(record: JobRecord) -> Any:
@@ -471,7 +468,8 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
         copy.chmod(0o600)  # the YAML may name secrets
         extra = dict(details or {})
         if target == "aws" and "job_url" not in extra:
-            extra["job_url"] = _upload_job(job, copy, job_id)
+            extra["job_url"] = _upload_job(job, copy, job_id, extra.get("region"),
+                                           check=provider is None)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)  # no half-submitted job is listed
         raise

@@ -406,3 +406,32 @@ def test_submit_to_aws_puts_the_job_in_the_bucket_for_the_instance(tmp_path, cor
     assert (record.dir / "job.yaml").read_bytes() == path.read_bytes()
     assert (record.dir / "job.yaml").stat().st_mode & 0o777 == 0o600
     cloud.assert_clean()
+
+
+def test_submit_to_aws_checks_the_cloud_before_creating_anything(tmp_path, corpus, moto_aws,
+                                                                 monkeypatch):
+    """An unknown instance type is a config error at submit: no record, no job YAML in
+    the bucket, no instance."""
+    import boto3
+    from runhelpers import write_job
+
+    from runner.exit_codes import ExitCode
+    from runner.job import load_job
+    from runner.provision.managed import submit_managed
+    from runner.provision.registry import list_records
+    from runner.storage import open_store
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_aws)  # every AWS API goes to moto
+    boto3.client("s3").create_bucket(Bucket="ten-submit")
+    path = write_job(tmp_path, corpus, name="bad-type")
+    path.write_text(path.read_text().replace(
+        f"storage: {{url: {tmp_path / 'store'}}}",
+        "storage: {url: 's3://ten-submit/runs'}\nresources: {instance_type: g6e.xlarg}"))
+    job = load_job(path, check_model=False)
+    with pytest.raises(ProvisionError) as err:
+        submit_managed(job, path, "aws", detach=False)
+    assert err.value.exit_code == ExitCode.CONFIG
+    assert "resources.instance_type" in str(err.value) and "g6e.xlarge" in str(err.value)
+    assert list_records() == []
+    assert open_store("s3://ten-submit/runs").list() == []
+    assert boto3.client("ec2").describe_instances()["Reservations"] == []
