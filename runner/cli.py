@@ -8,6 +8,7 @@ so ``ten-runner --help`` returns in a fraction of a second.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -73,12 +74,7 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
 
     Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 75 preempted (a
     checkpoint was committed; run again to resume)."""
-    from runner.job import JobError, load_job
-
-    try:
-        job = load_job(job_file, sets=sets)
-    except JobError as err:
-        raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+    job = _load(job_file, sets)
     from runner.launch import launch, needs_launcher
 
     if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
@@ -104,8 +100,32 @@ def sample(run_dir: str, prompt: str, max_new_tokens: int, temperature: float, t
     click.echo(sample_run(run_dir, prompt, max_new_tokens, temperature, top_k, seed))
 
 
+def _load(job_file: str, sets: tuple[str, ...] = ()):
+    from runner.job import JobError, load_job
+
+    try:
+        return load_job(job_file, sets=sets)
+    except JobError as err:
+        raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+
+
+def _submitted(target: str):
+    """The record of a submitted job when ``target`` is a job id, else None."""
+    from runner.provision.registry import is_job_id, load_record
+
+    return load_record(target) if is_job_id(target) else None
+
+
 def _resolve(target: str, job: str | None, endpoint_url: str | None):
-    """A job file, a store URL or path, or a run directory -> (where, job, endpoint)."""
+    """A job file, a store URL or path, a run directory, or a submitted job's id ->
+    (where, job, endpoint)."""
+    record = _submitted(target)
+    if record is not None:
+        from runner.provision.managed import load_job_copy
+
+        spec = load_job_copy(record)
+        where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
+        return where, spec.name, endpoint_url or spec.storage.endpoint_url or None
     if target.endswith((".yaml", ".yml")):
         from runner.job import JobError, load_job
 
@@ -133,6 +153,10 @@ def status(target: str, job_name: str | None, endpoint_url: str | None) -> None:
     elsewhere; a heartbeat that stopped arriving shows as stale."""
     from runner.monitor.status import format_status_table, read_statuses
 
+    record = _submitted(target)
+    if record is not None:
+        click.echo(_describe_submitted(record))
+        return
     where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
     statuses = read_statuses(where, job_name, endpoint_url)
     if not statuses:
@@ -152,6 +176,12 @@ def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bo
     from runner.monitor.logs import follow_log, read_log
     from runner.monitor.source import open_run
 
+    record = _submitted(target)
+    if record is not None and record.target.startswith("ssh://"):
+        from runner.provision.ssh import ssh_logs
+
+        click.echo(ssh_logs(record), nl=False)  # the container's output, via docker logs
+        return
     where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
     if not follow:
         click.echo(read_log(where, job_name, endpoint_url), nl=False)
@@ -182,6 +212,127 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
     png, page = write_report(where, job_name, out_dir, endpoint_url,
                              price_per_hour=price_per_hour, gpus=gpus)
     click.echo(f"wrote {png}\nwrote {page}")
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path())
+@click.option("--to", "target", required=True, metavar="local|aws|ssh://user@host[:port]",
+              help="Where the job runs: this machine, an EC2 spot instance, or an ssh host "
+                   "with docker.")
+@click.option("--wait", is_flag=True,
+              help="local/aws: supervise in the foreground until the job ends (Ctrl-C "
+                   "hands it to a background controller; it never stops the training).")
+@click.option("--region", default=None, help="aws: override resources.region.")
+def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
+    """Send a job to a machine and print its job id (for status, logs, cancel).
+
+    --to local and --to aws are managed: a controller relaunches the job after a
+    preemption (always) or a crash (up to resources.max_restarts) until it is done, and
+    tears everything down at the end. --to ssh://... starts the container on that host
+    under docker's own restart policy. Secrets travel only in the environment (ssh: a
+    0600 env file removed after start; aws: the instance profile), never on a command
+    line or in a file we upload."""
+    job = _load(job_file)
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)  # stdout carries only the job id
+
+    if target.startswith("ssh://"):
+        from runner.provision.ssh import submit_ssh
+
+        record = submit_ssh(job, Path(job_file), target)
+        say(f"{record.job_id}: started on {target} (docker container "
+            f"{record.details.get('container')})")
+    elif target in ("local", "aws"):
+        from runner.provision.managed import submit_managed
+
+        record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
+                                details={"region": region} if region else None)
+    else:
+        raise UserError(f"--to {target!r}: use local, aws or ssh://user@host[:port]")
+    click.echo(record.job_id)
+    if wait and record.state in ("FAILED", "CANCELLED"):
+        raise SystemExit(record.exit_code or int(ExitCode.CRASH))
+
+
+@cli.command()
+def jobs() -> None:
+    """List the jobs submitted from this machine."""
+    import time
+
+    from runner.provision.registry import home, list_records
+
+    records = list_records()
+    if not records:
+        click.echo(f"no submitted jobs under {home()}/jobs")
+        return
+    click.echo(f"{'JOB ID':<30} {'TARGET':<24} {'STATE':<11} {'ATTEMPTS':>8}  UPDATED")
+    for r in records:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated))
+        click.echo(f"{r.job_id:<30} {r.target:<24} {r.state:<11} {r.attempt:>8}  {stamp}")
+
+
+@cli.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Stop a submitted job: the trainer gets SIGTERM, commits a checkpoint of its
+    current step, and everything launched for the job is torn down."""
+    from runner.provision.registry import load_record
+
+    record = load_record(job_id)
+    if record.target.startswith("ssh://"):
+        from runner.provision.ssh import ssh_cancel
+
+        ssh_cancel(record)
+        record = load_record(job_id)
+    else:
+        from runner.provision.managed import request_cancel
+
+        record = request_cancel(job_id)
+    click.echo(f"{job_id}: {record.state}")
+
+
+def _describe_submitted(record) -> str:
+    if record.target.startswith("ssh://"):
+        from runner.provision.ssh import ssh_status
+
+        state, code = ssh_status(record)
+        return (f"job      {record.job_id} ({record.job_name}) --to {record.target}\n"
+                f"state    {state}" + (f", exit code {code}" if code is not None else "") +
+                f"\ncontainer {record.details.get('container')}")
+    from runner.provision.managed import describe, read_heartbeat
+
+    return describe(record, read_heartbeat(record))
+
+
+@cli.command("export")
+@click.argument("job_file", type=click.Path())
+@click.option("--to", "target", required=True, type=click.Choice(["skypilot", "k8s"]),
+              help="SkyPilot managed-job task, or Kubernetes Job + ConfigMap.")
+@click.option("--job-url", default=None, metavar="s3://...",
+              help="Run the job file from this bucket URL instead of embedding it.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="Write here instead of stdout.")
+def export(job_file: str, target: str, job_url: str | None, output: str | None) -> None:
+    """Print a SkyPilot task or a Kubernetes manifest that runs this job in the image.
+    The job file travels as written (${VAR} unresolved); secrets appear only by name."""
+    from runner.provision.export import export_job
+
+    text = export_job(_load(job_file), Path(job_file), target, job_url=job_url)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _register_extra_commands() -> None:
+    from runner.monitor.liveness import healthcheck  # click + stdlib only
+
+    cli.add_command(healthcheck)
+
+
+_register_extra_commands()
 
 
 def main() -> None:

@@ -1,0 +1,90 @@
+"""The submission commands as a user types them: submit, jobs, status, logs, cancel,
+export, through the real console entry point (separate processes, as on a laptop)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import yaml
+from runhelpers import write_job
+
+
+def ten(*args, home, check=True, timeout=120):
+    env = {**os.environ, "TEN_RUNNER_HOME": str(home)}
+    p = subprocess.run([sys.executable, "-m", "runner.cli", *map(str, args)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def wait_until(fn, timeout=120, what=""):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = fn()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_submit_local_then_status_logs_jobs_and_cancel(tmp_path, corpus):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, corpus, name="cli-sub", steps=10_000, every=10_000)
+    out = ten("submit", job, "--to", "local", home=home)
+    job_id = out.stdout.strip()
+    assert job_id.startswith("cli-sub-") and "\n" not in job_id  # stdout: the id alone
+    assert "controller pid" in out.stderr
+
+    assert job_id in ten("jobs", home=home).stdout
+    def status_when_running():
+        text = ten("status", job_id, home=home).stdout
+        return text if "RUNNING" in text else None
+
+    def log_when_training():
+        p = ten("logs", job_id, home=home, check=False)
+        return p.stdout if p.returncode == 0 and "step" in p.stdout else None
+
+    status = wait_until(status_when_running, what="RUNNING")
+    assert f"job        {job_id} (cli-sub) --to local" in status
+    log = wait_until(log_when_training, what="training in run.log")
+    assert "job cli-sub: ten/tiny" in log
+
+    out = ten("cancel", job_id, home=home)
+    assert out.stdout.strip() == f"{job_id}: CANCELLED"
+    assert "CANCELLED" in ten("status", job_id, home=home).stdout
+    assert "checkpoint committed" in ten("logs", job_id, home=home).stdout  # on its way out
+
+
+def test_submit_errors_are_one_line_with_their_exit_code(tmp_path, corpus):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, corpus, name="cli-bad")
+    p = ten("submit", job, "--to", "gcp", home=home, check=False)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "--to 'gcp'" in p.stderr
+    p = ten("submit", job, "--to", "aws", home=home, check=False)  # a local store
+    assert p.returncode == 2 and "use s3://bucket/prefix" in p.stderr
+    p = ten("submit", job, "--to", "ssh://-oProxyCommand=x", home=home, check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    p = ten("status", "no-such-job-abc123", home=home, check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert ten("jobs", home=home).stdout.startswith("no submitted jobs")
+
+
+def test_export_prints_or_writes_the_manifest(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = ten("export", root / "jobs/l40s-small-32k.yaml", "--to", "k8s", home=tmp_path)
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
+    assert kinds == ["ConfigMap", "Job"]
+    target = tmp_path / "task.yaml"
+    ten("export", root / "jobs/l40s-small-32k.yaml", "--to", "skypilot", "-o", target,
+        home=tmp_path)
+    task = yaml.safe_load(target.read_text())
+    assert task["resources"]["use_spot"] is True
+    p = ten("export", root / "jobs/tiny-cpu.yaml", "--to", "slurm", home=tmp_path,
+            check=False)
+    assert p.returncode == 2 and "slurm" in p.stderr
