@@ -18,8 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from runner.exit_codes import ExitCode
-from runner.provision import aws
-from runner.provision.aws import AWSProvider, Step, classify, launch_step, plan_attempts
+from runner.provision import aws, ec2_rules
+from runner.provision.aws import AWSProvider
 from runner.provision.base import (
     CloudCredentials,
     Instance,
@@ -28,6 +28,7 @@ from runner.provision.base import (
     Phase,
     ProvisionError,
 )
+from runner.provision.ec2_rules import Step, classify, launch_step, plan_attempts
 from runner.provision.registry import JobRecord
 
 from .conftest import ACCESS_KEY, REGION, SECRET_KEY
@@ -71,7 +72,7 @@ def provider(endpoint, cls=AWSProvider, **kw) -> AWSProvider:
 
 
 def live(endpoint, job_id=None) -> list[dict]:
-    filters = [{"Name": "instance-state-name", "Values": list(aws.LIVE_STATES)}]
+    filters = [{"Name": "instance-state-name", "Values": list(ec2_rules.LIVE_STATES)}]
     if job_id:
         filters.append({"Name": f"tag:{aws.TAG_JOB_ID}", "Values": [job_id]})
     found = ec2(endpoint).describe_instances(Filters=filters)["Reservations"]
@@ -216,20 +217,20 @@ def test_unknown_instance_type_is_config_with_suggestion(moto_aws):
 
 def test_unknown_region_is_config_with_near_matches():
     with pytest.raises(ProvisionError) as err:
-        aws.check_region("us-east-9")
+        ec2_rules.check_region("us-east-9")
     assert err.value.exit_code == ExitCode.CONFIG
     assert "resources.region" in str(err.value) and "us-east-1" in str(err.value)
-    assert aws.check_region("eu-west-1") == "eu-west-1"
+    assert ec2_rules.check_region("eu-west-1") == "eu-west-1"
 
 
 def test_missing_region_names_the_field(aws_env, monkeypatch):
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(ProvisionError) as err:
-        aws.resolve_region(None, boto3.session.Session())
+        ec2_rules.resolve_region(None, boto3.session.Session())
     assert "resources.region" in str(err.value) and "AWS_REGION" in str(err.value)
     monkeypatch.setenv("AWS_REGION", "eu-central-1")
-    assert aws.resolve_region(None, boto3.session.Session()) == "eu-central-1"
-    assert aws.resolve_region("us-west-2") == "us-west-2"
+    assert ec2_rules.resolve_region(None, boto3.session.Session()) == "eu-central-1"
+    assert ec2_rules.resolve_region("us-west-2") == "us-west-2"
 
 
 def test_no_credentials_is_exit_8_and_prints_no_secret(moto_aws, monkeypatch, tmp_path):
@@ -260,7 +261,7 @@ def test_missing_ami_and_default_ami_parameter(moto_aws):
     with pytest.raises(ProvisionError) as err:
         provider(moto_aws, ami=None).prepare()
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.ami" in str(err.value) and aws.DLAMI_PARAMETER in str(err.value)
+    assert "resources.ami" in str(err.value) and ec2_rules.DLAMI_PARAMETER in str(err.value)
     # A parameter that exists resolves to its AMI (names under /aws/ are reserved).
     ssm = boto3.client("ssm", endpoint_url=moto_aws, region_name=REGION)
     ssm.put_parameter(Name="/ten-runner/test/ami-id", Value=x86_image(moto_aws), Type="String")
@@ -280,7 +281,7 @@ def test_ami_architecture_must_match_the_type(moto_aws):
 
 def test_user_data_over_the_limit_is_refused_before_launch(moto_aws):
     with pytest.raises(ProvisionError) as err:
-        provider(moto_aws, user_data=lambda s: "#" * (aws.USER_DATA_LIMIT + 1)).launch(spec())
+        provider(moto_aws, user_data=lambda s: "#" * (ec2_rules.USER_DATA_LIMIT + 1)).launch(spec())
     assert "user data" in str(err.value)
     assert live(moto_aws) == []
 
@@ -325,7 +326,7 @@ def test_poll_not_found_is_pending_only_right_after_launch(moto_aws):
     p = provider(moto_aws)
     ghost = Instance(provider="aws", id="i-0123456789abcdef0", launched_at=time.time())
     assert p.poll(ghost).phase is Phase.PENDING  # EC2 is eventually consistent
-    ghost.launched_at -= aws.VISIBILITY_GRACE_S + 1
+    ghost.launched_at -= ec2_rules.VISIBILITY_GRACE_S + 1
     assert p.poll(ghost).phase is Phase.GONE
     p.terminate(ghost)  # not found: fine
 
@@ -342,7 +343,7 @@ def test_logs_decoded_console_or_empty(moto_aws):
     inst = p.launch(spec())
     assert "Linux version" in p.logs(inst)
     assert p.logs(Instance(provider="aws", id="i-0123456789abcdef0")) == ""
-    assert aws.decode_console(base64.b64encode(b"cloud-init done\n").decode()) == \
+    assert ec2_rules.decode_console(base64.b64encode(b"cloud-init done\n").decode()) == \
         "cloud-init done\n"
 
 
@@ -413,7 +414,7 @@ def test_provider_for_takes_the_jobs_resources(aws_env, tmp_path):
         return
     text = p.user_data(spec())
     assert "s3://bucket/tiny-aws/submitted/tiny-aws-1a2b3c.yaml" in text
-    assert "AWS_DEFAULT_REGION=us-west-2" in text and len(text) <= aws.USER_DATA_LIMIT
+    assert "AWS_DEFAULT_REGION=us-west-2" in text and len(text) <= ec2_rules.USER_DATA_LIMIT
 
 
 # -- pure decisions from tables -----------------------------------------------------------------
@@ -442,7 +443,7 @@ def test_launch_step_table(code, step):
     ("InternalError", ExitCode.CRASH),
 ])
 def test_aws_error_exit_codes(code, exit_code):
-    err = aws.aws_error(client_error(code, "x" * 500), "launching g6e.xlarge", REGION)
+    err = ec2_rules.aws_error(client_error(code, "x" * 500), "launching g6e.xlarge", REGION)
     assert err.exit_code == exit_code and len(str(err)) < 400 and "\n" not in str(err)
 
 
