@@ -121,7 +121,7 @@ def _resolve(target: str, job: str | None, endpoint_url: str | None):
     (where, job, endpoint)."""
     record = _submitted(target)
     if record is not None:
-        from runner.provision.managed import load_job_copy
+        from runner.provision.jobs import load_job_copy
 
         spec = load_job_copy(record)
         where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
@@ -244,7 +244,7 @@ def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
         say(f"{record.job_id}: started on {target} (docker container "
             f"{record.details.get('container')})")
     elif target in ("local", "aws"):
-        from runner.provision.managed import submit_managed
+        from runner.provision.jobs import submit_managed
 
         record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
                                 details={"region": region} if region else None)
@@ -286,7 +286,7 @@ def cancel(job_id: str) -> None:
         ssh_cancel(record)
         record = load_record(job_id)
     else:
-        from runner.provision.managed import request_cancel
+        from runner.provision.jobs import request_cancel
 
         record = request_cancel(job_id)
     click.echo(f"{job_id}: {record.state}")
@@ -300,7 +300,7 @@ def _describe_submitted(record) -> str:
         return (f"job      {record.job_id} ({record.job_name}) --to {record.target}\n"
                 f"state    {state}" + (f", exit code {code}" if code is not None else "") +
                 f"\ncontainer {record.details.get('container')}")
-    from runner.provision.managed import describe, read_heartbeat
+    from runner.provision.jobs import describe, read_heartbeat
 
     return describe(record, read_heartbeat(record))
 

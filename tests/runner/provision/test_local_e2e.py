@@ -19,9 +19,7 @@ import pytest
 from runhelpers import final_weights, run_to_end, same_weights, write_job
 
 from runner.job import load_job
-from runner.provision.local import LocalProvider, _group_alive
-from runner.provision.managed import (
-    controller_pid,
+from runner.provision.jobs import (
     describe,
     read_heartbeat,
     request_cancel,
@@ -29,6 +27,8 @@ from runner.provision.managed import (
     store_final_status,
     submit_managed,
 )
+from runner.provision.local import LocalProvider, _group_alive
+from runner.provision.managed import controller_pid
 from runner.provision.policy import State
 from runner.provision.registry import list_records, load_record
 from runner.run import run_dir_of
@@ -136,7 +136,7 @@ def metrics_steps(run_dir):
 
 def test_background_controller_stopped_then_adopted_then_cancel(tmp_path, corpus,
                                                                  monkeypatch):
-    """The detached controller (python -m runner.provision.managed) is SIGTERMed: it
+    """The detached controller (python -m runner.provision.jobs) is SIGTERMed: it
     leaves the training running; a new one adopts the process it did not start and
     sees it through; then `cancel` ends a second job: SIGTERM, checkpoint, CANCELLED."""
     monkeypatch.setenv("TEN_RUNNER_HOME", str(tmp_path / "home"))

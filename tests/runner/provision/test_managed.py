@@ -11,14 +11,8 @@ import pytest
 
 from runner.exit_codes import ExitCode
 from runner.provision.base import CloudCredentials, LaunchSpec, ProvisionError
-from runner.provision.managed import (
-    CANCEL,
-    ManagedJob,
-    controller_lock,
-    controller_pid,
-    describe,
-    request_cancel,
-)
+from runner.provision.jobs import describe, request_cancel
+from runner.provision.managed import CANCEL, ManagedJob, controller_lock, controller_pid
 from runner.provision.policy import Limits, State
 from runner.provision.registry import JobRecord, load_record
 
@@ -380,7 +374,7 @@ def test_submit_to_aws_puts_the_job_in_the_bucket_for_the_instance(tmp_path, cor
     from runhelpers import write_job
 
     from runner.job import load_job
-    from runner.provision.managed import submit_managed
+    from runner.provision.jobs import submit_managed
     from runner.provision.registry import list_records
     from runner.storage import open_store
 
@@ -417,7 +411,7 @@ def test_submit_to_aws_checks_the_cloud_before_creating_anything(tmp_path, corpu
 
     from runner.exit_codes import ExitCode
     from runner.job import load_job
-    from runner.provision.managed import submit_managed
+    from runner.provision.jobs import submit_managed
     from runner.provision.registry import list_records
     from runner.storage import open_store
 

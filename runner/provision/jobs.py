@@ -1,0 +1,357 @@
+"""Managed jobs as the CLI sees them: submit one, start (or restart) its background
+controller, cancel it, describe it. The loop itself is :class:`ManagedJob`
+(:mod:`runner.provision.managed`); this module builds it from a job's record and runs
+it here or in the background process ``python -m runner.provision.jobs JOB_ID``.
+
+Signals: Ctrl-C on a foreground controller does not stop the training; the controller
+hands the job to a background one and returns. SIGTERM/SIGINT/SIGHUP to a background
+controller make it stop supervising and exit, leaving the attempt running (a laptop
+going to sleep must not kill a multi-day run); :func:`start_detached` adopts it again.
+Only :func:`request_cancel` (``ten-runner cancel``) stops a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from runner.exit_codes import ExitCode
+from runner.provision.base import Instance, LaunchSpec, Provider, ProvisionError
+from runner.provision.managed import (
+    CANCEL,
+    LIVE_STATES,
+    ManagedJob,
+    controller_lock,
+    controller_pid,
+)
+from runner.provision.policy import Limits, State
+from runner.provision.registry import JobRecord, job_dir, load_record, new_job_id
+
+CONTROLLER_LOG = "controller.log"
+JOB_COPY = "job.yaml"
+
+
+# -- building a controller from a record ---------------------------------------------------
+def make_provider(record: JobRecord, job: Any = None) -> Provider:
+    """The provider of ``record.target``: ``local`` here, ``aws`` through
+    ``runner.provision.aws.provider_for(job, record)`` (imported only then)."""
+    if record.target == "local":
+        from runner.provision.local import LocalProvider
+
+        return LocalProvider(cwd=record.details.get("cwd"))
+    if record.target == "aws":
+        from runner.provision import aws  # boto3: only for aws jobs
+
+        return aws.provider_for(job if job is not None else load_job_copy(record), record)
+    raise ProvisionError(f"managed jobs run --to local or --to aws, not {record.target!r}")
+
+
+def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
+                check: bool) -> str:
+    """Check what can be checked before anything is created in the cloud (``check``:
+    not for a provider the caller built), then put the job YAML into its bucket
+    (returns the s3:// URL the instance runs)."""
+    from runner.provision import aws
+
+    if check:
+        aws.check_submit(job, region)
+    return aws.upload_job(job, job_file, job_id)
+
+
+def load_job_copy(record: JobRecord) -> Any:
+    """The job as submitted (the copy beside the record), validated again."""
+    from runner.errors import UserError
+    from runner.job import JobError, load_job
+
+    try:
+        return load_job(record.details["job_file"], check_model=False)
+    except JobError as err:
+        raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
+
+
+def spec_factory(record: JobRecord, job: Any) -> Callable[[int], LaunchSpec]:
+    def make(attempt: int) -> LaunchSpec:
+        return LaunchSpec(
+            job_id=record.job_id, job_name=job.name, job_file=Path(record.details["job_file"]),
+            job_url=record.details.get("job_url"), image=job.resources.image, attempt=attempt,
+            spot=job.resources.spot,
+            env={"TEN_RUNNER_JOB_ID": record.job_id, "TEN_RUNNER_ATTEMPT": str(attempt)})
+    return make
+
+
+def final_status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
+    """A reader of the job's final heartbeat (``<name>/status.json`` in its store, or
+    its local run directory) that opens the store once. Returns the status when its
+    state is final (done, preempted, failed, stalled, ...), else None; store errors
+    propagate (the loop logs them and treats them as "no final status yet")."""
+    from runner.monitor.status import read_status
+
+    files: list[Any] = []
+
+    def read() -> dict[str, Any] | None:
+        if not files:
+            files.append(_run_files(job))
+        status = read_status(files[0])
+        if status is None or status.get("state") in LIVE_STATES:
+            return None
+        return status
+    return read
+
+
+def _run_files(job: Any) -> Any:
+    """The job's run files: ``<name>/`` in its bucket, or its local run directory."""
+    from runner.monitor.source import RunFiles
+
+    if job.storage.is_remote:
+        from runner.storage import open_store
+
+        store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                           job.storage.region or None)
+        return RunFiles(f"{store.url}/{job.name}", store=store, job=job.name)
+    from runner.run import run_dir_of
+
+    return RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job))
+
+
+def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
+    """The job's latest heartbeat status, whatever its state (for ``describe``); None
+    when there is none yet or the store cannot be read."""
+    from runner.errors import UserError
+    from runner.monitor.status import read_status
+
+    try:
+        return read_status(_run_files(load_job_copy(record)))
+    except (UserError, OSError, KeyError):
+        return None
+
+
+def store_final_status(job: Any) -> dict[str, Any] | None:
+    """The job's final heartbeat status (see :func:`final_status_reader`), read once."""
+    return final_status_reader(job)()
+
+
+def controller_for(record: JobRecord, provider: Provider | None = None, *,
+                   log: Callable[[str], None] = print, **kw: Any) -> ManagedJob:
+    job = load_job_copy(record)
+    return ManagedJob(record, provider or make_provider(record, job),
+                      spec_factory(record, job), final_status_reader(job),
+                      poll_s=float(record.details.get("poll_s", 5.0)), log=log, **kw)
+
+
+# -- what the CLI calls ---------------------------------------------------------------------
+def submit_managed(job: Any, job_file: Path | str, target: str, *,
+                   provider: Provider | None = None, detach: bool = True,
+                   poll_s: float = 5.0, limits: Limits | None = None,
+                   details: dict[str, Any] | None = None,
+                   log: Callable[[str], None] = print) -> JobRecord:
+    """Create the job's record (state PENDING, a copy of the job YAML beside it; for
+    ``aws`` the YAML also goes to the job's bucket, where the instance reads it) and
+    supervise it: in a background controller (``detach``, the default; returns at once)
+    or here until it ends. A Ctrl-C in the foreground hands the job over to a
+    background controller instead of stopping it. ``details``: more for the record
+    (e.g. a region override), never secrets."""
+    if target not in ("local", "aws"):
+        raise ProvisionError(f"managed jobs run --to local or --to aws, not {target!r}")
+    job_id = new_job_id(job.name)
+    directory = job_dir(job_id)
+    directory.mkdir(parents=True, exist_ok=False)
+    copy = directory / JOB_COPY
+    try:
+        shutil.copyfile(job_file, copy)
+        copy.chmod(0o600)  # the YAML may name secrets
+        extra = dict(details or {})
+        if target == "aws" and "job_url" not in extra:
+            extra["job_url"] = _upload_job(job, copy, job_id, extra.get("region"),
+                                           check=provider is None)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)  # no half-submitted job is listed
+        raise
+    record = JobRecord(job_id=job_id, job_name=job.name, target=target,
+                       state=State.PENDING.value, details={
+                           "job_file": str(copy), "source": str(Path(job_file).resolve()),
+                           "cwd": os.getcwd(), "storage": job.storage.url,
+                           "max_restarts": job.resources.max_restarts, "poll_s": poll_s,
+                           **({"limits": dict(vars(limits))} if limits else {}), **extra})
+    record.transition(State.PENDING.value, f"submitted --to {target}")
+    record.save()
+    if detach:
+        pid = start_detached(job_id)
+        log(f"{job_id}: submitted --to {target}; controller pid {pid} "
+            f"(log {directory / CONTROLLER_LOG})")
+        return record
+    controller = ManagedJob(record, provider or make_provider(record, job),
+                            spec_factory(record, job), final_status_reader(job),
+                            poll_s=poll_s, log=log, limits=limits)
+    with _detach_on(controller, (signal.SIGINT,)):
+        record = controller.run()
+    if not State(record.state).terminal:  # Ctrl-C: hand over, do not stop the training
+        pid = start_detached(job_id)
+        log(f"{job_id}: still {record.state}; now supervised in the background (pid {pid}). "
+            f"`ten-runner cancel {job_id}` stops it")
+    return record
+
+
+def start_detached(job_id: str) -> int:
+    """Start ``python -m runner.provision.jobs JOB_ID`` as a background controller
+    (own session, output appended to ``<job dir>/controller.log``); returns its pid.
+    Also adopts a job whose controller died."""
+    record = load_record(job_id)
+    if State(record.state).terminal:
+        raise ProvisionError(f"job {job_id} already ended ({record.state})")
+    pid = controller_pid(job_id)
+    if pid is not None:
+        raise ProvisionError(f"job {job_id} already has a controller (pid {pid})")
+    with open(record.dir / CONTROLLER_LOG, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "runner.provision.jobs", job_id],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=record.details.get("cwd"), start_new_session=True)
+    return proc.pid
+
+
+def request_cancel(job_id: str, *, wait_s: float = 60.0,
+                   provider: Provider | None = None) -> JobRecord:
+    """Ask the job to stop: its controller sees ``<job dir>/cancel``, tears the attempt
+    down and records CANCELLED. With no live controller (it died, or was stopped and
+    left the attempt unsupervised) the teardown happens here, as it does for an attempt
+    whose teardown failed when the job ended. Waits up to ``wait_s`` for the record to
+    say CANCELLED (0: do not wait); returns the record as it then stands."""
+    record = load_record(job_id)
+    if State(record.state).terminal and not record.instance:
+        return record
+    if not State(record.state).terminal:
+        (record.dir / CANCEL).write_text(f"{time.time()}\n")
+    if controller_pid(job_id) is None:
+        try:
+            return _cancel_here(job_id, provider)
+        except ProvisionError as e:
+            if "already has a controller" not in str(e):
+                raise  # else: one started meanwhile; it will see the file
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        record = load_record(job_id)
+        if State(record.state).terminal:
+            break
+        time.sleep(0.2)
+    return record
+
+
+def _cancel_here(job_id: str, provider: Provider | None) -> JobRecord:
+    """Cancel without a controller, holding the controller lock so none starts."""
+    with controller_lock(job_id):
+        record = load_record(job_id)
+        if record.instance:
+            (provider or make_provider(record)).terminate(Instance.from_dict(record.instance))
+            record.instance = None
+        if State(record.state).terminal:
+            record.transition(record.state, "leftover attempt torn down by cancel")
+        else:
+            record.exit_code = None
+            record.transition(State.CANCELLED.value,
+                              "cancelled by the user (no controller was running)")
+        record.save()
+        return record
+
+
+def describe(record: JobRecord, heartbeat: dict[str, Any] | None = None,
+             now: float | None = None) -> str:
+    """What ``ten-runner status JOB_ID`` prints: state, attempts, the current instance,
+    the controller, the job's progress from its ``heartbeat`` (:func:`read_heartbeat`)
+    when given, and the recent history."""
+    now = time.time() if now is None else now
+    pid = controller_pid(record.job_id)
+    lines = [
+        f"job        {record.job_id} ({record.job_name}) --to {record.target}",
+        f"state      {record.state}" + (f", exit code {record.exit_code}"
+                                        if record.exit_code is not None else ""),
+        f"attempts   {record.attempt} launched, {record.restarts}/"
+        f"{record.details.get('max_restarts', '?')} restarts used, "
+        f"{record.preemptions} preemptions",
+    ]
+    inst = record.instance
+    if inst:
+        zone = f" in {inst.get('zone')}" if inst.get("zone") else ""
+        lines.append(f"instance   {inst.get('provider')} {inst.get('id')}{zone}, up "
+                     f"{_age(now - float(inst.get('launched_at') or now))}")
+    if record.blocked:
+        lines.append(f"blocked    {', '.join(record.blocked)}")
+    if State(record.state).terminal and inst:
+        lines.append("warning    this attempt could not be terminated and may still run "
+                     "(and bill): `ten-runner cancel` tries again")
+    elif not State(record.state).terminal:
+        lines.append(f"controller pid {pid}" if pid else
+                     "controller none: no controller is running, so nothing relaunches "
+                     "the job (its attempt may still run); starting one adopts it")
+    if heartbeat:
+        total = heartbeat.get("total_steps")
+        step = f"{heartbeat.get('step', 0)}" + (f"/{total}" if total else "")
+        loss = heartbeat.get("loss")
+        lines.append(f"progress   step {step}" + (f", loss {loss:.4f}" if loss else "") +
+                     f" (heartbeat {heartbeat.get('state', '?')}, "
+                     f"{_age(now - float(heartbeat.get('time') or now))} ago)")
+    lines.append(f"files      {record.dir}")
+    lines.append("history")
+    for h in record.history[-10:]:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.get("time", 0)))
+        reason = f"  {h['reason']}" if h.get("reason") else ""
+        lines.append(f"  {stamp}  {h.get('state', '?'):<10}{reason}")
+    return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@contextlib.contextmanager
+def _detach_on(controller: ManagedJob, signals: tuple[int, ...]) -> Iterator[None]:
+    """Turn ``signals`` into a detach while the controller runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, lambda *_: controller.request_detach()) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runner.provision.jobs JOB_ID``: the background controller."""
+    from runner.errors import UserError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m runner.provision.jobs JOB_ID", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+
+    def log(line: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", flush=True)
+
+    try:
+        record = load_record(args[0])
+        if State(record.state).terminal:
+            log(f"{record.job_id}: already {record.state}")
+            return 0
+        controller = controller_for(record, log=log)
+        log(f"{record.job_id}: controller pid {os.getpid()} supervising --to {record.target}")
+        with _detach_on(controller, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+            record = controller.run()
+    except UserError as e:
+        log(f"error: {e.message}")
+        return e.exit_code
+    log(f"{record.job_id}: {record.state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
