@@ -436,9 +436,11 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
         from runner.provision.cloudinit import render_user_data  # not needed until launch
 
         # The container's S3 client needs a region; nothing secret goes in user data.
+        # max_restarts=0: the VM does not restart a crashed container itself but powers
+        # off, so crashes are counted once, by the managed loop (resources.max_restarts).
         return render_user_data(image=spec.image, job_url=spec.job_url or
                                 record.details["job_url"], job_id=spec.job_id,
-                                env={"AWS_DEFAULT_REGION": region})
+                                env={"AWS_DEFAULT_REGION": region}, max_restarts=0)
 
     return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
                        on_demand_fallback=r.on_demand_fallback,

@@ -408,13 +408,11 @@ def test_provider_for_takes_the_jobs_resources(aws_env, tmp_path):
     assert (p.region, p.instance_type, p.max_price, p.on_demand_fallback,
             p.instance_profile, p.ami) == ("us-west-2", "g5.xlarge", 1.2, True,
                                            "ten-runner-bucket", None)
-    try:
-        import runner.provision.cloudinit  # noqa: F401 - written by another change
-    except ImportError:
-        return
     text = p.user_data(spec())
     assert "s3://bucket/tiny-aws/submitted/tiny-aws-1a2b3c.yaml" in text
     assert "AWS_DEFAULT_REGION=us-west-2" in text and len(text) <= ec2_rules.USER_DATA_LIMIT
+    # Crashes are counted by the managed loop only: the VM never restarts the container.
+    assert "--restart=no" in text and "--restart=on-failure" not in text
 
 
 # -- pure decisions from tables -----------------------------------------------------------------
