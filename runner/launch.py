@@ -26,8 +26,10 @@ Why a launcher around torchrun rather than torchrun itself:
 
 Several machines: set TEN_NNODES, TEN_NODE_RANK, TEN_MASTER_ADDR and TEN_MASTER_PORT
 (default 29500) on every machine; they become torchrun's --nnodes, --node_rank,
---master_addr and --master_port (static rendezvous). Without them the run is a single
-machine (--standalone).
+--master_addr and --master_port (static rendezvous), and resources.gpus counts the GPUs
+of one machine. Without them the run is a single machine (--standalone). Only rank 0
+writes checkpoints, so the checkpoints must be in a bucket: the first rank of each other
+machine fetches the step rank 0 resumes from (runner.run.fetch_checkpoint).
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ class Nodes:
 
 
 def needs_launcher(job: Any, env: dict[str, str] | None = None) -> bool:
-    """More than one GPU asked for, and not already a rank that torchrun started."""
+    """More than one GPU (or machine) asked for, and not already a rank that torchrun
+    started."""
     env = os.environ if env is None else env
-    return job.resources.gpus > 1 and not any(k in env for k in TORCHRUN_ENV)
+    several = job.resources.gpus > 1 or any(env.get(k) for k in NODE_ENV)
+    return several and not any(k in env for k in TORCHRUN_ENV)
 
 
 def nodes_from_env(env: dict[str, str]) -> Nodes | None:
@@ -123,7 +127,7 @@ def launch(job_file: str, sets: tuple[str, ...], job: Any, *, no_sample: bool = 
     """Run the job as ``resources.gpus`` ranks under torchrun; returns rank 0's exit
     code (75 after a stop signal once the checkpoint is committed, 0 when done, ...)."""
     nodes = nodes_from_env(dict(os.environ))
-    nproc = job.resources.gpus
+    nproc = max(job.resources.gpus, 1)  # per machine
     backend = _backend(job.train.device, nproc)
     where = "one machine" if nodes is None else f"machine {nodes.rank} of {nodes.count}"
     _say(f"{nproc} ranks under torchrun ({backend}, {where})")

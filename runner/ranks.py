@@ -61,6 +61,7 @@ class RankGroup:
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.world_size = int(env["WORLD_SIZE"])
         self.node_rank = int(env.get("GROUP_RANK", "0"))
+        self.multi_node = int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])) < self.world_size
         self.launch_dir = Path(env[LAUNCH_DIR_ENV]) if env.get(LAUNCH_DIR_ENV) else None
         self._addr = env.get("MASTER_ADDR", "localhost")
         self._port = int(env.get("MASTER_PORT", "0"))
@@ -102,9 +103,7 @@ class RankGroup:
         self.store().set(key, value)
 
     def wait_for(self, key: str) -> str:
-        store = self.store()
-        store.wait([key])
-        return store.get(key).decode()
+        return self.store().get(key).decode()  # blocks until the key is set
 
     def finish(self, code: int) -> int:
         """The process exit code, once rank 0 is done with everything it must finish.

@@ -97,6 +97,26 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     return store, lease
 
 
+def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
+    """On a machine other than rank 0's: make ``step`` (-1: none) the newest checkpoint
+    under ``root``, from the bucket. Newer local ones are stale copies from an earlier
+    life; only rank 0's choice counts, and only rank 0 holds the writer lease."""
+    from runner.storage import open_store
+    from runner.storage.checkpoints import download_checkpoint
+    from ten import checkpoint as ckpt
+
+    for stale in [s for s in ckpt.committed_steps(root) if s > step]:
+        log(f"removing {ckpt.step_name(stale)}: rank 0 resumes from step {step}")
+        shutil.rmtree(root / ckpt.step_name(stale))
+    if step < 0:
+        return
+    store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                       job.storage.region or None)
+    t0 = time.perf_counter()
+    download_checkpoint(store, job.name, step, root)  # nothing to do if it is here
+    log(f"step {step} from {store.url} is here ({time.perf_counter() - t0:.1f}s)")
+
+
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
     """Run a job to its end; returns the process exit code. Under torchrun every rank
     runs this, and a rank's code is rank 0's once it ended in order (runner.ranks)."""
@@ -156,13 +176,7 @@ class JobRun:
         if job.storage.is_remote and self.is_main:
             self.store, self.lease = connect_store(job, self.run_dir, log)
         if job.storage.is_remote and self.ranks is not None:
-            # The other ranks load the checkpoint rank 0 has just brought from the bucket.
-            # (The trainer's process group also forms only once rank 0 gets there, but
-            # its rendezvous times out sooner than a big checkpoint downloads.)
-            if self.is_main:
-                self.ranks.publish("restored", "1")
-            else:
-                self.ranks.wait_for("restored")
+            self._agree_on_checkpoint()
         if self.is_main:
             self._start_monitor()
         try:
@@ -199,6 +213,28 @@ class JobRun:
         return ExitCode.OK
 
     # -- the steps -------------------------------------------------------------------------
+    def _agree_on_checkpoint(self) -> None:
+        """Under torchrun with a bucket: every rank loads the checkpoint rank 0 resumes
+        from. Rank 0 has just brought it from the bucket to this machine; on another
+        machine the first rank fetches the same step. The trainer's process group forms
+        only once rank 0 gets this far too, but it times out sooner than a big
+        checkpoint downloads, hence the wait here."""
+        from ten import checkpoint as ckpt
+
+        ranks, root = self.ranks, self.run_dir / "checkpoints"
+        if ranks.is_main:
+            found = ckpt.latest_valid(root, self.log) if ranks.multi_node else None
+            ranks.publish("resume-step", str(found.step if found else -1))
+            return
+        step = int(ranks.wait_for("resume-step"))
+        if ranks.node_rank == 0:  # rank 0's disk
+            return
+        if ranks.local_rank == 0:
+            fetch_checkpoint(self.job, root, step, self.log)
+            ranks.publish(f"fetched-{ranks.node_rank}", "1")
+        else:
+            ranks.wait_for(f"fetched-{ranks.node_rank}")
+
     def _healthy(self) -> bool:
         """The pre-flight GPU check: a bad host is reported and not trained on."""
         from runner.monitor.health import preflight

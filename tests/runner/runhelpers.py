@@ -63,6 +63,24 @@ def cli(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+class Launched:
+    """``cli`` for tests that start processes which must not outlive a failed test:
+    ``kill_all`` (a fixture's teardown) kill -9s those still running."""
+
+    def __init__(self):
+        self.procs = []
+
+    def __call__(self, *args, **kw):
+        self.procs.append(cli(*args, **kw))
+        return self.procs[-1]
+
+    def kill_all(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
 def run_to_end(*args, timeout=300):
     p = cli(*args)
     out, err = p.communicate(timeout=timeout)

@@ -7,7 +7,7 @@ import sys
 import uuid
 
 import pytest
-from runhelpers import cli, final_weights, losses, run_to_end, wait_for_step, write_job
+from runhelpers import Launched, final_weights, losses, run_to_end, wait_for_step, write_job
 
 from runner.exit_codes import ExitCode
 from runner.storage.checkpoints import latest_committed
@@ -17,17 +17,25 @@ from .test_run_bucket import bucket_job
 STEPS = 24
 
 
+@pytest.fixture
+def launch():
+    """Starts ``ten-runner`` like runhelpers.cli; kills what a failed test leaves."""
+    launched = Launched()
+    yield launched
+    launched.kill_all()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux's")
 def test_two_ranks_stop_commit_to_the_bucket_and_resume_on_a_new_machine(
-        tmp_path, corpus, moto_endpoint):
+        tmp_path, corpus, moto_endpoint, launch):
     one = write_job(tmp_path, corpus, name="one", steps=STEPS, batch=8)
     code, _, err = run_to_end("run", one, "--no-sample")
     assert code == 0, err
     name = f"ddp-{uuid.uuid4().hex[:6]}"
     job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, steps=STEPS,
                                    batch=4, gpus=2, every=100)
-    proc = cli("run", job, "--no-sample")
+    proc = launch("run", job, "--no-sample")
     wait_for_step(local / "metrics.jsonl", proc, 5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
