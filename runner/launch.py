@@ -172,7 +172,8 @@ def read_exit_code(launch_dir: Path) -> int | None:
 class _SignalRelay:
     """The launcher's handler for SIGTERM, SIGINT and SIGHUP: pass the first one on to
     the ranks (or, while they are still starting, to torchrun, whose agent stops them),
-    then only a repeated SIGINT."""
+    then only a repeated SIGINT. SIGHUP (the terminal closed) goes on as SIGTERM, the
+    signal the trainer stops on."""
 
     def __init__(self, proc: subprocess.Popen, launch_dir: Path, nproc: int) -> None:
         self.proc, self.launch_dir, self.nproc = proc, launch_dir, nproc
@@ -190,9 +191,10 @@ class _SignalRelay:
             except (OSError, ValueError):
                 continue
         targets = pids if len(pids) == self.nproc else [*pids, self.proc.pid]
+        forward = signal.SIGTERM if signum == signal.SIGHUP else signum
         for pid in targets:
             try:
-                os.kill(pid, signum)
+                os.kill(pid, forward)
             except ProcessLookupError:
                 pass
 

@@ -29,6 +29,8 @@ EXIT_FILE = "exit_code"
 # How long a rank waits for rank 0 (a big checkpoint's download or upload). If rank 0
 # dies instead, torchrun ends the waiting ranks long before this.
 WAIT = timedelta(hours=6)
+# How long a rank that failed waits for rank 0's exit code before it exits anyway.
+FAILED_WAIT = timedelta(seconds=30)
 
 
 def pid_file(launch_dir: Path, local_rank: int) -> Path:
@@ -102,29 +104,47 @@ class RankGroup:
     def publish(self, key: str, value: str) -> None:
         self.store().set(key, value)
 
-    def wait_for(self, key: str) -> str:
-        return self.store().get(key).decode()  # blocks until the key is set
+    def wait_for(self, key: str, timeout: timedelta | None = None) -> str:
+        """The value once some rank has published it (raises after ``timeout``)."""
+        store = self.store()
+        if timeout is not None:
+            store.wait([key], timeout)
+        return store.get(key).decode()  # blocks until the key is set
 
     def finish(self, code: int) -> int:
         """The process exit code, once rank 0 is done with everything it must finish.
 
         Rank 0 publishes its code. A rank that ended in order (done, or stopped after a
-        checkpoint) waits for it and exits with rank 0's code, so every rank of a stopped
-        run reports the same; a rank that failed exits at once so torchrun stops the
-        group. The lowest rank on each machine writes the code for its launcher."""
+        checkpoint) waits for it and exits with it, so all ranks of a stopped run say
+        75. A rank that failed waits briefly: a job error (config, data) fails every
+        rank, and rank 0's code should reach the launcher before torchrun, seeing this
+        rank's non-zero exit, stops rank 0; a failure of this rank alone leaves rank 0
+        blocked in a collective, and exiting is what lets torchrun end it. The lowest
+        rank on each machine writes the code for its launcher."""
         from runner.exit_codes import ExitCode
 
-        try:
-            if self.is_main:
+        if self.is_main:
+            # Written before it is published: a rank that hears it may exit, and
+            # torchrun then stops this one.
+            self._leave_exit_code(code)
+            try:
                 self.publish("exit", str(int(code)))
-            elif code in (ExitCode.OK, ExitCode.PREEMPTED):
-                code = int(self.wait_for("exit"))
-        except Exception as e:  # noqa: BLE001 - torchrun's store is gone: so is the group
-            print(f"rank {self.rank}: no word from rank 0 ({e})", file=sys.stderr)
-            code = code if self.is_main else ExitCode.CRASH
+            except Exception as e:  # noqa: BLE001 - the store is gone: so is the group
+                print(f"rank 0: could not publish exit code {int(code)} ({e})",
+                      file=sys.stderr)
+            return code
+        orderly = code in (ExitCode.OK, ExitCode.PREEMPTED)
+        try:
+            code = int(self.wait_for("exit", None if orderly else FAILED_WAIT))
+        except Exception as e:  # noqa: BLE001 - timed out, or the store is gone
+            print(f"rank {self.rank}: no exit code from rank 0 ({e})", file=sys.stderr)
+            code = ExitCode.CRASH if orderly else code
+        self._leave_exit_code(code)
+        return code
+
+    def _leave_exit_code(self, code: int) -> None:
         if self.local_rank == 0 and self.launch_dir is not None:
             _write(self.launch_dir / EXIT_FILE, str(int(code)))
-        return code
 
 
 def _write(path: Path, text: str) -> None:

@@ -26,11 +26,13 @@ from runner.job import Job
 class RunLog:
     """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, tag: str = "") -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(run_dir / "run.log", "a", encoding="utf-8")  # noqa: SIM115
+        self.tag = tag  # "[rank 1] ": which torchrun rank said it
 
     def __call__(self, line: str) -> None:
+        line = self.tag + line
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         print(line, file=sys.stderr, flush=True)
         self._file.write(f"{stamp} {line}\n")
@@ -137,9 +139,10 @@ class JobRun:
     def __init__(self, job: Job, sample_prompt: str | None, ranks: Any = None) -> None:
         self.job, self.sample_prompt, self.ranks = job, sample_prompt, ranks
         self.run_dir = run_dir_of(job)
-        self.log = RunLog(self.run_dir)
         # Only one process of a torchrun group talks to the bucket and writes telemetry.
-        self.is_main = int(os.environ.get("RANK", "0")) == 0
+        rank = int(os.environ.get("RANK", "0"))
+        self.is_main = rank == 0
+        self.log = RunLog(self.run_dir, "" if self.is_main else f"[rank {rank}] ")
         self.store = self.lease = self.sync = self.cache = None
         self.watcher = self.sampler = self.heartbeat = None
         self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)

@@ -119,6 +119,14 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch(refs):
 
 
 @pytest.mark.slow
+def test_a_job_error_on_every_rank_exits_with_its_code_not_torchruns(refs):
+    job = refs[0].parent.parent / "two.yaml"  # resumed with a different model: refused
+    code, out, err = run_to_end("run", job, "--set", "model.d_model=48", "--no-sample")
+    assert code == ExitCode.CONFIG, err[-3000:]
+    assert err.count("unsafe changes") == 2 and "Traceback" not in err + out
+
+
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_commits_exits_75_and_resumes_exactly(tmp_path, corpus, refs,
                                                                       launch):
     job = write_job(tmp_path, corpus, name="two", steps=STEPS, batch=4, gpus=2, every=100)
