@@ -152,6 +152,8 @@ class JobRun:
         from runner.storage import StorageError
 
         code = ExitCode.CRASH
+        if self.is_main:
+            self._point_healthcheck()
         try:
             code = self._run()
         except KeyboardInterrupt:
@@ -166,6 +168,18 @@ class JobRun:
         finally:
             self._close(code)
         return code
+
+    def _point_healthcheck(self) -> None:
+        """Tell the container's healthcheck (``ten-runner healthcheck``) where this run's
+        heartbeat is, first thing: the pointer's age marks this process's start, so a
+        previous container's final status is not judged as this one's."""
+        from runner.monitor.heartbeat import STATUS
+        from runner.monitor.liveness import write_pointer
+
+        try:
+            write_pointer(self.run_dir / STATUS)
+        except OSError as e:  # a healthcheck that cannot find us is no reason not to train
+            self.log(f"warning: cannot write the healthcheck pointer: {e}")
 
     def _run(self) -> ExitCode:
         from ten.data import DataError

@@ -5,6 +5,7 @@ import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from runhelpers import (
@@ -142,3 +143,17 @@ def test_spot_notice_commits_the_current_step_before_any_signal(tmp_path, corpus
     assert "before the deadline" in err
     last = max(losses(run))
     assert 5 <= last < 40 and ckpt.committed_steps(run / "checkpoints") == [last]
+
+
+def test_a_run_points_the_container_healthcheck_at_its_heartbeat(tmp_path, corpus,
+                                                                  monkeypatch):
+    """What the image's HEALTHCHECK relies on: after a run, `ten-runner healthcheck`
+    finds that run's status.json through the pointer and judges it."""
+    pointer = tmp_path / "pointer"
+    monkeypatch.setenv("TEN_HEARTBEAT_POINTER", str(pointer))
+    job = write_job(tmp_path, corpus, name="hc", steps=4, every=2)
+    code, out, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    assert Path(pointer.read_text().strip()) == tmp_path / "store" / "hc" / "status.json"
+    code, out, err = run_to_end("healthcheck")
+    assert code == 0 and "done" in out + err
