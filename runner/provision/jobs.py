@@ -68,12 +68,14 @@ def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
 
 
 def load_job_copy(record: JobRecord) -> Any:
-    """The job as submitted (the copy beside the record), validated again."""
+    """The job as submitted (the copy beside the record, for every target), validated
+    again."""
     from runner.errors import UserError
     from runner.job import JobError, load_job
 
     try:
-        return load_job(record.details["job_file"], check_model=False)
+        return load_job(record.details.get("job_file") or record.dir / JOB_COPY,
+                        check_model=False)
     except JobError as err:
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
 

@@ -402,3 +402,32 @@ def test_status_from_docker(tmp_path, host, docker_state, want):
     ssh_cancel(record)  # a job that ended keeps its state; cancel only cleans up
     assert record.state == (want[0] if want[0] in TERMINAL else CANCELLED)
     assert not host.container(container).exists()
+
+
+def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch):
+    """What a user types: submit prints the id alone; status, logs, cancel and jobs take
+    it; no secret from the environment appears in anything printed."""
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+
+    for key, value in ENV.items():
+        if key != "HOME":
+            monkeypatch.setenv(key, value)
+    path = write_job(tmp_path)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["submit", str(path), "--to", TARGET])
+    assert out.exit_code == 0, out.output
+    job_id = out.stdout.strip()
+    assert job_id.startswith("tiny-ssh-") and "\n" not in job_id
+    (host.fake / "containers" / f"ten-{job_id}.log").write_text("step 4 loss 6\n")
+    status = runner.invoke(cli, ["status", job_id])
+    assert status.exit_code == 0 and "RUNNING" in status.output
+    assert f"ten-{job_id}" in status.output
+    logs = runner.invoke(cli, ["logs", job_id])
+    assert logs.exit_code == 0 and "step 4 loss 6" in logs.output
+    assert job_id in runner.invoke(cli, ["jobs"]).output
+    done = runner.invoke(cli, ["cancel", job_id])
+    assert done.exit_code == 0 and done.output.strip() == f"{job_id}: CANCELLED"
+    no_secret_in(out.output, status.output, logs.output, done.output)
+    assert host.pwned() == []
