@@ -79,10 +79,9 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
 
     if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
         raise SystemExit(launch(job_file, sets, job, no_sample=no_sample))
-    from runner.run import run_job
+    from runner.run import exit_process, run_job
 
-    code = run_job(job, sample_prompt=None if no_sample else "The")
-    raise SystemExit(int(code))
+    exit_process(run_job(job, sample_prompt=None if no_sample else "The"))
 
 
 @cli.command()

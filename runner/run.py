@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from runner.exit_codes import ExitCode
 from runner.job import Job
@@ -117,6 +117,19 @@ def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
     t0 = time.perf_counter()
     download_checkpoint(store, job.name, step, root)  # nothing to do if it is here
     log(f"step {step} from {store.url} is here ({time.perf_counter() - t0:.1f}s)")
+
+
+def exit_process(code: int) -> NoReturn:
+    """End ``ten-runner run`` with ``code``. After a preemption everything that matters
+    is committed, and the notice window is running out: background work still in flight
+    (a prepared-data upload to the bucket, which is safe to abandon: nothing trusts it
+    without its manifest) must not hold the exit, as Python's exit would by joining its
+    thread pools. Other codes exit normally."""
+    if code == ExitCode.PREEMPTED:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(int(code))
+    raise SystemExit(int(code))
 
 
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
