@@ -40,7 +40,7 @@ def _local_files(local_dir: Path) -> list[str]:
     files = []
     for dirpath, _dirs, names in os.walk(local_dir):
         for name in names:
-            if name.startswith(".tmp-"):
+            if name.startswith("."):  # .tmp-* half-written, .lock: local coordination
                 continue
             files.append((Path(dirpath) / name).relative_to(local_dir).as_posix())
     return sorted(files)

@@ -85,3 +85,13 @@ def test_a_corrupt_cache_is_reported_and_not_used(store, tmp_path):
 def test_fingerprints_are_validated(store, tmp_path):
     with pytest.raises(ValueError):
         upload_dataset(store, "../escape", tmp_path)
+
+
+def test_local_lock_and_temporary_files_are_not_shared(store, tmp_path):
+    src = make_dataset(tmp_path / "src", b"A")
+    (src / ".lock").write_bytes(b"")  # the tokenizer's file lock
+    (src / "shards" / ".tmp-train-001.bin").write_bytes(b"half-written")
+    assert upload_dataset(store, FP, src) is True
+    marker = json.loads(store.get_bytes(f"datasets/{FP}/COMMITTED"))
+    assert sorted(marker["files"]) == ["shards/train-000.bin", "shards/val-000.bin",
+                                       "tokenizer.model"]
