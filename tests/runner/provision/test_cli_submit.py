@@ -3,6 +3,7 @@ export, through the real console entry point (separate processes, as on a laptop
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -88,3 +89,51 @@ def test_export_prints_or_writes_the_manifest(tmp_path):
     p = ten("export", root / "jobs/tiny-cpu.yaml", "--to", "slurm", home=tmp_path,
             check=False)
     assert p.returncode == 2 and "slurm" in p.stderr
+
+
+def test_submit_to_aws_launches_a_tagged_spot_instance_and_cancel_removes_it(
+        tmp_path, corpus, moto_aws):
+    """The whole `--to aws` wiring through the CLI, against moto: checks, the job YAML
+    into the bucket, a background controller launching a spot instance whose user data
+    runs that URL; `cancel` terminates it. (moto's instance never runs the container.)"""
+    import boto3
+
+    home = tmp_path / "home"
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto_aws, "TEN_RUNNER_HOME": str(home)}
+    ec2 = boto3.client("ec2", endpoint_url=moto_aws)
+    boto3.client("s3", endpoint_url=moto_aws).create_bucket(Bucket="ten-cli")
+    image = sorted(i["ImageId"] for i in ec2.describe_images(
+        Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"])[0]
+    job = write_job(tmp_path, corpus, name="cli-aws")
+    job.write_text(job.read_text().replace(
+        f"storage: {{url: {tmp_path / 'store'}}}",
+        "storage: {url: 's3://ten-cli/runs'}\n"
+        f"resources: {{spot: true, max_price: 1.5, ami: {image}}}"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "runner.cli", *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    out = cli("submit", job, "--to", "aws")
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+
+    def instances():
+        found = ec2.describe_instances(Filters=[
+            {"Name": "tag:ten-runner:job-id", "Values": [job_id]}])["Reservations"]
+        return [i for r in found for i in r["Instances"]]
+
+    (inst,) = wait_until(instances, what="an instance")
+    assert inst["InstanceType"] == "g6e.xlarge" and inst["ImageId"] == image
+    assert inst.get("InstanceLifecycle") == "spot"
+    user_data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"],
+                                                Attribute="userData")
+    text = base64.b64decode(user_data["UserData"]["Value"]).decode()
+    assert f"s3://ten-cli/runs/cli-aws/submitted/{job_id}.yaml" in text
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in text
+    status = cli("status", job_id)
+    assert inst["InstanceId"] in status.stdout, status.stdout
+
+    done = cli("cancel", job_id)
+    assert done.stdout.strip() == f"{job_id}: CANCELLED", done.stderr
+    assert [i["State"]["Name"] for i in instances()] in (["terminated"], ["shutting-down"])
