@@ -237,8 +237,12 @@ def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
         click.echo(line, err=True)  # stdout carries only the job id
 
     if target.startswith("ssh://"):
+        from runner.provision.env import credential_warning, job_env
         from runner.provision.ssh import submit_ssh
 
+        warning = credential_warning(job_env(job, job_file=Path(job_file)))
+        if warning:
+            say(warning)
         record = submit_ssh(job, Path(job_file), target)
         say(f"{record.job_id}: started on {target} (docker container "
             f"{record.details.get('container')})")

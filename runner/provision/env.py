@@ -53,6 +53,18 @@ def job_env(job: Any, environ: Mapping[str, str] | None = None,
     return {name: environ[name] for name in sorted(names) if name in environ}
 
 
+def credential_warning(env: Mapping[str, str]) -> str | None:
+    """A line for the user when no bucket credentials travel with the job: the container
+    then relies on the host's own (an instance role), and credentials this machine gets
+    from a profile or SSO are not forwarded (they live in files, and often expire)."""
+    if "AWS_ACCESS_KEY_ID" in env:
+        return None
+    return ("warning: no AWS_ACCESS_KEY_ID in this environment, so the container uses the "
+            "host's own bucket credentials (an instance role); if the host has none, "
+            "export yours first, e.g. eval \"$(aws configure export-credentials --format "
+            "env)\"")
+
+
 def env_file_text(env: Mapping[str, str]) -> bytes:
     """docker's ``--env-file`` format: ``KEY=VALUE`` per line, the value taken verbatim
     (no quoting, no expansion). A value docker cannot read back exactly (a line break,

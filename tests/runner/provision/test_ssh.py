@@ -431,3 +431,13 @@ def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch):
     assert done.exit_code == 0 and done.output.strip() == f"{job_id}: CANCELLED"
     no_secret_in(out.output, status.output, logs.output, done.output)
     assert host.pwned() == []
+
+
+def test_a_submit_without_bucket_credentials_says_what_the_container_will_use(tmp_path):
+    from runner.provision.env import credential_warning
+
+    job = load(write_job(tmp_path))
+    assert credential_warning(job_env(job, ENV, tmp_path / "job.yaml")) is None
+    bare = {k: v for k, v in ENV.items() if not k.startswith("AWS_")}
+    warning = credential_warning(job_env(job, bare, tmp_path / "job.yaml"))
+    assert "instance role" in warning and "export-credentials" in warning
