@@ -181,6 +181,9 @@ class ResourcesSection(Section):
                                          "profile giving the machine its bucket access")
     max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
                               "(preemptions always relaunch)")
+    max_preemptions: Int | None = Field(
+        None, ge=0, description="managed jobs: relaunches after a preemption, at most this "
+        "many (a process killed for memory also reads as one); null: no limit")
 
 
 class MonitorSection(Section):

@@ -163,6 +163,8 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     (e.g. a region override), never secrets."""
     if target not in ("local", "aws"):
         raise ProvisionError(f"managed jobs run --to local or --to aws, not {target!r}")
+    if limits is None and job.resources.max_preemptions is not None:
+        limits = Limits(max_preemptions=job.resources.max_preemptions)
     job_id = new_job_id(job.name)
     directory = job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=False)

@@ -429,3 +429,23 @@ def test_submit_to_aws_checks_the_cloud_before_creating_anything(tmp_path, corpu
     assert list_records() == []
     assert open_store("s3://ten-submit/runs").list() == []
     assert boto3.client("ec2").describe_instances()["Reservations"] == []
+
+
+def test_the_jobs_max_preemptions_caps_relaunches(tmp_path, corpus):
+    """resources.max_preemptions: at most that many relaunches after preemptions, then
+    FAILED instead of relaunching forever (a process killed for memory also dies by
+    SIGKILL)."""
+    from runhelpers import write_job
+
+    from runner.job import load_job
+    from runner.provision.jobs import submit_managed
+
+    path = write_job(tmp_path, corpus, name="capped")
+    path.write_text(path.read_text() + "resources: {max_preemptions: 1}\n")
+    job = load_job(path, check_model=False)
+    cloud = FakeCloud([Script.runs(1, PREEMPTED)])
+    record = submit_managed(job, path, "local", provider=cloud, detach=False, poll_s=0.001,
+                            log=lambda line: None)
+    assert record.state == "FAILED" and record.preemptions == 2
+    assert len(cloud.launches) == 2 and record.details["limits"]["max_preemptions"] == 1
+    cloud.assert_clean()
