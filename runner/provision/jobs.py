@@ -41,13 +41,33 @@ JOB_COPY = "job.yaml"
 
 
 # -- building a controller from a record ---------------------------------------------------
-def make_provider(record: JobRecord, job: Any = None) -> Provider:
+def make_provider(record: JobRecord, job: Any = None,
+                  log: Callable[[str], None] = print) -> Provider:
     """The provider of ``record.target``: ``local`` here, ``aws`` through
-    ``runner.provision.aws.provider_for(job, record)`` (imported only then)."""
+    ``runner.provision.aws.provider_for(job, record)`` (imported only then).
+
+    ``local`` runs the job's container when Docker is usable, else a plain process
+    (:func:`runner.provision.container.choose_mode`; ``TEN_LOCAL_MODE`` forces it). The
+    choice is made once, logged, and kept in ``record.details["local_mode"]`` (saved),
+    so a restarted controller launches the same way."""
     if record.target == "local":
+        from runner.provision.container import CONTAINER, ContainerAttempts, choose_mode
         from runner.provision.local import LocalProvider
 
-        return LocalProvider(cwd=record.details.get("cwd"))
+        mode = record.details.get("local_mode")
+        if mode is None and record.instance:  # a record from before the modes existed
+            mode = record.instance.get("details", {}).get("mode", "process")
+        if mode is None:
+            job = job if job is not None else load_job_copy(record)
+            mode, why = choose_mode(job)
+            record.details["local_mode"] = mode
+            record.transition(record.state, f"--to local runs a {mode} ({why})")
+            record.save()
+            log(f"{record.job_id}: --to local runs a {mode} ({why})")
+        container = None
+        if mode == CONTAINER:
+            container = ContainerAttempts(job if job is not None else load_job_copy(record))
+        return LocalProvider(cwd=record.details.get("cwd"), container=container)
     if record.target == "aws":
         from runner.provision import aws  # boto3: only for aws jobs
 

@@ -11,8 +11,9 @@ loop takes it from the job's final heartbeat instead. A death by a reclaim-like 
 (SIGKILL, SIGTERM, SIGINT, SIGHUP) reads as PREEMPTED: that is how the tests simulate a
 spot interruption.
 
-Docker is not used: the image is for remote machines; here the runner's own Python runs
-the job directly.
+With ``container`` given, each attempt is instead the job's container
+(:mod:`runner.provision.container`); an attempt is polled, torn down and read the way
+it was launched (``details["mode"]``), whatever this provider's mode.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from runner.provision.base import Instance, InstanceStatus, LaunchSpec, Phase, UnhealthyHost
 from runner.provision.policy import PREEMPT_SIGNALS
@@ -36,15 +38,30 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, cwd: Path | str | None = None, grace_s: float = 30.0,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, container: Any = None) -> None:
         self.cwd = Path(cwd) if cwd is not None else None
         self.grace_s, self.python = grace_s, python
+        self.container = container  # a container.ContainerAttempts: the container mode
         self._children: dict[int, subprocess.Popen] = {}
+
+    @property
+    def mode(self) -> str:
+        return "process" if self.container is None else "container"
+
+    @staticmethod
+    def _in_container(instance: Instance) -> Any:
+        if instance.details.get("mode") != "container":
+            return None
+        from runner.provision.container import ContainerAttempts
+
+        return ContainerAttempts()
 
     def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
         if ZONE in avoid:
             raise UnhealthyHost("this machine failed the job's GPU health gate and there is "
                                 "no other to use; fix the GPU or submit --to aws")
+        if self.container is not None:
+            return self.container.launch(spec)
         log_path = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         launched_at = time.time()  # before the start: any status it writes is newer
@@ -61,6 +78,8 @@ class LocalProvider:
                                  "start_ticks": _start_ticks(proc.pid)})
 
     def poll(self, instance: Instance) -> InstanceStatus:
+        if (box := self._in_container(instance)) is not None:
+            return box.poll(instance)
         pid = int(instance.details["pid"])
         child = self._children.get(pid)
         if child is not None:
@@ -80,7 +99,10 @@ class LocalProvider:
         """SIGTERM the attempt's main process (it commits a checkpoint and exits 75; its
         loader workers stop with it, as under ``docker stop``), then SIGKILL whatever is
         left of its process group after ``grace_s`` (at once when the main process is
-        already gone). Idempotent."""
+        already gone). Idempotent. A container attempt: ``docker stop``, ``docker rm``."""
+        if (box := self._in_container(instance)) is not None:
+            box.terminate(instance)
+            return
         pid = int(instance.details["pid"])
         pgid = int(instance.details.get("pgid", pid))
         child = self._children.get(pid)
@@ -116,6 +138,8 @@ class LocalProvider:
                 self._children.pop(pid, None)
 
     def logs(self, instance: Instance) -> str:
+        if (box := self._in_container(instance)) is not None:
+            return box.logs(instance)
         try:
             return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
         except (OSError, KeyError):

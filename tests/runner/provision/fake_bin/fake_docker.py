@@ -3,7 +3,9 @@ ten-runner, with containers kept as JSON files under $FAKE_DIR/containers. ``run
 records, at the moment it runs, the env file's mode and content (it is removed after)
 and the mode of the job file (the image's user is not the file's owner).
 Every call is logged to $FAKE_DIR/docker.jsonl. FAKE_FAIL (comma separated):
-docker-info (daemon down), docker-run-gpu (no GPU runtime), docker-run-image (no image)."""
+docker-info (daemon down), docker-run-gpu (no GPU runtime), docker-run-image (no image).
+FAKE_RUN_EXITS (comma separated exit codes): the n-th ``run`` starts a container that has
+already exited with the n-th code (runs past the list stay running)."""
 
 import json
 import os
@@ -80,7 +82,11 @@ def run(args):
                 "capabilities: [[gpu]].", 125)
         die(f"docker: Error response from daemon: pull access denied for {image}, repository "
             "does not exist or may require 'docker login'.", 125)
-    save(name, {"status": "running", "exit_code": 0, "restarts": 0, "image": image,
+    exits = [c for c in os.environ.get("FAKE_RUN_EXITS", "").split(",") if c]
+    runs = sum(1 for line in open(os.path.join(FAKE, "docker.jsonl"))
+               if json.loads(line)["argv"][0] == "run")
+    status, code = ("exited", int(exits[runs - 1])) if runs <= len(exits) else ("running", 0)
+    save(name, {"status": status, "exit_code": code, "restarts": 0, "image": image,
                 "command": command})
     print("4f" * 32)
 
@@ -93,8 +99,9 @@ def inspect(args):
     state = load(name)
     for token, value in (("{{.State.Status}}", state["status"]),
                          ("{{.State.ExitCode}}", state["exit_code"]),
-                         ("{{.RestartCount}}", state["restarts"])):
-        fmt = fmt.replace(token, str(value))
+                         ("{{.RestartCount}}", state["restarts"]),
+                         ("{{.State.OOMKilled}}", state.get("oom_killed", False))):
+        fmt = fmt.replace(token, str(value).lower() if isinstance(value, bool) else str(value))
     if "{{" in fmt:
         die(f"template: the fake understands no more of {fmt!r}")
     print(fmt)
