@@ -72,8 +72,12 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     """Run a job: prepare the data, train (resuming from the newest valid checkpoint
     under <storage>/<name>/), evaluate on held-out data, checkpoint.
 
-    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 75 preempted (a
-    checkpoint was committed; run again to resume)."""
+    JOB_FILE may also be an s3:// URL. With resources.gpus > 1 it runs N ranks under
+    torchrun and exits with rank 0's code.
+
+    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 4 storage error, 5 the
+    GPU failed the pre-flight check, 75 preempted (a checkpoint was committed; run
+    again to resume)."""
     job = _load(job_file, sets)
     from runner.launch import launch, needs_launcher
 
