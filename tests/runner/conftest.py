@@ -43,3 +43,14 @@ def corpus(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def moto_server(aws_env):
+    """One in-process moto S3 server for the storage and monitor tests (each creates its
+    own bucket); the provisioning tests run their own, which they reset per test."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -1,6 +1,6 @@
 """Recorded tables for the monitor tests (monitor_tables.py, importable because this
-folder is put on sys.path here) and an in-process S3 server (moto), as in
-tests/runner/storage/conftest.py."""
+folder is put on sys.path here) and a bucket on the shared moto server
+(tests/runner/conftest.py)."""
 
 import sys
 import uuid
@@ -14,20 +14,14 @@ BUCKET = "ten-monitor-test"
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint(aws_env):
+def moto_endpoint(moto_server):
     import boto3
     from botocore.config import Config
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
     boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        "s3", endpoint_url=moto_server, region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
+    return moto_server
 
 
 @pytest.fixture(params=["local", "moto"])

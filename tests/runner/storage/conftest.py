@@ -52,16 +52,9 @@ def raw_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint(aws_env):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    raw_client(endpoint).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
+def moto_endpoint(moto_server):
+    raw_client(moto_server).create_bucket(Bucket=BUCKET)
+    return moto_server
 
 
 class RcloneServer:
