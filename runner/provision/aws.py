@@ -59,6 +59,7 @@ from runner.provision.ec2_rules import (
     plan_attempts,
     resolve_region,
 )
+from runner.provision.env import require_bucket
 
 TAG_JOB_ID, TAG_JOB, TAG_ATTEMPT = "ten-runner:job-id", "ten-runner:job", "ten-runner:attempt"
 
@@ -417,20 +418,24 @@ class AWSProvider:
 
 # -- building it from a job ---------------------------------------------------------------
 
+def _provider(job: Any, region: str, user_data: Callable[[LaunchSpec], str]) -> AWSProvider:
+    r = job.resources
+    return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
+                       on_demand_fallback=r.on_demand_fallback,
+                       instance_profile=r.instance_profile, user_data=user_data)
+
+
 def check_submit(job: Any, region: str | None = None) -> str:
     """Everything ``submit --to aws`` can check before it creates anything (region,
     credentials, instance type, machine image); returns the AMI id."""
-    _require_bucket(job)
-    r = job.resources
-    return AWSProvider(resolve_region(region or r.region), r.instance_type, ami=r.ami,
-                       max_price=r.max_price, on_demand_fallback=r.on_demand_fallback,
-                       instance_profile=r.instance_profile, user_data=lambda spec: "").prepare()
+    require_bucket(job)
+    region = resolve_region(region or job.resources.region)
+    return _provider(job, region, user_data=lambda spec: "").prepare()
 
 
 def provider_for(job: Any, record: Any) -> AWSProvider:
     """The provider for a submitted job (``runner.job.Job`` and its registry record)."""
-    r = job.resources
-    region = resolve_region(record.details.get("region") or r.region)
+    region = resolve_region(record.details.get("region") or job.resources.region)
 
     def user_data(spec: LaunchSpec) -> str:
         from runner.provision.cloudinit import render_user_data  # not needed until launch
@@ -442,22 +447,14 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
                                 record.details["job_url"], job_id=spec.job_id,
                                 env={"AWS_DEFAULT_REGION": region}, max_restarts=0)
 
-    return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
-                       on_demand_fallback=r.on_demand_fallback,
-                       instance_profile=r.instance_profile, user_data=user_data)
-
-
-def _require_bucket(job: Any) -> None:
-    if not job.storage.is_remote:
-        raise ProvisionError(f"storage.url {job.storage.url!r} is on this machine; an AWS "
-                             "instance cannot see it: use s3://bucket/prefix")
+    return _provider(job, region, user_data)
 
 
 def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
     """Put the job YAML, as written, into the job's store and return its ``s3://`` URL
     (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
     secrets are never uploaded by us."""
-    _require_bucket(job)
+    require_bucket(job)
     from runner.storage import open_store
 
     store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)

@@ -66,7 +66,7 @@ def test_submit_errors_are_one_line_with_their_exit_code(tmp_path, corpus):
     p = ten("submit", job, "--to", "gcp", home=home, check=False)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "--to 'gcp'" in p.stderr
     p = ten("submit", job, "--to", "aws", home=home, check=False)  # a local store
-    assert p.returncode == 2 and "use s3://bucket/prefix" in p.stderr
+    assert p.returncode == 2 and "use an s3:// storage.url" in p.stderr
     p = ten("submit", job, "--to", "ssh://-oProxyCommand=x", home=home, check=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     p = ten("status", "no-such-job-abc123", home=home, check=False)

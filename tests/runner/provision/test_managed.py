@@ -381,7 +381,7 @@ def test_submit_to_aws_puts_the_job_in_the_bucket_for_the_instance(tmp_path, cor
     boto3.client("s3", endpoint_url=moto_aws).create_bucket(Bucket="ten-submit")
     path = write_job(tmp_path, corpus, name="to-aws")
     local = load_job(path, check_model=False)
-    with pytest.raises(ProvisionError, match="cannot see it"):  # a local store
+    with pytest.raises(ProvisionError, match="is a local path, but the job runs on another"):
         submit_managed(local, path, "aws", provider=FakeCloud([]), detach=False)
     assert list_records() == [] and not list((tmp_path / "home" / "jobs").iterdir())
 
