@@ -2,7 +2,8 @@
 ``docker run -d --name ten-<job id>-<attempt> ... <resources.image> run /job/job.yaml``,
 the same image ``--to ssh`` and ``--to aws`` run, so a job that works here works there.
 
-Differences from ``--to ssh`` (:func:`runner.provision.ssh.docker_run_argv`):
+The command line is the one ``--to ssh`` uses (:mod:`runner.provision.docker_run`).
+Differences from ``--to ssh``:
 
 * no ``--restart``: the managed loop owns relaunches (and counts them), so each attempt
   is its own container, removed at teardown after its output is saved to
@@ -32,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -51,26 +51,23 @@ from runner.provision.base import (
     ProvisionError,
     UnhealthyHost,
 )
+from runner.provision.docker_run import (
+    HOST_FAULT,
+    RUN_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    docker_run_argv,
+)
 from runner.provision.env import env_file_text, job_env
 from runner.provision.policy import PREEMPT_SIGNALS, signal_of
 from runner.provision.registry import job_dir
 
 PROCESS, CONTAINER = "process", "container"
 MODE_ENV = "TEN_LOCAL_MODE"
-CACHE_VOLUME = "ten-cache"  # the same named volume --to ssh uses: /cache survives attempts
-STOP_TIMEOUT_S = 110  # SIGTERM -> SIGKILL: the runner commits a checkpoint inside this
-SHM_SIZE = "16g"  # docker's default 64 MB /dev/shm kills DataLoader workers
-RUN_TIMEOUT_S = 1800  # `docker run` pulls the image first: a CUDA image takes minutes
 CALL_TIMEOUT_S = 60
 INFO_TIMEOUT_S = 20
 ZONE = "local"  # what a failed health gate blocks: this machine
 JOB_COPY = "container-job.yaml"
 _INSPECT = "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}"
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}$")
-# docker run failures that are this machine's fault, not the job's.
-_HOST_FAULT = re.compile(r"device driver|nvidia|gpu|cannot connect to the docker daemon|"
-                         r"permission denied", re.IGNORECASE)
-
 
 # -- which mode ---------------------------------------------------------------------------
 def docker_usable(docker: str = "docker") -> str | None:
@@ -126,20 +123,6 @@ def container_name(job_id: str, attempt: int) -> str:
     return f"ten-{job_id}-{attempt}"
 
 
-def docker_run_argv(job: Any, container: str, env_path: str, job_path: str) -> list[str]:
-    """``docker run`` for one attempt: no ``--restart`` (the managed loop relaunches),
-    ``--gpus all`` unless the job trains on the CPU."""
-    image = job.resources.image
-    if not _IMAGE.match(image):
-        raise ProvisionError("resources.image is not a container image reference "
-                             "(e.g. ghcr.io/ten-runner/ten-runner:latest)")
-    gpu = job.train.device != "cpu"
-    return ["docker", "run", "-d", "--name", container, *(["--gpus", "all"] if gpu else []),
-            "--stop-timeout", str(STOP_TIMEOUT_S), "--shm-size", SHM_SIZE,
-            "--env-file", env_path, "-v", f"{CACHE_VOLUME}:/cache",
-            "-v", f"{job_path}:/job/job.yaml:ro", image, "run", "/job/job.yaml"]
-
-
 class ContainerAttempts:
     """launch/poll/terminate/logs of container attempts (see the module doc). ``job``
     (the loaded job) is needed to launch only; ``environ``: where the job's variables
@@ -180,7 +163,7 @@ class ContainerAttempts:
         if code:
             _docker(["docker", "rm", "-f", name], CALL_TIMEOUT_S)  # a created one, if any
             why = scrub(_last_line(out), list(values.values()))
-            if _HOST_FAULT.search(why):
+            if HOST_FAULT.search(why):
                 raise UnhealthyHost(f"docker cannot start the job's container here: {why} "
                                     "(hint: install the NVIDIA container toolkit and restart "
                                     f"docker, or {MODE_ENV}=process)")

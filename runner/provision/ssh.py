@@ -46,6 +46,14 @@ from typing import Any
 
 from runner.job.secrets import scrub
 from runner.provision.base import HostUnreachable, Instance, ProvisionError, UnhealthyHost
+from runner.provision.docker_run import (
+    CACHE_VOLUME,
+    HOST_FAULT,
+    RUN_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    docker_run_argv,
+    image_of,
+)
 from runner.provision.env import env_file_text, job_env
 from runner.provision.registry import JobRecord, new_job_id
 
@@ -53,10 +61,6 @@ FORM = "ssh://user@host[:port]"
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 REMOTE_ROOT = ".ten-runner"  # relative to the remote home, where ssh commands start
-CACHE_VOLUME = "ten-cache"  # mounted at /cache (the image's TEN_CACHE_DIR, HF_HOME, ...)
-STOP_TIMEOUT_S = 110  # SIGTERM -> SIGKILL: the runner checkpoints inside this
-SHM_SIZE = "16g"  # docker's default 64 MB /dev/shm kills DataLoader workers
-RUN_TIMEOUT_S = 1800  # `docker run` pulls the image first: a CUDA image takes minutes
 LOG_KEEP_LINES = 100_000  # saved locally on cancel, before the container is removed
 
 STARTING, RUNNING, RECOVERING = "STARTING", "RUNNING", "RECOVERING"
@@ -71,10 +75,6 @@ _URL = re.compile(r"^ssh://(?P<user>[^@/?#]*)@(?P<host>\[[^\]/]*\]|[^:/?#@\[\]]*
                   r"(?::(?P<port>[^/?#]*))?/?$", re.IGNORECASE)
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 _HOST = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")  # name, alias, IPv4
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}$")
-# docker run failures that are the host's fault (no GPU runtime, no daemon, no docker).
-_HOST_FAULT = re.compile(r"device driver|nvidia|gpu|cannot connect to the docker daemon|"
-                         r"command not found|permission denied", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -209,24 +209,11 @@ def check_host(target: SshTarget, gpu: bool = True) -> list[str]:
 # -- submit ------------------------------------------------------------------------------
 
 
-def _image(job: Any) -> str:
-    image = job.resources.image
-    if not _IMAGE.match(image):
-        raise ProvisionError("resources.image is not a container image reference "
-                             "(e.g. ghcr.io/ten-runner/ten-runner:latest)")
-    return image
-
-
-def docker_run_argv(job: Any, container: str, env_path: str, job_path: str,
-                    gpu: bool) -> list[str]:
+def restart_policy(job: Any) -> str:
+    """On an ssh host nothing but docker restarts a crashed container (on-failure:0
+    would mean "no limit" to docker, hence "no")."""
     restarts = job.resources.max_restarts
-    # on-failure:0 would mean "no limit" to docker
-    restart = f"on-failure:{restarts}" if restarts > 0 else "no"
-    return ["docker", "run", "-d", "--name", container, *(["--gpus", "all"] if gpu else []),
-            "--restart", restart, "--stop-timeout", str(STOP_TIMEOUT_S),
-            "--shm-size", SHM_SIZE, "--env-file", env_path,
-            "-v", f"{CACHE_VOLUME}:/cache", "-v", f"{job_path}:/job/job.yaml:ro",
-            _image(job), "run", "/job/job.yaml"]
+    return f"on-failure:{restarts}" if restarts > 0 else "no"
 
 
 def _remote_home(result: Result, target: SshTarget) -> str:
@@ -261,7 +248,7 @@ def submit_ssh(job: Any, job_file: Path, target: str | SshTarget, *,
     Leaves nothing running and no env file behind when it raises."""
     t = parse_target(target) if isinstance(target, str) else target
     gpu = job.train.device != "cpu"
-    _image(job)
+    image_of(job)
     values = job_env(job, env, Path(job_file))
     env_text = env_file_text(values)
     secrets = list(values.values())
@@ -281,7 +268,8 @@ def submit_ssh(job: Any, job_file: Path, target: str | SshTarget, *,
     home = _remote_home(r, t)
     remote_dir = f"{home}/{rel}"
     env_path, container = f"{remote_dir}/env", f"ten-{job_id}"
-    docker = docker_run_argv(job, container, env_path, f"{remote_dir}/job.yaml", gpu)
+    docker = docker_run_argv(job, container, env_path, f"{remote_dir}/job.yaml",
+                             restart=restart_policy(job))
     # The env file is removed whatever docker run did; its status is the command's.
     start = (f"{sh('umask', '077')} && {sh('cat')} > {shlex.quote(env_path)} && {sh(*docker)}"
              f"; s=$?; {sh('rm', '-f', '--', env_path)}; exit $s")
@@ -294,7 +282,7 @@ def submit_ssh(job: Any, job_file: Path, target: str | SshTarget, *,
     if r.returncode:
         _remove_files(t, remote_dir, container)
         why = scrub(r.last_line, secrets)
-        if _HOST_FAULT.search(why):
+        if HOST_FAULT.search(why):
             raise UnhealthyHost(f"docker on {t.host} cannot start the container: {why} (hint: "
                                 "install the NVIDIA container toolkit and restart docker)")
         raise ProvisionError(f"docker on {t.host} cannot start the container: {why} (hint: "
