@@ -196,7 +196,7 @@ def prepare_data(path: Path) -> None:
     while that upload runs waits for it on its way out (see BENCHMARKS.md), which is
     not what this measures."""
     from runner.job import load_job
-    from runner.run import data_config
+    from runner.job.library import data_config
     from ten.data import open_data
 
     open_data(data_config(load_job(path, check_model=False)))
@@ -206,9 +206,9 @@ def run_mode(mode: str, work: Path, endpoint: str, args, pointer: Path) -> dict:
     """Submit one managed job, interrupt it ``args.repeats`` times, cancel it; returns
     the measurements of each interruption and the step times seen."""
     from runner.job import load_job
+    from runner.job.layout import run_dir_of
     from runner.provision.jobs import request_cancel, submit_managed
     from runner.provision.registry import list_records, load_record
-    from runner.run import run_dir_of
 
     name = f"recovery-{mode}"
     path = write_job(work, name, endpoint, args)

@@ -98,7 +98,7 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
 def sample(run_dir: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
            seed: int) -> None:
     """Generate text from the newest valid checkpoint in RUN_DIR (e.g. runs/tiny-cpu)."""
-    from runner.run import sample_run
+    from runner.sample import sample_run
 
     click.echo(sample_run(run_dir, prompt, max_new_tokens, temperature, top_k, seed))
 

@@ -13,68 +13,18 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from runner.datacache import BucketDataCache, open_data
 from runner.exit_codes import ExitCode
 from runner.job import Job
-
-
-class RunLog:
-    """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl)."""
-
-    def __init__(self, run_dir: Path, tag: str = "") -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(run_dir / "run.log", "a", encoding="utf-8")  # noqa: SIM115
-        self.tag = tag  # "[rank 1] ": which torchrun rank said it
-
-    def __call__(self, line: str) -> None:
-        line = self.tag + line
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        print(line, file=sys.stderr, flush=True)
-        self._file.write(f"{stamp} {line}\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def data_config(job: Job):
-    from ten.data import DataConfig
-
-    d = job.data
-    return DataConfig(
-        dataset=d.dataset, mode=d.mode, seq_len=d.seq_len, text_field=d.text_field,
-        data_files=d.data_files, vocab_size=d.tokenizer.vocab_size,
-        tokenizer_type=d.tokenizer.type, tokenizer_path=d.tokenizer.path,
-        byte_fallback=d.tokenizer.byte_fallback, tokenizer_sample_chars=d.tokenizer.sample_chars,
-        num_proc=d.num_proc, val_fraction=d.val_fraction, shuffle=d.shuffle,
-        seed=job.train.seed, cache_dir=d.cache_dir, max_documents=d.max_documents)
-
-
-def train_config(job: Job):
-    from ten.trainer import TrainConfig
-
-    t = job.train
-    return TrainConfig(
-        max_steps=t.max_steps, max_tokens=t.max_tokens, batch_size=t.batch_size,
-        grad_accum=t.grad_accum, lr=t.lr, min_lr_ratio=t.min_lr_ratio,
-        warmup_steps=t.warmup_steps, schedule=t.schedule, weight_decay=t.weight_decay,
-        betas=tuple(t.betas), precision=t.precision, optimizer=t.optimizer, compile=t.compile,
-        grad_clip=t.grad_clip, eval_every=t.eval_every, eval_batches=t.eval_batches,
-        log_every=t.log_every, seed=t.seed, device=t.device, num_workers=job.data.num_workers,
-        checkpoint_every=job.checkpoint.every_steps, keep_last=job.checkpoint.keep_last)
-
-
-def run_dir_of(job: Job) -> Path:
-    """Where the run lives on this machine: under the store for a local store; for a
-    bucket, a working copy under the cache directory (the bucket is the truth)."""
-    if job.storage.is_remote:
-        return data_config(job).cache_path / "runs" / job.name
-    return job.storage.local_path() / job.name
+from runner.job.layout import run_dir_of
+from runner.job.library import train_config
+from runner.runlog import RunLog
+from runner.sample import generate_text, ppl
 
 
 def connect_store(job: Job, run_dir: Path, log: RunLog):
@@ -235,7 +185,7 @@ class JobRun:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
             log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
-                f"perplexity {_ppl(trainer.final_loss):.2f}")
+                f"perplexity {ppl(trainer.final_loss):.2f}")
             if self.sample_prompt:
                 text = generate_text(trainer.raw_model, data.tokenizer, self.sample_prompt,
                                      48, temperature=0.8, top_k=40, seed=job.train.seed)
@@ -304,7 +254,7 @@ class JobRun:
 
         job = self.job
         self.cache = BucketDataCache(self.store, self.log) if self.store is not None else None
-        data = _open_data(job, self.log, self.cache)
+        data = open_data(job, self.log, self.cache)
         mcfg = model_config(job.model.arch, job.model.preset, **{
             **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
             "seq_len": job.data.seq_len})
@@ -416,93 +366,3 @@ def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = N
     return watcher
 
 
-class BucketDataCache:
-    """ten.data's PreparedCache over the job's store: ``datasets/<key>/`` (a COMMITTED
-    marker written last, so two jobs preparing the same data never corrupt it).
-    Publishing runs in the background: training does not wait for it, and a copy cut
-    short by the end of the process is simply never committed."""
-
-    def __init__(self, store: Any, log: RunLog) -> None:
-        self.store, self.log = store, log
-        self.threads: list[threading.Thread] = []
-
-    def fetch(self, key: str, directory: Path) -> bool:
-        from runner.storage import StorageError
-        from runner.storage.datasets import download_dataset
-
-        t0 = time.perf_counter()
-        try:
-            found = download_dataset(self.store, key, directory, report=self.log)
-        except StorageError as e:
-            self.log(f"prepared-data cache unavailable ({e}); preparing locally")
-            return False
-        if found:
-            self.log(f"{key} downloaded from {self.store.url} in "
-                     f"{time.perf_counter() - t0:.1f}s")
-        return found
-
-    def publish(self, key: str, directory: Path) -> None:
-        def upload() -> None:
-            from runner.storage import StorageError
-            from runner.storage.datasets import upload_dataset
-
-            try:
-                won = upload_dataset(self.store, key, directory)
-                self.log(f"{key} {'shared in' if won else 'was already in'} {self.store.url}")
-            except (StorageError, OSError) as e:
-                self.log(f"could not share {key}: {e}")
-
-        thread = threading.Thread(target=upload, name=f"publish-{key[:20]}", daemon=True)
-        thread.start()
-        self.threads.append(thread)
-
-
-def _open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
-    from ten.data import open_data
-
-    t0 = time.perf_counter()
-    data = open_data(data_config(job), cache=cache)
-    where = data.prepared_dir or "streaming"
-    log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
-        f"{where}")
-    return data
-
-
-def _ppl(loss: float) -> float:
-    import math
-
-    return math.exp(min(loss, 50.0))
-
-
-def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int,
-                  temperature: float, top_k: int | None, seed: int) -> str:
-    import torch
-
-    device = next(model.parameters()).device
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
-                         temperature=temperature, top_k=top_k, generator=gen)
-    return tokenizer.decode(out[0].tolist())
-
-
-def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int, temperature: float,
-               top_k: int, seed: int) -> str:
-    """Text generated from the newest valid checkpoint of a run directory."""
-    from runner.errors import UserError
-    from ten import checkpoint as ckpt
-    from ten.data import Tokenizer
-    from ten.trainer import load_model
-
-    run_dir = Path(run_dir)
-    found = ckpt.latest_valid(run_dir / "checkpoints", report=lambda s: print(s, file=sys.stderr))
-    if found is None:
-        raise UserError(f"no committed checkpoint under {run_dir / 'checkpoints'}; "
-                        "run the job first (ten-runner run JOB.yaml)")
-    tok_path = run_dir / "tokenizer.model"
-    if not tok_path.is_file():
-        raise UserError(f"{tok_path} is missing; it is written when the job starts")
-    model = load_model(found.path)
-    text = generate_text(model, Tokenizer(tok_path), prompt, max_new_tokens, temperature,
-                         top_k, seed)
-    return f"[{run_dir.name} step {found.step}] {text}"

@@ -139,7 +139,7 @@ def _run_files(job: Any) -> Any:
         store = open_store(job.storage.url, job.storage.endpoint_url or None,
                            job.storage.region or None)
         return RunFiles(f"{store.url}/{job.name}", store=store, job=job.name)
-    from runner.run import run_dir_of
+    from runner.job.layout import run_dir_of
 
     return RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job))
 

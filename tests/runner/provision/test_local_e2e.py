@@ -19,6 +19,7 @@ import pytest
 from runhelpers import final_weights, run_to_end, same_weights, write_job
 
 from runner.job import load_job
+from runner.job.layout import run_dir_of
 from runner.provision.jobs import (
     describe,
     read_heartbeat,
@@ -31,7 +32,6 @@ from runner.provision.local import LocalProvider, _group_alive
 from runner.provision.managed import controller_pid
 from runner.provision.policy import State
 from runner.provision.registry import list_records, load_record
-from runner.run import run_dir_of
 from runner.storage import open_store
 from runner.storage.checkpoints import latest_committed
 from ten.metrics import read_metrics

@@ -1,0 +1,64 @@
+"""Prepared data through the bucket: ten.data's PreparedCache over the job's store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.job import Job
+from runner.job.library import data_config
+from runner.runlog import RunLog
+
+
+class BucketDataCache:
+    """ten.data's PreparedCache over the job's store: ``datasets/<key>/`` (a COMMITTED
+    marker written last, so two jobs preparing the same data never corrupt it).
+    Publishing runs in the background: training does not wait for it, and a copy cut
+    short by the end of the process is simply never committed."""
+
+    def __init__(self, store: Any, log: RunLog) -> None:
+        self.store, self.log = store, log
+        self.threads: list[threading.Thread] = []
+
+    def fetch(self, key: str, directory: Path) -> bool:
+        from runner.storage import StorageError
+        from runner.storage.datasets import download_dataset
+
+        t0 = time.perf_counter()
+        try:
+            found = download_dataset(self.store, key, directory, report=self.log)
+        except StorageError as e:
+            self.log(f"prepared-data cache unavailable ({e}); preparing locally")
+            return False
+        if found:
+            self.log(f"{key} downloaded from {self.store.url} in "
+                     f"{time.perf_counter() - t0:.1f}s")
+        return found
+
+    def publish(self, key: str, directory: Path) -> None:
+        def upload() -> None:
+            from runner.storage import StorageError
+            from runner.storage.datasets import upload_dataset
+
+            try:
+                won = upload_dataset(self.store, key, directory)
+                self.log(f"{key} {'shared in' if won else 'was already in'} {self.store.url}")
+            except (StorageError, OSError) as e:
+                self.log(f"could not share {key}: {e}")
+
+        thread = threading.Thread(target=upload, name=f"publish-{key[:20]}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+
+def open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
+    from ten.data import open_data
+
+    t0 = time.perf_counter()
+    data = open_data(data_config(job), cache=cache)
+    where = data.prepared_dir or "streaming"
+    log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
+        f"{where}")
+    return data
