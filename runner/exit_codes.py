@@ -17,4 +17,5 @@ class ExitCode(enum.IntEnum):
     NO_CAPACITY = 6  # the cloud has no capacity for the instance type (spot and fallback)
     HOST_UNREACHABLE = 7  # ssh cannot reach the host
     CLOUD_CREDENTIALS = 8  # no usable cloud credentials, or they are not allowed to do it
+    DIVERGED = 9  # the loss or gradients stayed non-finite (lower train.lr): do not retry
     PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)

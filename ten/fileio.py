@@ -3,8 +3,10 @@ library only, so the runner's torch-free modules can use them too."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 
@@ -31,3 +33,55 @@ def fsync_dir(path: Path, strict: bool = True) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# OS errors that are the machine's state (a full or read-only disk, a permission), not a
+# bug: callers turn them into one line naming the path instead of a traceback.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                                errno.EROFS, errno.EIO, errno.ENAMETOOLONG, errno.EMFILE,
+                                errno.ENFILE})
+
+
+def describe_os_error(e: OSError, path: Path | str | None = None, what: str = "write") -> str:
+    """One line for an OS error on ``path``: what failed, why, and the free space of the
+    file system it is on, e.g. ``cannot write /x/y: No space left on device (12.0 MB free
+    on /x)``."""
+    where = path if path is not None else (e.filename or "?")
+    why = e.strerror or str(e)
+    return f"cannot {what} {where}: {why}{free_space_note(where)}"
+
+
+def free_space_note(path: Path | str) -> str:
+    """`` (N MB free on DIR)`` for the nearest existing folder of ``path``, or ``""``."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return ""
+    return f" ({_size(free)} free on {p})"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def atomic_copy(src: Path | str, dst: Path | str) -> None:
+    """Copy ``src`` to ``dst`` through a temporary file in ``dst``'s folder, fsynced and
+    renamed into place: a reader sees the old file or the whole new one."""
+    dst = Path(dst)
+    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
+    try:
+        with open(src, "rb") as s, open(tmp, "wb") as d:
+            shutil.copyfileobj(s, d, 1 << 20)
+            d.flush()
+            os.fsync(d.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent, strict=False)

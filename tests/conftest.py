@@ -24,3 +24,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A factory for a real, nearly full file system: ``small_disk(kib)`` mounts a tmpfs of
+    that size and returns its path (unmounted after the test). Writes past the size fail
+    with ENOSPC, as on a full disk. Needs root (CI and the dev machines run as root)."""
+    import subprocess
+
+    mounted = []
+
+    def make(kib: int):
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): needs root")
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
