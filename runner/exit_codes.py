@@ -19,3 +19,8 @@ class ExitCode(enum.IntEnum):
     CLOUD_CREDENTIALS = 8  # no usable cloud credentials, or they are not allowed to do it
     DIVERGED = 9  # the loss or gradients stayed non-finite (lower train.lr): do not retry
     PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)
+
+
+# Exits a relaunch cannot fix: the same job file, data or hyper-parameters fail the same
+# way on any machine, so a supervisor stops instead of paying for another attempt.
+DETERMINISTIC_FAILURES = frozenset({ExitCode.CONFIG, ExitCode.DATA, ExitCode.DIVERGED})

@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from runner.exit_codes import ExitCode
+from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
 from runner.provision.base import ProvisionError
 
 CONTAINER = "ten-runner"
@@ -53,7 +53,7 @@ PULL_ATTEMPTS = 5
 # Exit codes after which this VM powers off instead of letting Docker restart the job:
 # done; a config or data error a restart cannot fix; a bad GPU (the launcher relaunches
 # elsewhere); preempted (the machine is being reclaimed, the launcher resumes elsewhere).
-FINAL_EXIT_CODES = (ExitCode.OK, ExitCode.CONFIG, ExitCode.DATA, ExitCode.UNHEALTHY_HOST,
+FINAL_EXIT_CODES = (ExitCode.OK, *sorted(DETERMINISTIC_FAILURES), ExitCode.UNHEALTHY_HOST,
                     ExitCode.PREEMPTED)
 
 _ECR = re.compile(r"^([0-9]{12}\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?)/")

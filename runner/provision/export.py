@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from runner.exit_codes import ExitCode
+from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
 from runner.job.secrets import looks_secret, references, substitute
 from runner.job.yamlfile import YamlProblem, parse
 from runner.provision.base import ProvisionError
@@ -276,10 +276,10 @@ def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
                 # Node drained / preempted / evicted: not the job's fault, not counted.
                 {"action": "Ignore",
                  "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                # The job file or the data is wrong: retrying cannot help.
+                # The job file, the data or the lr is wrong: retrying cannot help.
                 {"action": "FailJob", "onExitCodes": {
                     "containerName": CONTAINER, "operator": "In",
-                    "values": [int(ExitCode.CONFIG), int(ExitCode.DATA)]}},
+                    "values": sorted(int(c) for c in DETERMINISTIC_FAILURES)}},
                 # Stopped by SIGTERM after committing a checkpoint: resume, not counted.
                 {"action": "Ignore", "onExitCodes": {
                     "containerName": CONTAINER, "operator": "In",

@@ -16,8 +16,9 @@ Which exits relaunch (runner/exit_codes.py):
 * 1 CRASH, 4 STORAGE (often transient: an endpoint or credentials hiccup), an unknown
   exit, a crash signal (SIGSEGV, SIGABRT, ...), a machine that vanished without a final
   heartbeat: relaunch while ``restarts < max_restarts``, each charged; then FAILED.
-* 2 CONFIG and 3 DATA: FAILED at once. Both are deterministic (the same YAML or the same
-  dataset fails the same way on any machine); relaunching would only burn money.
+* 2 CONFIG, 3 DATA and 9 DIVERGED: FAILED at once. All are deterministic (the same YAML,
+  dataset or learning rate fails the same way on any machine); relaunching would only
+  burn money.
 * 5 UNHEALTHY_HOST (the GPU failed the pre-flight gate): block that zone/host and
   relaunch elsewhere, not charged (bad hardware is the cloud's fault). It is bounded
   because every failure blocks one more place and a provider with nowhere left to go
@@ -38,7 +39,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from runner.exit_codes import ExitCode
+from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
 from runner.provision.base import Phase
 
 
@@ -129,7 +130,7 @@ class Cause(str, enum.Enum):
 # Deaths that look like a reclaim (what a cloud or `kill` sends), not a crash. An OOM
 # kill is also SIGKILL and cannot be told apart; see runner/README.md.
 PREEMPT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-FATAL_CODES = frozenset({ExitCode.CONFIG, ExitCode.DATA})
+FATAL_CODES = DETERMINISTIC_FAILURES
 
 
 def signal_of(code: int) -> int | None:
