@@ -16,7 +16,9 @@ class BucketDataCache:
     """ten.data's PreparedCache over the job's store: ``datasets/<key>/`` (a COMMITTED
     marker written last, so two jobs preparing the same data never corrupt it).
     Publishing runs in the background: training does not wait for it, and a copy cut
-    short by the end of the process is simply never committed."""
+    short by the end of the process is simply never committed. ten.data publishes
+    whatever it did not fetch, prepared here or found in the local cache; the upload
+    first checks for the marker (one HEAD), so a copy already there costs nothing more."""
 
     def __init__(self, store: Any, log: RunLog) -> None:
         self.store, self.log = store, log
@@ -43,8 +45,8 @@ class BucketDataCache:
             from runner.storage.datasets import upload_dataset
 
             try:
-                won = upload_dataset(self.store, key, directory)
-                self.log(f"{key} {'shared in' if won else 'was already in'} {self.store.url}")
+                if upload_dataset(self.store, key, directory):  # else: already there
+                    self.log(f"{key} shared in {self.store.url}")
             except (StorageError, OSError) as e:
                 self.log(f"could not share {key}: {e}")
 

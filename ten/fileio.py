@@ -85,3 +85,18 @@ def atomic_copy(src: Path | str, dst: Path | str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(dst.parent, strict=False)
+
+
+def atomic_write(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a fsynced temporary file renamed into place."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent, strict=False)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ten.data.config import DataConfig
-from ten.data.errors import DataError
+from ten.data.errors import DataError, disk_errors
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -31,8 +31,10 @@ def _prepare(args: argparse.Namespace) -> None:
         raise DataError("streaming mode prepares nothing; use --mode pretokenized or download")
     if args.force:
         source = sources.open_source(cfg.dataset, cfg.text_field, cfg.cache_path, cfg.data_files)
-        tok = pipeline.open_tokenizer(cfg, source)
-        prepare.remove(pipeline.shard_dir(cfg, source, pipeline.shard_identity(cfg, source, tok)))
+        with disk_errors(cfg.cache_path):  # as open_data does: a full disk is one line
+            tok = pipeline.open_tokenizer(cfg, source)
+            prepare.remove(pipeline.shard_dir(cfg, source,
+                                              pipeline.shard_identity(cfg, source, tok)))
     data = pipeline.open_data(cfg)
     print(data.prepared_dir)
     print(_summary(data.manifest), file=sys.stderr)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from ten.data.errors import DataError
+from ten.data.errors import DataError, disk_errors
 
 NAME = "builtin:botocore-docs"
 EXTRACTOR_VERSION = 1
@@ -144,12 +144,17 @@ def corpus_path(cache_dir: Path) -> Path:
     path = cache_dir / "builtin" / f"botocore-docs-{version}-v{EXTRACTOR_VERSION}.jsonl"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for doc in extract(data_dir):
-            f.write(json.dumps(doc) + "\n")  # ASCII-escaped: no U+2028 surprises
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # A full disk is one line naming the file, and leaves no partial temp file behind.
+    with disk_errors(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                for doc in extract(data_dir):
+                    f.write(json.dumps(doc) + "\n")  # ASCII-escaped: no U+2028 surprises
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return path
 
 

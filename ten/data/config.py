@@ -16,6 +16,22 @@ from ten.data.errors import DataError
 
 MODES = ("pretokenized", "streaming", "download")
 TOKENIZER_TYPES = ("bpe", "unigram")
+# The job YAML key for each field whose name differs there: errors name what the user
+# edits. Fields the job does not expose (shard_tokens, ...) are named as DataConfig's.
+JOB_KEYS = {"vocab_size": "data.tokenizer.vocab_size", "tokenizer_type": "data.tokenizer.type",
+            "tokenizer_path": "data.tokenizer.path",
+            "byte_fallback": "data.tokenizer.byte_fallback",
+            "tokenizer_sample_chars": "data.tokenizer.sample_chars", "seed": "train.seed"}
+_JOB_FIELDS = ("dataset", "mode", "seq_len", "text_field", "data_files", "num_proc",
+               "val_fraction", "shuffle", "cache_dir", "max_documents")
+
+
+def job_key(field: str) -> str:
+    """The key a user sets for DataConfig ``field``: ``vocab_size`` ->
+    ``data.tokenizer.vocab_size``."""
+    if field in JOB_KEYS:
+        return JOB_KEYS[field]
+    return f"data.{field}" if field in _JOB_FIELDS else f"DataConfig.{field}"
 
 
 @dataclass(frozen=True)
@@ -62,7 +78,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> DataError:
-            return DataError(f"data.{field} {why}, got {getattr(self, field)!r}")
+            return DataError(f"{job_key(field)} {why}, got {getattr(self, field)!r}")
 
         if not self.dataset:
             raise bad("dataset", "must name a dataset, a local path or builtin:botocore-docs")

@@ -11,7 +11,8 @@ What the trainer sees is the same in every mode::
 Cache layout under ``cfg.cache_path``::
 
     builtin/       extracted builtin corpus (JSONL, keyed by botocore version)
-    tokenizers/K/  tokenizer.model, K = hash(source fingerprint, tokenizer settings)
+    tokenizers/K/  tokenizer.model + its .sha256 (written last), K = hash(source
+                   fingerprint, tokenizer settings)
     shards/N-F/    shards + manifest.json, F = hash(source, tokenizer, seq_len, split, ...)
     hf/            datasets' own cache (download mode)
 """
@@ -27,13 +28,21 @@ import torch
 
 from ten.data import prepare as prep
 from ten.data.config import DataConfig
-from ten.data.errors import DataError
+from ten.data.errors import DataError, disk_errors
 from ten.data.fingerprint import digest
 from ten.data.loader import ShardLoader, sequential_batches
 from ten.data.shards import MANIFEST, TokenStream, verify
 from ten.data.sources import Source, is_val, open_source, usable
 from ten.data.streaming import DocumentStream, StreamLoader, stream_val_batches
-from ten.data.tokenizer import Tokenizer, cached_model_path, load_or_train, training_key
+from ten.data.tokenizer import (
+    Tokenizer,
+    cached_model_path,
+    cached_model_problem,
+    discard_cached_model,
+    load_or_train,
+    log,
+    training_key,
+)
 
 # Streaming val_batches(max_batches=None) stops here: the held-out documents are
 # scattered through the stream, so "all of them" can mean reading the whole dataset.
@@ -42,15 +51,17 @@ STREAM_VAL_MAX_BATCHES = 64
 
 class PreparedCache(Protocol):
     """Somewhere prepared data is shared between machines (the runner's bucket): the
-    tokenizer and shards are fetched from it instead of being rebuilt, and published to
-    it when this machine had to build them. Keys are fingerprints, so a hit is always
-    the same data."""
+    tokenizer and shards are fetched from it instead of being rebuilt. Whatever this
+    machine has and did not fetch is published, built here just now or found in the
+    local cache from an earlier run without the bucket, so the next machine fetches
+    it. Keys are fingerprints, so a hit is always the same data."""
 
     def fetch(self, key: str, directory: Path) -> bool:
         """Fill ``directory`` with the committed copy of ``key``; False when there is none."""
 
     def publish(self, key: str, directory: Path) -> None:
-        """Share ``directory``, just built here, under ``key``."""
+        """Share ``directory`` under ``key`` unless a committed copy is already there
+        (checking is the cache's job: it may be cheap, and can run in the background)."""
 
 
 def open_tokenizer(cfg: DataConfig, source: Source,
@@ -71,12 +82,18 @@ def open_tokenizer(cfg: DataConfig, source: Source,
     key = training_key(source.fingerprint(), cfg.vocab_size, cfg.tokenizer_type,
                        cfg.byte_fallback, cfg.tokenizer_sample_chars, fraction)
     key = digest({"key": key, "max_documents": cfg.max_documents})
-    model = cached_model_path(cfg.cache_path, key)
-    build = not model.exists() and not (
-        cache is not None and cache.fetch(f"tokenizer-{key}", model.parent))
+    model, name = cached_model_path(cfg.cache_path, key), f"tokenizer-{key}"
+    fetched = False
+    if cache is not None and cached_model_problem(model) is not None:
+        fetched = cache.fetch(name, model.parent)
+        problem = cached_model_problem(model) if fetched else None
+        if problem is not None:  # e.g. uploaded from a machine whose disk corrupted it
+            log(f"the tokenizer fetched for {name} {problem}; training it here instead")
+            discard_cached_model(model)
+            fetched = False
     tokenizer = _train_or_load(cfg, key, texts())
-    if build and cache is not None:
-        cache.publish(f"tokenizer-{key}", model.parent)
+    if cache is not None and not fetched:
+        cache.publish(name, model.parent)
     return tokenizer
 
 
@@ -180,7 +197,15 @@ def shard_dir(cfg: DataConfig, source: Source, identity: dict[str, Any]) -> Path
 def open_data(cfg: DataConfig, on_commit: Any = None,
               cache: PreparedCache | None = None) -> ShardData | StreamData:
     """Prepare (or reuse, or fetch from ``cache``) the tokenizer and shards, or set up
-    streaming. Raises DataError."""
+    streaming. Raises DataError, also for a full or read-only disk (naming the file)."""
+    # Most writes name their own file; this is the net for the rest (datasets' cache,
+    # a source's own files), which can only name the cache folder.
+    with disk_errors(cfg.cache_path, what="access"):
+        return _open_data(cfg, on_commit, cache)
+
+
+def _open_data(cfg: DataConfig, on_commit: Any,
+               cache: PreparedCache | None) -> ShardData | StreamData:
     source = open_source(cfg.dataset, cfg.text_field, cfg.cache_path, cfg.data_files)
     source.materialize()
     tokenizer = open_tokenizer(cfg, source, cache)
@@ -189,8 +214,8 @@ def open_data(cfg: DataConfig, on_commit: Any = None,
     identity = shard_identity(cfg, source, tokenizer)
     directory = shard_dir(cfg, source, identity)
     key = f"shards-{identity['fingerprint']}"
-    build = not (directory / MANIFEST).exists() and not (
-        cache is not None and cache.fetch(key, directory))
+    fetched = not (directory / MANIFEST).exists() and cache is not None and cache.fetch(
+        key, directory)
     prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
     # Most specific first, so a mismatch names its cause (e.g. another tokenizer).
     expected = {"tokenizer.fingerprint": tokenizer.fingerprint,
@@ -198,6 +223,8 @@ def open_data(cfg: DataConfig, on_commit: Any = None,
                 "seq_len": cfg.seq_len, "dtype": tokenizer.dtype.name,
                 "fingerprint": identity["fingerprint"]}
     manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
-    if build and cache is not None:
+    # Not only when built here: shards prepared by an earlier run without the bucket
+    # would otherwise be tokenized again by every machine that has the bucket.
+    if cache is not None and not fetched:
         cache.publish(key, directory)
     return ShardData(cfg, source, tokenizer, directory, manifest)

@@ -15,6 +15,11 @@ writes the same shards in the same order: with the same source and tokenizer, bo
 modes produce byte-identical shards.
 
 Either way the manifest is written last; a directory with one is reused with no work.
+
+A full or read-only disk (ENOSPC, EROFS, EACCES, ...) is a one-line DataError naming
+the shard folder and its free space, never a traceback: the shard files are closed and
+the worker processes stopped, the committed progress is kept, and once space is freed
+the next run truncates the half-written tail and carries on.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ten.data.config import DataConfig
-from ten.data.errors import DataError
+from ten.data.errors import DataError, disk_errors
 from ten.data.shards import MANIFEST, PROGRESS, VERSION, SplitWriter, write_json
 from ten.data.sources import Source, is_val, usable
 from ten.data.tokenizer import Tokenizer, file_lock
@@ -157,14 +162,16 @@ def prepare(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
     """
     if (directory / MANIFEST).exists():
         return {}  # already complete: the caller verifies it
-    directory.mkdir(parents=True, exist_ok=True)
-    # The lock sits beside the directory, which holds nothing but what gets uploaded.
-    with file_lock(directory.with_name(directory.name + ".lock")):
-        if (directory / MANIFEST).exists():  # another process finished it meanwhile
-            return {}
-        if cfg.mode == "download":
-            return _prepare_download(cfg, source, tokenizer, directory, identity)
-        return _prepare_pretokenized(cfg, source, tokenizer, directory, identity, on_commit)
+    with disk_errors(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        # The lock sits beside the directory, which holds nothing but what gets uploaded.
+        with file_lock(directory.with_name(directory.name + ".lock")):
+            if (directory / MANIFEST).exists():  # another process finished it meanwhile
+                return {}
+            if cfg.mode == "download":
+                return _prepare_download(cfg, source, tokenizer, directory, identity)
+            return _prepare_pretokenized(cfg, source, tokenizer, directory, identity,
+                                         on_commit)
 
 
 def _load_progress(directory: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
@@ -194,10 +201,11 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
     fraction = source.val_fraction(cfg.val_fraction)
     limit = None if cfg.max_documents is None else max(0, cfg.max_documents - progress["rows"])
     bar = _Progress(cfg, source, f"tokenizing {source.name}", progress["chars"])
+    docs = itertools.islice(source.documents(progress["rows"]), limit)
+    results = _in_order(_chunks(docs, fraction), tokenizer, cfg.processes)
     try:
-        docs = itertools.islice(source.documents(progress["rows"]), limit)
         last_commit = time.monotonic()
-        for got, train, val in _in_order(_chunks(docs, fraction), tokenizer, cfg.processes):
+        for got, train, val in results:
             writers["train"].append(train)
             writers["val"].append(val)
             progress["rows"] += got["rows"]
@@ -211,9 +219,17 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
                 last_commit = time.monotonic()
                 if on_commit is not None:
                     on_commit(progress)
+        return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"],
+                       counts)
+    except BaseException:
+        # Closed now, not when the traceback is dropped: the shard files, and the worker
+        # pool (the generator's finally cancels its queue and joins the workers).
+        results.close()
+        for w in writers.values():
+            w.close()
+        raise
     finally:
         bar.close()
-    return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"], counts)
 
 
 def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
@@ -273,19 +289,33 @@ def _tokenize_rows(batch: dict[str, list[Any]], model_path: str, tokenizer_fp: s
 def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Path,
                       identity: dict[str, Any]) -> dict[str, Any]:
     _fresh(directory)  # the expensive part (map) is cached by datasets; writing is cheap
-    ds = source.to_dataset(cfg.cache_path)
-    rows = len(ds)
-    if cfg.max_documents is not None and cfg.max_documents < rows:
-        ds, rows = ds.select(range(cfg.max_documents)), cfg.max_documents
-    fraction = source.val_fraction(cfg.val_fraction)
-    ds = ds.map(_tokenize_rows, batched=True, batch_size=256,
-                num_proc=max(1, min(cfg.processes, rows)),
-                remove_columns=ds.column_names, desc=f"tokenizing {source.name}",
-                fn_kwargs={"model_path": str(tokenizer.path), "tokenizer_fp": tokenizer.fingerprint,
-                           "fraction": fraction})
+    # datasets writes its own cache (in its worker processes too) and wraps the OSError
+    # of a full disk in its own errors: named here as its folder, in one line.
+    with disk_errors(cfg.cache_path / "hf"):
+        ds = source.to_dataset(cfg.cache_path)
+        rows = len(ds)
+        if cfg.max_documents is not None and cfg.max_documents < rows:
+            ds, rows = ds.select(range(cfg.max_documents)), cfg.max_documents
+        fraction = source.val_fraction(cfg.val_fraction)
+        ds = ds.map(_tokenize_rows, batched=True, batch_size=256,
+                    num_proc=max(1, min(cfg.processes, rows)),
+                    remove_columns=ds.column_names, desc=f"tokenizing {source.name}",
+                    fn_kwargs={"model_path": str(tokenizer.path),
+                               "tokenizer_fp": tokenizer.fingerprint, "fraction": fraction})
     writers = {split: SplitWriter(directory, split, tokenizer.dtype, cfg.shard_tokens)
                for split in ("train", "val")}
     counts = dict.fromkeys(("train_docs", "val_docs", "skipped_empty", "invalid_utf8"), 0)
+    try:
+        _write_mapped(ds, writers, counts)
+        return _finish(cfg, source, tokenizer, directory, identity, writers, rows, counts)
+    except BaseException:
+        for w in writers.values():  # closed now, not whenever the traceback is dropped
+            w.close()
+        raise
+
+
+def _write_mapped(ds: Any, writers: dict[str, SplitWriter], counts: dict[str, int]) -> None:
+    """Append the mapped rows' ids to the split writers, counting documents."""
     for batch in ds.with_format("arrow").iter(batch_size=1024):
         val = batch.column("val").to_numpy(zero_copy_only=False)
         usable_ = batch.column("usable").to_numpy(zero_copy_only=False)
@@ -297,7 +327,6 @@ def _prepare_download(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dir
             counts[f"{split}_docs"] += int(mask.sum())
         counts["skipped_empty"] += int((~usable_).sum())
         counts["invalid_utf8"] += int(batch.column("bad").to_numpy(zero_copy_only=False).sum())
-    return _finish(cfg, source, tokenizer, directory, identity, writers, rows, counts)
 
 
 def remove(directory: Path) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ten.data.errors import DataError
-from ten.fileio import sha256_file
+from ten.fileio import atomic_write, sha256_file
 
 MAGIC = b"TENTOKS\0"
 VERSION = 1
@@ -40,13 +40,9 @@ PROGRESS = "progress.json"
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file, fsync, rename)."""
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write JSON atomically (``ten.fileio.atomic_write``: a hidden temp file, so a folder
+    being published never carries one, removed if the write fails on a full disk)."""
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
 def _header(itemsize: int, tokens: int) -> bytes:
@@ -129,6 +125,14 @@ class SplitWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         return {"shards": list(self.shards), "open_tokens": self.open_tokens}
+
+    def close(self) -> None:
+        """Close the open shard as it is, after a failure: the committed state (the last
+        ``sync``) is what a restart resumes from, and it truncates the rest."""
+        try:
+            self._file.close()
+        except OSError:  # flushing the buffer onto a full disk: that tail is dropped anyway
+            pass
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the last shard (dropped if empty); returns every shard's manifest entry."""

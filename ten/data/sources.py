@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ten.data import builtin
-from ten.data.errors import DataError
+from ten.data.errors import DataError, environment_cause, os_data_error
 from ten.data.fingerprint import digest, unit_hash
 
 Doc = tuple[str, str]  # (split key, text)
@@ -255,6 +255,8 @@ def load_hub(spec: HubSpec, streaming: bool, data_files: str | None = None,
     except DataError:
         raise
     except Exception as e:  # network, auth, missing config: all user-fixable
+        if (cause := environment_cause(e)) is not None:  # a full cache disk, not the network
+            raise os_data_error(cause, cache_dir / "hf" if cache_dir else None) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise DataError(f"could not load {spec.path!r} (config {spec.name!r}) from the hub: "
                         f"{first}; check the network / HF_TOKEN, or use a local path") from None

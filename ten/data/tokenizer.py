@@ -11,14 +11,18 @@ with exactly the same ids as encoding them whole:
 * reserved ids: pad 0, unk 1, bos 2, eos 3. EOS separates documents in the stream.
 
 The cache key covers the source fingerprint and every training setting, so the same
-job never retrains; a different setting never reuses a stale model.
+job never retrains; a different setting never reuses a stale model. A cached model
+counts only with its checksum file beside it (``tokenizer.model.sha256``, written last):
+one without, or one whose bytes no longer match, is trained again rather than used
+(sentencepiece loads many corrupted models without complaint).
 """
 
 from __future__ import annotations
 
 import fcntl
 import itertools
-import os
+import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,12 +30,16 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from ten.data.errors import DataError
+from ten.data.errors import DataError, disk_errors
 from ten.data.fingerprint import digest
-from ten.fileio import sha256_file
+from ten.fileio import atomic_write, sha256_file
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-RECIPE_VERSION = 1
+# 2: cached models carry a checksum file. Bumping it moves the cache key, so entries
+# made before (none has a checksum, locally or in a bucket) are never consulted again;
+# the models trained are the same bytes, so prepared shards are still reused.
+RECIPE_VERSION = 2
+CHECKSUM_SUFFIX = ".sha256"
 # Training sentences longer than sentencepiece's limit (4192 bytes) are dropped by it;
 # we cut long lines at a space before this many characters instead.
 _MAX_TRAIN_LINE = 2000
@@ -44,13 +52,13 @@ class Tokenizer:
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"tokenizer model {str(self.path)!r} does not exist; fix "
-                            "data.tokenizer_path or leave it empty to train one")
+                            "data.tokenizer.path or leave it empty to train one")
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.Load(str(self.path))
         except (OSError, RuntimeError):
             raise DataError(f"{str(self.path)!r} is not a sentencepiece model; fix "
-                            "data.tokenizer_path") from None
+                            "data.tokenizer.path") from None
         self.fingerprint = sha256_file(self.path)[:16]
         self.vocab_size = self._sp.get_piece_size()
         self.eos_id = self._sp.eos_id()
@@ -180,13 +188,39 @@ def train(texts: Iterable[str], out_path: Path, vocab_size: int, model_type: str
             character_coverage=0.9995, input_sentence_size=2_000_000,
             shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
     except RuntimeError as e:
-        msg = str(e).split("]")[-1].strip()
-        raise DataError(f"tokenizer training failed: {msg}; lower data.vocab_size or give "
-                        "more text") from None
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, out_path)
+        raise DataError(f"tokenizer training failed: {_training_hint(str(e), vocab_size)}"
+                        ) from None
+    write_atomic(out_path, buf.getvalue())
+
+
+# sentencepiece's complaints about vocab_size go both ways: more pieces than the text
+# can yield, or fewer than the characters it must cover. The hint follows the complaint.
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def _training_hint(error: str, vocab_size: int) -> str:
+    """sentencepiece's error as one line that names the job key to change, and which way."""
+    msg = error.split("]")[-1].strip()
+    if m := _TOO_HIGH.search(msg):
+        return (f"data.tokenizer.vocab_size {vocab_size} is more than this text can fill "
+                f"(Vocabulary size too high, at most {m.group(2)}); lower "
+                "data.tokenizer.vocab_size or give more text")
+    if m := _TOO_LOW.search(msg):
+        return (f"data.tokenizer.vocab_size {vocab_size} is smaller than the {m.group(2)} "
+                "characters and bytes the text needs (Vocabulary size too small); raise "
+                f"data.tokenizer.vocab_size to at least {m.group(2)}")
+    return (f"{msg}; check data.tokenizer.vocab_size and data.tokenizer.type, or give "
+            "more text")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``ten.fileio.atomic_write`` (its temp file is hidden, so a half-written one is never
+    published with its folder), with the folder made first; a full or read-only disk is
+    a one-line DataError."""
+    with disk_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
 
 
 def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
@@ -197,8 +231,10 @@ def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock: two jobs preparing the same cache entry take turns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with disk_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a")  # noqa: SIM115 - closed below, after the lock is released
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -218,11 +254,54 @@ def cached_model_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / "tokenizers" / key / "tokenizer.model"
 
 
+def checksum_path(model: Path) -> Path:
+    return model.with_name(model.name + CHECKSUM_SUFFIX)
+
+
+def write_checksum(model: Path) -> None:
+    """Record ``model``'s sha256 beside it (``sha256sum`` format). Written last: a model
+    without one is unfinished."""
+    write_atomic(checksum_path(model), f"{sha256_file(model)}  {model.name}\n".encode())
+
+
+def cached_model_problem(model: Path) -> str | None:
+    """None when a cached ``model`` is complete and matches its checksum, else what is
+    wrong with it ("missing" when there is none)."""
+    if not model.exists():
+        return "missing"
+    try:
+        recorded = checksum_path(model).read_text().split()[0]
+    except (FileNotFoundError, IndexError):
+        return "has no checksum (never finished)"
+    if sha256_file(model) != recorded:
+        return "fails its sha256 check (corrupt)"
+    return None
+
+
+def discard_cached_model(model: Path) -> None:
+    """Remove a cached model that is not to be used, checksum first (so no reader ever
+    pairs a checksum with a model it does not belong to)."""
+    with disk_errors(model.parent):
+        checksum_path(model).unlink(missing_ok=True)
+        model.unlink(missing_ok=True)
+
+
+def log(line: str) -> None:
+    print(f"ten.data: {line}", file=sys.stderr, flush=True)
+
+
 def load_or_train(cache_dir: Path, key: str, texts: Iterable[str], **settings: object) -> Tokenizer:
-    """The cached model for ``key``, training it first if this is the first time."""
+    """The cached model for ``key``, training it first if this is the first time, or if
+    the cached one fails its checksum."""
     path = cached_model_path(cache_dir, key)
-    if not path.exists():
+    if cached_model_problem(path) is not None:
         with file_lock(path.parent / ".lock"):
-            if not path.exists():  # another process may have trained it meanwhile
+            # Checked again under the lock: another process may have trained it meanwhile.
+            problem = cached_model_problem(path)
+            if problem is not None:
+                if problem != "missing":
+                    log(f"cached tokenizer {path} {problem}; training it again")
+                discard_cached_model(path)
                 train(texts, path, **settings)  # type: ignore[arg-type]
+                write_checksum(path)
     return Tokenizer(path)

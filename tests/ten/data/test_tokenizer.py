@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -84,15 +85,39 @@ def test_given_model_is_used_as_is(cfg, tok):
 
 
 def test_bad_tokenizer_inputs(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DataError, match=r"does not exist; fix data\.tokenizer\.path"):
         Tokenizer(tmp_path / "missing.model")
     (tmp_path / "junk.model").write_bytes(b"not a model")
-    with pytest.raises(DataError, match="not a sentencepiece model"):
+    with pytest.raises(DataError, match=r"not a sentencepiece model; fix data\.tokenizer\.path"):
         Tokenizer(tmp_path / "junk.model")
-    with pytest.raises(DataError, match="Vocabulary size too high.*lower data.vocab_size"):
-        train(["tiny corpus"] * 5, tmp_path / "t.model", vocab_size=5000)
     with pytest.raises(DataError, match="no text to train the tokenizer"):
         train(["", "  "], tmp_path / "t.model", vocab_size=300)
+
+
+def test_vocab_size_hint_follows_sentencepiece_complaint(tmp_path, make_docs):
+    """Too high for the text: lower it; too small for the characters: raise it. Either
+    way the hint names the job key, data.tokenizer.vocab_size."""
+    docs = make_docs(40, seed=2)
+    with pytest.raises(DataError, match=r"Vocabulary size too high, at most \d+\); lower "
+                       r"data\.tokenizer\.vocab_size or give more text$"):
+        train(docs, tmp_path / "t.model", vocab_size=5000)
+    with pytest.raises(DataError, match=r"Vocabulary size too small\); raise "
+                       r"data\.tokenizer\.vocab_size to at least \d+$") as err:
+        train(docs, tmp_path / "t.model", vocab_size=100)
+    assert "lower" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("field, value, key", [
+    ("vocab_size", 2, "data.tokenizer.vocab_size"), ("tokenizer_type", "wordpiece",
+                                                     "data.tokenizer.type"),
+    ("tokenizer_sample_chars", 10, "data.tokenizer.sample_chars"),
+    ("num_proc", 0, "data.num_proc"), ("shard_tokens", 1, "DataConfig.shard_tokens")])
+def test_config_errors_name_the_job_key(field, value, key):
+    from ten.data import DataConfig
+
+    with pytest.raises(DataError, match=rf"^{re.escape(key)} must"):
+        DataConfig(**{field: value})
 
 
 def test_external_model_with_default_settings(tmp_path, make_docs):
