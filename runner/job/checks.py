@@ -5,14 +5,18 @@ Each returns ``[(path, message), ...]`` so the caller can name the line.
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+from pathlib import Path
 from typing import Any
 
-from runner.job.errors import describe_hidden, show, suggest
+from runner.job.errors import describe_hidden, shorten, show, suggest
 from runner.job.schema import ARCHS, PRESETS, JobSchema
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]
+_PATH_MAX = 4096  # Linux's; longer is no path on any system we run on
 
 
 def budget(data: dict[str, Any]) -> Found:
@@ -62,8 +66,16 @@ def _override_type_problem(name: str, value: Any, default: Any) -> str | None:
 
 def _unknown_field(name: str, arch: str, known: dict[str, Any]) -> str:
     close = suggest(name, known)
-    return f"unknown model field {name!r} for arch {arch}" + (
+    return f"unknown model field {show(name)} for arch {arch}" + (
         f" (did you mean {close!r}?)" if close else f" (known: {', '.join(sorted(known))})")
+
+
+def _cut_values(message: str, values: Any) -> str:
+    """The library's messages quote the offending value whole; a 1 MB one must not be."""
+    for value in values:
+        if isinstance(value, str) and len(value) > 60:
+            message = message.replace(repr(value), show(value)).replace(value, shorten(value))
+    return message
 
 
 def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
@@ -97,7 +109,7 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
     try:
         cfg = presets.model_config(arch, preset, **overrides)
     except (ValueError, TypeError) as err:
-        message = str(err)
+        message = _cut_values(str(err), overrides.values())
         unknown = re.match(r"unknown (?:TEN )?model field '([^']+)'", message)
         if unknown:
             name = unknown.group(1)
@@ -120,8 +132,8 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
 
 
 def dataset(section: Any, written: str | None) -> Found:
-    """A known name, builtin, or something that looks like a local path (existence is
-    checked when the job runs: the path may only exist inside the container)."""
+    """A known name, builtin, or something that looks like a local path (whether the
+    path exists is :func:`local_paths`: it may only exist where the job runs)."""
     if not isinstance(section, dict) or not isinstance(section.get("dataset"), str):
         return []
     name: str = section["dataset"]
@@ -131,7 +143,7 @@ def dataset(section: Any, written: str | None) -> Found:
     from ten.data.sources import KNOWN, LOCAL_SUFFIXES
 
     hidden = written is not None
-    shown = f"(the value from {written})" if hidden else repr(name)
+    shown = f"(the value from {shorten(written)})" if hidden else show(name)
     if name.startswith("builtin:"):
         if name != builtin.NAME:
             return [(("data", "dataset"), f"unknown builtin dataset {shown} (hint: the builtin "
@@ -139,20 +151,139 @@ def dataset(section: Any, written: str | None) -> Found:
         return []
     if name in KNOWN:
         return []
+    if len(name) > _PATH_MAX:
+        return [_too_long_dataset(name, written)]
     found: Found = []
     if section.get("data_files") is not None:
         found.append((("data", "data_files"), "only applies to a known hub dataset "
                       f"({', '.join(KNOWN)})"))
-    looks_local = ("/" in name or any(c in name for c in "*?[") or name.startswith(".")
-                   or any(name.endswith(s) for s in LOCAL_SUFFIXES))
-    if not looks_local:
-        from pathlib import Path
-
-        looks_local = Path(name).expanduser().exists()
-    if not looks_local:
+    if not _looks_local(name, LOCAL_SUFFIXES):
         close = None if hidden else suggest(name, KNOWN)
         found.append((("data", "dataset"),
                        f"unknown dataset {shown}" + (f" (did you mean {close!r}?)" if close else
                        f" (hint: one of {', '.join(KNOWN)}, {builtin.NAME}, or a local "
                        ".txt/.jsonl/.parquet path, glob or directory)")))
     return found
+
+
+def _too_long_dataset(name: str, written: str | None) -> tuple[Path_, str]:
+    """Said the same way by :func:`dataset` and :func:`local_paths`: shown once."""
+    return (("data", "dataset"), f"too long for a dataset name or path ({len(name):,} "
+            f"characters): {_shown(name, written)}")
+
+
+def _shown(value: str, written: str | None) -> str:
+    """A value for a message; one from ${VAR} shows as written, never resolved."""
+    return f"the value from {shorten(written)}" if written is not None else show(value)
+
+
+def _looks_local(name: str, suffixes: tuple[str, ...]) -> bool:
+    """A dataset name that is not builtin or a hub name is read as a local path when it
+    has a '/', a glob character, a leading '.' or a supported suffix, or exists (the
+    rule of ``ten.data.sources.open_source``, which also accepts any existing path)."""
+    return ("/" in name or any(c in name for c in "*?[") or name.startswith(".")
+            or name.endswith(suffixes) or _exists(name))
+
+
+def _exists(name: str) -> bool:
+    """``Path.exists`` that is False, not an OSError, for a name the OS refuses (a 1 MB
+    string is "File name too long")."""
+    try:
+        return Path(name).expanduser().exists()
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        return False
+
+
+_PATH_HINT = ("a relative path starts from the working directory; if it exists only where "
+              "the job runs, validate with --no-path-checks")
+
+
+def local_paths(section: Any, written: dict[Path_, str]) -> Found:
+    """The local files the job reads must be there: a local ``data.dataset`` (same rule
+    as ``ten.data.sources.open_source``: not builtin or a known hub name) or the
+    ``data.data_files`` of a hub name must match supported files, a
+    ``data.tokenizer.path`` must be a file. Works on the raw ``data`` mapping, so it is
+    reported beside every other problem; called only where the job will run (see
+    ``load_job(check_paths=...)``)."""
+    if not isinstance(section, dict):
+        return []
+    from ten.data.sources import KNOWN, LOCAL_SUFFIXES
+
+    found: Found = []
+    name = section.get("dataset")
+    specs: list[tuple[Path_, Any]] = []
+    if name in KNOWN:
+        specs.append((("data", "data_files"), section.get("data_files")))
+    elif isinstance(name, str) and len(name) > _PATH_MAX:
+        found.append(_too_long_dataset(name, written.get(("data", "dataset"))))
+    elif isinstance(name, str) and name and not name.startswith("builtin:") \
+            and _looks_local(name, LOCAL_SUFFIXES):  # else checks.dataset reports it
+        specs.append((("data", "dataset"), name))
+    for path, spec in specs:
+        if not isinstance(spec, str) or not spec:
+            continue  # the schema reports it
+        why = _files_problem(spec, LOCAL_SUFFIXES)
+        if why:
+            hint = _PATH_HINT if why.startswith("no ") else ""
+            found.append((path, _with_value(why, spec, written.get(path), hint)))
+    tokenizer = section.get("tokenizer")
+    tok = tokenizer.get("path") if isinstance(tokenizer, dict) else None
+    if isinstance(tok, str):
+        path = ("data", "tokenizer", "path")
+        why = _file_problem(tok)
+        if why:
+            hint = "an existing sentencepiece .model file, relative to the working " \
+                "directory; or drop path and set vocab_size to train one" \
+                if why.startswith(("no ", "a directory")) else ""
+            found.append((path, _with_value(why, tok, written.get(path), hint)))
+    return found
+
+
+def _with_value(why: str, value: str, written: str | None, hint: str) -> str:
+    """``why: VALUE (hint: ...)``."""
+    return f"{why}: {_shown(value, written)}" + (f" (hint: {hint})" if hint else "")
+
+
+# Walk at most this many entries of a dataset directory looking for one supported file:
+# validating must stay fast even when data.dataset is / by mistake.
+_WALK_LIMIT = 10_000
+
+
+def _files_problem(spec: str, suffixes: tuple[str, ...]) -> str | None:
+    """Why ``spec`` (a file, directory or glob, as ``ten.data.sources.resolve_files``
+    reads it) yields no files, or None."""
+    if len(spec) > _PATH_MAX:  # the OS would only say "File name too long"
+        return f"too long for a path ({len(spec):,} characters)"
+    try:
+        path = Path(spec).expanduser()
+        if any(c in spec for c in "*?[") and not path.exists():
+            if any(Path(p).is_file() for p in glob.iglob(str(path), recursive=True)):
+                return None
+            return "no files match the glob"
+        if path.is_file():
+            return None if path.suffix in suffixes else \
+                f"unsupported file type {path.suffix or '(none)'!r}, use {'/'.join(suffixes)}"
+        if path.is_dir():
+            seen = 0
+            for _, _, names in os.walk(path):
+                if any(n.endswith(suffixes) for n in names):
+                    return None
+                seen += len(names) + 1
+                if seen > _WALK_LIMIT:
+                    return None  # too big to search here; the run reports it
+            return f"no {'/'.join(suffixes)} files in the directory"
+        return "no such file or directory"
+    except (OSError, ValueError) as e:
+        return f"cannot be read ({getattr(e, 'strerror', None) or 'invalid path'})"
+
+
+def _file_problem(spec: str) -> str | None:
+    if len(spec) > _PATH_MAX:
+        return f"too long for a path ({len(spec):,} characters)"
+    try:
+        path = Path(spec).expanduser()
+        if path.is_file():
+            return None
+        return "a directory, not a file" if path.is_dir() else "no such file"
+    except (OSError, ValueError) as e:
+        return f"cannot be read ({getattr(e, 'strerror', None) or 'invalid path'})"

@@ -3,6 +3,8 @@
 Every line reads ``FILE:LINE dotted.path: what is wrong, got VALUE (hint)`` or, for a
 value that came from ``--set``, ``--set dotted.path: ...``. Values that came from the
 environment, or sit under a secret-looking name, are described by type, never shown.
+Whatever the input, output stays readable: values and keys are cut to
+:data:`MAX_SHOWN_CHARS`, and at most :data:`MAX_PROBLEMS` lines are listed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from typing import Any
 from pydantic import BaseModel
 
 Path_ = tuple[str | int, ...]
+
+# A 1 MB value or 20,000 unknown keys must still give a screenful, not a flood: the
+# first problems are the ones to fix, and a value is recognisable from its start.
+MAX_SHOWN_CHARS = 80
+MAX_PROBLEMS = 20
 
 MISSING_HINTS = {
     "name": "a slug like 'tiny-cpu'",
@@ -46,9 +53,15 @@ class JobError(Exception):
         super().__init__("\n".join(self.errors))
 
 
+def shorten(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, ending in "..." when cut."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def dotted(path: Path_) -> str:
     out = ""
     for part in path:
+        part = part if isinstance(part, int) else shorten(str(part), 40)  # keys can be huge
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
 
@@ -73,8 +86,7 @@ def show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list | tuple):
         return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shorten(repr(value), 60)
 
 
 def describe_hidden(value: Any, written: str | None) -> str:
@@ -119,7 +131,7 @@ def describe(err: Mapping[str, Any], schema: type[BaseModel], hidden: str | None
     if kind == "extra_forbidden":
         known = section_fields(schema, loc[:-1]) or []
         close = suggest(str(loc[-1]), known)
-        return f"unknown key {loc[-1]!r}" + (f" (did you mean {close!r}?)" if close else
+        return f"unknown key {show(loc[-1])}" + (f" (did you mean {close!r}?)" if close else
                                               f" (allowed: {', '.join(known)})")
     if kind == "literal_error":
         options = [o.strip("'") for o in str(ctx.get("expected", "")).replace(" or ", ", ")
@@ -166,7 +178,8 @@ class Problems:
                 return
         line = next(self.lines[path[:n]] for n in range(len(path), -1, -1)
                     if path[:n] in self.lines) if self.lines else 1
-        self.items.append(((0, line), f"{self.source}:{line} {dotted(path)}: {message}"))
+        self.items.append(((0, line), f"{shorten(self.source, 200)}:{line} {dotted(path)}: "
+                                      f"{message}"))
 
     def add_line(self, line: int, text: str) -> None:
         """A problem with no field path (YAML syntax, the file itself)."""
@@ -176,11 +189,21 @@ class Problems:
         return bool(self.items)
 
     def error(self) -> JobError:
-        from runner.job.secrets import scrub
+        """The problems in file order, without repeats, at most :data:`MAX_PROBLEMS` of
+        them, then one line counting the rest."""
+        from runner.job.secrets import scrubber
 
-        seen: list[str] = []
+        clean = scrubber(self.secrets)
+        seen: set[str] = set()  # a set: 20,000 problems must not take n² time
+        lines: list[str] = []
         for _, text in sorted(self.items, key=lambda item: item[0]):
-            text = scrub(text, self.secrets)
+            text = clean(text)
             if text not in seen:
-                seen.append(text)
-        return JobError(seen)
+                seen.add(text)
+                lines.append(text)
+        if len(lines) > MAX_PROBLEMS:
+            rest = len(lines) - MAX_PROBLEMS
+            lines = lines[:MAX_PROBLEMS] + [
+                f"{shorten(self.source)}: ... and {rest:,} more problem{'s' * (rest > 1)} "
+                "(fix the ones above, then validate again)"]
+        return JobError(lines)

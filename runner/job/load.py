@@ -15,13 +15,27 @@ from typing import Any
 from pydantic import PrivateAttr, ValidationError
 
 from runner.job import checks
-from runner.job.errors import Problems, describe, describe_hidden, section_fields, suggest
+from runner.job.errors import (
+    Problems,
+    describe,
+    describe_hidden,
+    section_fields,
+    shorten,
+    show,
+    suggest,
+)
 from runner.job.schema import JobSchema
-from runner.job.secrets import redact, sensitive, substitute
+from runner.job.secrets import literal_secrets, redact, scrubber, sensitive, substitute
 from runner.job.yamlfile import MAX_BYTES, YamlProblem, parse, parse_scalar
 
 Path_ = tuple[str | int, ...]
 EXAMPLE = "jobs/tiny-cpu.yaml"
+# Keys of which a job gives at most one: a --set of one replaces the other when the file
+# gave it (the command line wins), instead of reporting "not both".
+EXCLUSIVE: tuple[tuple[Path_, Path_], ...] = (
+    (("train", "max_steps"), ("train", "max_tokens")),
+    (("data", "tokenizer", "path"), ("data", "tokenizer", "vocab_size")),
+)
 
 
 class Job(JobSchema):
@@ -29,10 +43,28 @@ class Job(JobSchema):
 
     _source_path: Path | None = PrivateAttr(None)
     _written: dict[Path_, str] = PrivateAttr(default_factory=dict)
+    _secrets: tuple[str, ...] = PrivateAttr(())
+    _scrubber: Any = PrivateAttr(None)
 
     @property
     def source_path(self) -> Path | None:
         return self._source_path
+
+    def secret_values(self) -> list[str]:
+        """Every value that must never be written out: what each ``${VAR}`` of the job
+        resolved to (whatever field it is in, and even when it is only part of one, as
+        in ``/data/x-${TOKEN}/``), and any string under a secret-looking key. Includes
+        values shorter than ``secrets.MIN_SECRET_CHARS``, which :meth:`scrub` leaves."""
+        return list(self._secrets)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every :meth:`secret_values` entry of 3+ characters, and its JSON,
+        repr, percent-encoded and YAML-quoted forms, replaced by ``***`` (also inside
+        longer words). Pass every log line, error message, metric/event record and bucket
+        object written as text through it."""
+        if self._scrubber is None:
+            self._scrubber = scrubber(self._secrets)
+        return self._scrubber(text)
 
     def redacted_dict(self) -> dict[str, Any]:
         """The resolved job as JSON-able data, safe to print, log and save: substituted
@@ -77,22 +109,30 @@ class Job(JobSchema):
 
 
 def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
-             env: Mapping[str, str] | None = None, check_model: bool = True) -> Job:
+             env: Mapping[str, str] | None = None, check_model: bool = True,
+             check_paths: bool = False) -> Job:
     """Read, override, substitute and validate a job file. Raises :class:`JobError`
-    listing every problem, one per line."""
+    listing every problem, one per line.
+
+    ``check_paths``: also require a local ``data.dataset`` and ``data.tokenizer.path`` to
+    exist here. Off by default: a job submitted to another machine or a container
+    names paths that exist only there; ``validate`` and ``run`` (on the machine that
+    trains) turn it on."""
     source = str(path)
     problems = Problems(source)
     remote = source.lower().startswith("s3://")
     text = _fetch(source, problems) if remote else _read(Path(path), problems)
     if text is None:
         raise problems.error()
-    job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model)
+    job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model,
+                    check_paths=check_paths)
     job._source_path = None if remote else Path(path)
     return job
 
 
 def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = None, *,
-              env: Mapping[str, str] | None = None, check_model: bool = True) -> Job:
+              env: Mapping[str, str] | None = None, check_model: bool = True,
+              check_paths: bool = False) -> Job:
     """Like :func:`load_job`, from YAML text; ``source`` names it in errors."""
     if isinstance(sets, str):
         sets = [sets]
@@ -113,8 +153,8 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
         raise problems.error()
 
     data = apply_sets(data, list(sets or ()), problems)
-    data, written, problems.secrets, env_problems = substitute(
-        data, os.environ if env is None else env)
+    data, written, used, env_problems = substitute(data, os.environ if env is None else env)
+    problems.secrets = used + literal_secrets(data)
     for ep in env_problems:
         problems.add(ep.path, ep.message)
     unresolved = {ep.path for ep in env_problems}
@@ -147,23 +187,29 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
             found += checks.dataset(data_section, written.get(("data", "dataset")))
         for path, message in found:
             problems.add(path, message)
+    if check_paths:
+        for path, message in checks.local_paths(data.get("data"), written):
+            if path not in unresolved:
+                problems.add(path, message)
     if problems or job is None:
         raise problems.error()
     job._written = written
+    job._secrets = tuple(dict.fromkeys(problems.secrets))
     return job
 
 
 def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dict[str, Any]:
     """``a.b=value`` overrides, each value a YAML scalar; paths are checked against the
-    schema (any key under ``model``: those are checked with the model)."""
-    given_in_file = {k for k in ("max_steps", "max_tokens")
-                     if isinstance(data.get("train"), dict) and k in data["train"]}
+    schema (any key under ``model``: those are checked with the model). Setting one key
+    of an :data:`EXCLUSIVE` pair to a value removes the other when the file gave it."""
+    given_in_file = {key for pair in EXCLUSIVE for key in pair
+                     if _lookup(data, key) is not None}
     for item in sets:
         key, sep, raw = item.partition("=")
         path: Path_ = tuple(p.strip() for p in key.strip().split("."))
         problems.overrides.add(path)
         if not sep or not all(path):
-            problems.add(path, f"expected KEY=VALUE with a dotted key, got {item!r} "
+            problems.add(path, f"expected KEY=VALUE with a dotted key, got {show(item)} "
                                "(e.g. --set train.lr=1e-3)")
             continue
         where = _check_path(path)
@@ -184,11 +230,24 @@ def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dic
             node = child
         else:
             node[path[-1]] = value
-            if path[0] == "train" and len(path) == 2 and path[-1] in ("max_steps", "max_tokens"):
-                # A budget given on the command line replaces the file's, whichever kind.
-                other = "max_tokens" if path[-1] == "max_steps" else "max_steps"
-                if other in given_in_file:
-                    node.pop(other, None)
+            for pair in EXCLUSIVE:
+                # e.g. a budget given on the command line replaces the file's, whichever
+                # kind; "=null" only clears, so the file's other key stays in force.
+                if path in pair and value is not None:
+                    other = pair[1] if path == pair[0] else pair[0]
+                    if other in given_in_file:
+                        parent = _lookup(data, other[:-1])
+                        if isinstance(parent, dict):
+                            parent.pop(other[-1], None)
+    return data
+
+
+def _lookup(data: Any, path: Path_) -> Any:
+    """The value at ``path`` in nested mappings, or None."""
+    for part in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
     return data
 
 
@@ -201,14 +260,14 @@ def _check_path(path: Path_) -> str | None:
             return f"{'.'.join(path[:depth])} is a value, not a section"
         if path[depth] not in known:
             close = suggest(path[depth], known)
-            return f"unknown key {path[depth]!r}" + (f" (did you mean {close!r}?)" if close else
+            return f"unknown key {show(path[depth])}" + (f" (did you mean {close!r}?)" if close else
                                                      f" (allowed: {', '.join(known)})")
     return None
 
 
 def _read(path: Path, problems: Problems) -> str | None:
     def fail(message: str) -> None:
-        problems.add_line(0, f"{path}: {message}")
+        problems.add_line(0, f"{shorten(str(path), 200)}: {message}")
 
     try:
         if path.is_dir():
@@ -233,13 +292,18 @@ def _fetch(url: str, problems: Problems) -> str | None:
     AWS_ENDPOINT_URL (a job's own endpoint_url is inside the file), credentials from the
     AWS chain."""
     from runner.storage import StorageError, open_store
+    from runner.storage.base import split_s3_url
 
     def fail(message: str) -> None:
-        problems.add_line(0, f"{url}: {message}")
+        problems.add_line(0, f"{shorten(url, 200)}: {message}")
 
     parent, _, key = url.rpartition("/")
     if "/" not in url[len("s3://"):] or not key:
         return fail("expected s3://bucket/path/job.yaml")
+    try:
+        split_s3_url(parent)
+    except ValueError as e:
+        return fail(str(e))
     try:
         raw = open_store(parent).get_bytes(key)
     except StorageError as e:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 from pydantic_core import PydanticCustomError
 
+from runner.storage.base import check_prefix
+
 Arch = Literal["ten", "transformer"]
 # The names in ten.presets.PRESETS (a test keeps the two in step; importing ten.presets
 # here would import torch).
@@ -21,6 +23,7 @@ Preset = Literal["tiny", "small", "small_32k", "medium", "large"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MAX_URL_CHARS = 1024
 
 
 def _integral(value: Any) -> Any:
@@ -101,6 +104,9 @@ class TrainSection(Section):
     optimizer: Literal["adamw", "adamw8bit"] = "adamw"
     compile: Bool = Field(False, description="torch.compile the model")
     grad_clip: Float = Field(1.0, ge=0.0, description="max gradient norm; 0 disables")
+    max_nonfinite_steps: Int = Field(5, ge=0, description=(
+        "steps in a row with a non-finite loss or gradient norm that are skipped before the "
+        "run stops with exit 9 (diverged)"))
     eval_every: Int = Field(100, ge=1, description="steps between evaluations")
     eval_batches: Int = Field(20, ge=1)
     log_every: Int = Field(10, ge=1)
@@ -128,12 +134,19 @@ class StorageSection(Section):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if not url.strip():
             raise job_error("must be a local path, file:// or s3:// URL", show_value=False)
+        if len(url) > MAX_URL_CHARS:  # S3 keys stop at 1024 bytes; paths soon after
+            raise job_error(f"is {len(url):,} characters; at most {MAX_URL_CHARS:,}",
+                            show_value=False)
         if scheme == "s3":
             bucket = url.split("://", 1)[1].split("/", 1)[0]
             if not bucket or "@" in bucket or ":" in bucket:
                 raise job_error("needs a bucket: s3://bucket/prefix",
                                 hint="credentials go in the environment, never in the URL",
                                 show_value=False)
+            try:  # the same rule open_store applies, so library users are covered too
+                check_prefix(url.split("://", 1)[1].partition("/")[2])
+            except ValueError as e:
+                raise job_error(str(e), show_value=False) from None
         elif scheme not in ("", "file"):
             raise job_error(f"unsupported scheme {scheme + '://'!r}",
                             hint="use a local path, file:// or s3://", show_value=False)
@@ -218,6 +231,10 @@ class JobSchema(BaseModel):
     def _slug(cls, name: str) -> str:
         if not name:
             raise job_error("must not be empty", hint="a slug like 'tiny-cpu'")
+        if len(name) > 63:
+            fixed = slugify(name) if len(name) <= 200 else ""  # a slug of a huge value helps
+            raise job_error(f"must be at most 63 characters (it is used in paths); this "
+                            f"one has {len(name):,}", hint=f"try {fixed!r}" if fixed else "")
         if not SLUG.match(name):
             fixed = slugify(name)
             raise job_error("must be 1-63 characters of a-z, 0-9 and '-', starting with a "

@@ -8,9 +8,11 @@ text back, and also hides any field whose *name* looks secret (``api_key``,
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 Path_ = tuple[str | int, ...]
 REDACTED = "***"
@@ -122,9 +124,48 @@ def sensitive(path: Path_, written: Mapping[Path_, str]) -> bool:
     return path in written or any(looks_secret(p) for p in path)
 
 
-def scrub(text: str, secrets: list[str]) -> str:
-    """Last line of defence: no resolved value (of 3+ characters) survives in a message."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 3:
-            text = text.replace(secret, REDACTED)
-    return text
+def literal_secrets(data: Any, path: Path_ = ()) -> list[str]:
+    """String values written literally under a secret-looking name (``api_token: abc``):
+    :func:`redact` hides them in dumps, and they are scrubbed from text like env values."""
+    if isinstance(data, dict):
+        return [v for k, item in data.items() for v in literal_secrets(item, path + (k,))]
+    if isinstance(data, list):
+        return [v for i, item in enumerate(data) for v in literal_secrets(item, path + (i,))]
+    return [data] if isinstance(data, str) and any(looks_secret(p) for p in path) else []
+
+
+# Shorter values are not scrubbed: replacing every "1" or "ab" in a log would destroy it,
+# and a value that short protects nothing. Values that are also common words ("cuda",
+# "runs") ARE scrubbed, wherever they appear: over-redacting a log line is the safe side.
+MIN_SECRET_CHARS = 3
+
+
+def secret_forms(values: Iterable[str]) -> list[str]:
+    """Every text a value is likely to appear as: itself, escaped inside JSON (job.json,
+    metrics, events), inside a Python repr (error messages), percent-encoded (URLs, keys)
+    and inside a single-quoted YAML string. Longest first (so a value containing another is
+    replaced whole), without repeats, each at least :data:`MIN_SECRET_CHARS` long."""
+    forms: set[str] = set()
+    for value in values:
+        if not isinstance(value, str) or len(value) < MIN_SECRET_CHARS:
+            continue
+        forms.update((value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+                      repr(value)[1:-1], quote(value, safe=""), quote(value),
+                      value.replace("'", "''")))
+    return sorted((f for f in forms if len(f) >= MIN_SECRET_CHARS), key=lambda f: (-len(f), f))
+
+
+def scrubber(values: Iterable[str]) -> Callable[[str], str]:
+    """A function that replaces every :func:`secret_forms` of ``values`` in a text with
+    ``***``, in one pass (it runs on every log line)."""
+    forms = secret_forms(values)
+    if not forms:
+        return lambda text: text
+    pattern = re.compile("|".join(map(re.escape, forms)))
+    return lambda text: pattern.sub(REDACTED, text)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """Last line of defence: no resolved value (of :data:`MIN_SECRET_CHARS`+ characters),
+    nor its JSON / repr / URL form, survives in a message, even inside a longer string."""
+    return scrubber(secrets)(text)

@@ -330,6 +330,16 @@ def describe(record: JobRecord, heartbeat: dict[str, Any] | None = None,
     return "\n".join(lines)
 
 
+def describe_data(record: JobRecord, heartbeat: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """``status JOB_ID --json``: the record as saved (no secrets by design), the pid of
+    its controller (null: none running) and its latest ``heartbeat`` (null: none)."""
+    from dataclasses import asdict
+
+    return {**asdict(record), "controller_pid": controller_pid(record.job_id),
+            "heartbeat": heartbeat}
+
+
 def _age(seconds: float) -> str:
     s = max(0, int(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

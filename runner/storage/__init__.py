@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.storage.base import ObjectInfo, StorageError, Store
+from runner.storage.base import ObjectInfo, StorageError, Store, split_s3_url
 
 __all__ = ["ObjectInfo", "StorageError", "Store", "open_store"]
 
@@ -38,6 +38,10 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
         if not bucket or "@" in bucket or ":" in bucket:
             raise StorageError(f"storage.url {url.split('@')[-1]!r} has no valid bucket; "
                                "use s3://bucket/prefix (credentials go in the environment)")
+        try:  # library callers get the same check as a job's storage.url
+            bucket, prefix = split_s3_url(url)
+        except ValueError as e:
+            raise StorageError(f"storage.url: {e}") from None
         from runner.storage.s3 import S3Store  # boto3 only when needed
 
         return S3Store(bucket, prefix, endpoint_url=endpoint_url, region=region, **options)

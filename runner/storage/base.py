@@ -14,7 +14,8 @@ from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from ten.fileio import sha256_file
 
-__all__ = ["ObjectInfo", "StorageError", "Store", "check_key", "sha256_file"]
+__all__ = ["ObjectInfo", "StorageError", "Store", "check_key", "check_prefix", "sha256_file",
+           "split_s3_url"]
 
 
 class StorageError(UserError):
@@ -44,6 +45,39 @@ def check_key(key: str) -> str:
     if any(part in ("", ".", "..") for part in key.split("/")):
         raise ValueError(f"invalid storage key {key!r}")
     return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A bucket prefix without its one optional trailing '/': ``runs/`` -> ``runs``.
+
+    Raises ValueError when a segment is empty (``a//b``, a leading '/'), ``.`` or ``..``:
+    S3 keeps such keys literally, but S3-compatible servers and the tools that mirror a
+    bucket to disk (``aws s3 sync``, rclone) normalise them, so ``s3://b/../../etc`` could
+    read or write outside the intended prefix. The message names the segment, never the
+    whole value (it may hold a resolved ${VAR})."""
+    if not prefix:
+        return ""
+    body = prefix[:-1] if prefix.endswith("/") else prefix
+    for part in body.split("/"):
+        if part in ("", ".", ".."):
+            what = "an empty segment ('//')" if not part else f"a {part!r} segment"
+            raise ValueError(f"the s3 prefix has {what}; write s3://bucket/a/b with plain "
+                             "names between the slashes")
+    return body
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; ValueError (one line, naming the fix,
+    never echoing the URL: it may hold credentials) for a missing or invalid bucket or a
+    bad prefix (:func:`check_prefix`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "s3":
+        raise ValueError("expected an s3://bucket/prefix URL")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or "@" in bucket or ":" in bucket:
+        raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix (credentials go in "
+                         "the environment, never in the URL)")
+    return bucket, check_prefix(prefix)
 
 
 

@@ -46,7 +46,7 @@ from botocore.exceptions import (
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.utils import ChunksizeAdjuster
 
-from runner.storage.base import ObjectInfo, StorageError, Store, check_key
+from runner.storage.base import ObjectInfo, StorageError, Store, check_key, check_prefix
 
 MiB = 1 << 20
 _AUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
@@ -112,7 +112,10 @@ class S3Store(Store):
                  read_timeout: float = 60.0, part_size: int = 16 * MiB,
                  multipart_threshold: int | None = None, max_concurrency: int = 8,
                  conditional_writes: bool | None = None, check: bool = True):
-        self.bucket, self.prefix = bucket, prefix.strip("/")
+        try:  # a library user's S3Store gets the same protection as a job's storage.url
+            self.bucket, self.prefix = bucket, check_prefix(prefix)
+        except ValueError as e:
+            raise StorageError(str(e)) from None
         self._multipart_etag: str | None = None  # "parts" or "whole", once seen
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(

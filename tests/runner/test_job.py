@@ -164,7 +164,8 @@ BAD = [
      [(1, "name: must be 1-63 characters of a-z, 0-9 and '-', starting with a letter or "
           "digit (it is used in paths), got 'UPPER' (hint: try 'upper')")]),
     ("empty-name", MINIMAL.replace("name: t", "name: ''"), [(1, "name: must not be empty")]),
-    ("long-name", MINIMAL.replace("name: t", "name: " + "a" * 64), [(1, "name: must be 1-63")]),
+    ("long-name", MINIMAL.replace("name: t", "name: " + "a" * 64),
+     [(1, "name: must be at most 63 characters")]),
     ("missing-name", MINIMAL.replace("name: t\n", ""),
      [(1, "name: required field is missing (hint: a slug")]),
     ("duplicate-key", MINIMAL + "name: u\n", [(5, "duplicate key 'name' (first given on line 1)")]),
@@ -247,7 +248,7 @@ def test_malformed_job(tmp_path, text, expected):
         assert any(e.startswith(prefix) and fragment in e for e in errors), \
             f"want {prefix} ... {fragment!r} in:\n" + "\n".join(errors)
     with pytest.raises(JobError) as info:
-        load_job(path)
+        load_job(path, check_paths=True)  # what validate checks
     assert info.value.errors == errors
 
 

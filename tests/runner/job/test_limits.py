@@ -1,0 +1,106 @@
+"""Item 11: whatever the values, validate answers in a screenful: no traceback, values
+cut to ~80 characters, at most 20 problems listed and then a count."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from runner.cli import cli
+from runner.exit_codes import ExitCode
+from runner.job import JobError, parse_job
+from runner.job.errors import MAX_PROBLEMS
+
+MINIMAL = """\
+name: t
+model: {arch: ten, preset: tiny}
+data: {dataset: builtin:botocore-docs}
+train: {max_steps: 10}
+"""
+BIG = "a" * 1_000_000  # the file stays under the 1 MiB limit
+BIG_FILES = {
+    "data.dataset": MINIMAL.replace("builtin:botocore-docs", BIG),
+    "data.dataset-path": MINIMAL.replace("builtin:botocore-docs", "./" + BIG),
+    "data.tokenizer.path": MINIMAL.replace(
+        "builtin:botocore-docs}", f"builtin:botocore-docs, tokenizer: {{path: {BIG}}}}}"),
+    "storage.url": MINIMAL + f"storage: {{url: ./{BIG}}}\n",
+    "storage.url-s3": MINIMAL + f"storage: {{url: 's3://b/{BIG}'}}\n",
+    "name": MINIMAL.replace("name: t", f"name: {BIG}"),
+    "data.text_field-and-mode": MINIMAL.replace(
+        "builtin:botocore-docs}", f"builtin:botocore-docs, mode: {BIG}}}"),
+    "model-field": MINIMAL.replace("preset: tiny}", f"preset: tiny, {BIG}: 1}}"),
+    "model.mlp": MINIMAL.replace("preset: tiny}", f"preset: tiny, mlp: {BIG}}}"),
+    "model.scan_backend": MINIMAL.replace("preset: tiny}", f"preset: tiny, scan_backend: {BIG}}}"),
+    "model.pos": MINIMAL.replace("arch: ten, preset: tiny}",
+                                 f"arch: transformer, preset: tiny, pos: {BIG}}}"),
+    "unknown-key": MINIMAL + f"{BIG}: 1\n",
+}
+
+
+def check_screenful(result, path) -> list[str]:
+    assert result.exit_code == ExitCode.CONFIG, result.output[:2000]
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)[:2000]
+    assert "Traceback" not in result.output
+    lines = result.output.splitlines()
+    assert len(lines) <= MAX_PROBLEMS + 5, len(lines)
+    for line in lines:
+        # The file name is the caller's, and "(allowed: ...)" lists the schema's keys
+        # (a fixed size); everything that comes from the input is bounded.
+        bounded = re.sub(r" \((allowed|known): [^)]*\)$", "", line.replace(str(path), ""))
+        assert len(bounded) <= 200, line[:300]
+    return lines
+
+
+@pytest.mark.parametrize("text", BIG_FILES.values(), ids=BIG_FILES.keys())
+def test_a_one_megabyte_value_gives_one_short_line(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    lines = check_screenful(CliRunner().invoke(cli, ["validate", str(path)]), path)
+    assert len(lines) == 2 and lines[-1].startswith("Error: ")
+
+
+@pytest.mark.parametrize("key", ["data.dataset", "data.tokenizer.path", "storage.url", "name",
+                                 "data.text_field", "data.cache_dir", "train.lr"])
+def test_a_one_megabyte_set_or_variable(tmp_path, key):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL)
+    value = "./" + BIG if key != "name" else BIG
+    result = CliRunner().invoke(cli, ["validate", str(path), "--set", f"{key}={value}",
+                                      "--set", f"train.{BIG}=1", "--set", f"{BIG}"])
+    check_screenful(result, path)
+    with pytest.raises(JobError) as info:  # from the environment: hidden, still bounded
+        parse_job(MINIMAL + "x: 1\n", sets=[f"{key}=${{BIG}}"], env={"BIG": value},
+                  check_paths=True)
+    assert all(len(e) <= 200 for e in info.value.errors), info.value.errors
+
+
+def test_twenty_thousand_unknown_keys(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL + "".join(f"key{i}: 1\n" for i in range(20_000)))
+    lines = check_screenful(CliRunner().invoke(cli, ["validate", str(path)]), path)
+    assert len(lines) == MAX_PROBLEMS + 2  # 20 problems, the count, click's Error: line
+    assert lines[0].startswith(f"{path}:5 key0: unknown key 'key0'")
+    assert lines[MAX_PROBLEMS] == f"{path}: ... and 19,980 more problems (fix the ones " \
+                                  "above, then validate again)"
+
+
+def test_exactly_the_limit_has_no_count_line():
+    with pytest.raises(JobError) as info:
+        parse_job(MINIMAL + "".join(f"key{i}: 1\n" for i in range(MAX_PROBLEMS)))
+    assert len(info.value.errors) == MAX_PROBLEMS and "more problem" not in info.value.errors[-1]
+
+
+def test_the_real_command_on_a_huge_dataset_path(tmp_path):
+    """The original crash: an OSError (File name too long) escaping as a traceback."""
+    path = tmp_path / "job.yaml"
+    path.write_text(BIG_FILES["data.dataset"].replace(BIG, "x" * 5000))
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "validate", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == ExitCode.CONFIG, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 2
+    assert "data.dataset: too long for a dataset name or path (5,000 characters)" in out.stderr
