@@ -25,15 +25,22 @@ def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int,
     return tokenizer.decode(out[0].tolist())
 
 
-def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int, temperature: float,
-               top_k: int, seed: int) -> str:
-    """Text generated from the newest valid checkpoint of a run directory."""
+def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature: float,
+               top_k: int, seed: int, job: str | None = None,
+               endpoint_url: str | None = None) -> str:
+    """Text generated from the newest valid checkpoint of a run: a run directory, a local
+    store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or the store URL and
+    ``job``), whose newest committed checkpoint and tokenizer are downloaded first."""
     from runner.errors import UserError
     from ten import checkpoint as ckpt
     from ten.data import Tokenizer
     from ten.trainer import load_model
 
-    run_dir = Path(run_dir)
+    if "://" in str(where):
+        run_dir, name = fetch_remote_run(str(where), job, endpoint_url)
+    else:
+        run_dir = Path(where) / job if job else Path(where)
+        name = run_dir.name
     found = ckpt.latest_valid(run_dir / "checkpoints", report=lambda s: print(s, file=sys.stderr))
     if found is None:
         raise UserError(f"no committed checkpoint under {run_dir / 'checkpoints'}; "
@@ -41,7 +48,61 @@ def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int, temperatur
     tok_path = run_dir / "tokenizer.model"
     if not tok_path.is_file():
         raise UserError(f"{tok_path} is missing; it is written when the job starts")
-    model = load_model(found.path)
+    try:
+        model = load_model(found.path)
+    except ckpt.CheckpointError as e:  # one line naming the folder, not a traceback
+        raise UserError(str(e)) from None
     text = generate_text(model, Tokenizer(tok_path), prompt, max_new_tokens, temperature,
                          top_k, seed)
-    return f"[{run_dir.name} step {found.step}] {text}"
+    return f"[{name} step {found.step}] {text}"
+
+
+def sample_cache_dir(store_url: str, job: str) -> Path:
+    """Where a bucket run's checkpoint is kept for sampling: under ``$TEN_CACHE_DIR`` (or
+    ~/.cache/ten), apart from any training working copy (``<cache>/runs/<job>``) so
+    sampling never touches a run in progress on this machine."""
+    import os
+    import re
+
+    cache = os.environ.get("TEN_CACHE_DIR")
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "ten"
+    return base / "samples" / re.sub(r"[^A-Za-z0-9._-]+", "_", store_url) / job
+
+
+def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None
+                     ) -> tuple[Path, str]:
+    """Bring a bucket run's newest committed checkpoint and ``<job>/tokenizer.model`` to
+    :func:`sample_cache_dir`; returns (that directory, the job's name). Only the
+    restored checkpoint is kept there."""
+    import os
+    import shutil
+
+    from runner.errors import UserError
+    from runner.storage import open_store
+    from runner.storage.checkpoints import restore_latest
+    from ten import checkpoint as ckpt
+
+    if job is None:  # s3://bucket/prefix/JOB
+        parent, _, name = url.rstrip("/").rpartition("/")
+        if not name or parent.endswith(":/"):
+            raise UserError(f"{url}: name the run, as s3://bucket/prefix/JOB or with --job")
+        url, job = parent, name
+    store = open_store(url, endpoint_url or None)
+    where = f"{store.url.rstrip('/')}/{job}"
+    run_dir = sample_cache_dir(store.url, job)
+    root = run_dir / "checkpoints"
+    step = restore_latest(store, job, root, report=lambda s: print(s, file=sys.stderr))
+    if step is None:
+        raise UserError(f"no committed checkpoint under {where}/checkpoints; the run has "
+                        "not committed one yet (or the URL names no run)")
+    for old in ckpt.committed_steps(root):  # keep only what is sampled
+        if old != step:
+            shutil.rmtree(root / ckpt.step_name(old), ignore_errors=True)
+    data = store.get_bytes(f"{job}/tokenizer.model")
+    if data is None:
+        raise UserError(f"{where}/tokenizer.model is missing; a run puts it there when it "
+                        "starts, so restart the job once with this runner version")
+    tmp = run_dir / f".tokenizer.model.{os.getpid()}"
+    tmp.write_bytes(data)
+    os.replace(tmp, run_dir / "tokenizer.model")
+    return run_dir, job

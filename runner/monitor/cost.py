@@ -9,7 +9,10 @@ events (no clock, no I/O).
   same figure is derived from the metrics (a resumed "start" record at step S after
   train records that reached step R > S).
 * Goodput: useful tokens (the furthest the run got, excluding redone work) per paid
-  GPU-second; $ per 1B useful tokens.
+  GPU-second (machine-second for a CPU run); $ per 1B useful tokens.
+* Interruptions: a resume after a session that the user stopped (Ctrl-C: a "stop" event
+  in state "stopped" or with reason SIGINT) is not a preemption; exit code 75 is shared
+  by both, so only the heartbeat's stop event tells them apart.
 """
 
 from __future__ import annotations
@@ -17,6 +20,27 @@ from __future__ import annotations
 from typing import Any
 
 SESSION_START = "start"
+# Stop reasons (the trainer's StopSignal.reason) that mean "the user asked": Ctrl-C.
+USER_STOP_REASONS = frozenset({"SIGINT"})
+
+
+def is_user_stop(reason: str | None) -> bool:
+    return reason in USER_STOP_REASONS
+
+
+def _user_stopped(event: dict[str, Any]) -> bool:
+    return event.get("kind") == "stop" and (event.get("state") == "stopped"
+                                            or is_user_stop(event.get("reason")))
+
+
+def compute_kind(metrics: list[dict[str, Any]]) -> str:
+    """"CPU" when every start record names a CPU device, else "GPU" (also when no device
+    is recorded: what the paid-hours figure meant before records carried one)."""
+    devices = [str(r["device"]) for r in metrics
+               if r.get("kind") == "start" and r.get("device") is not None]
+    if devices and all(d.split(":")[0] == "cpu" for d in devices):
+        return "CPU"
+    return "GPU"
 
 
 def lost_work(reached_step: int | None, resumed_step: int,
@@ -81,7 +105,8 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     machine (all its ``gpus``) costs per hour; None leaves the dollar figures None."""
     spans = sessions(events, metrics, now)
     paid_s = sum(end - start for start, end in spans)
-    gpu_s = paid_s * max(gpus, 1)
+    compute = compute_kind(metrics)
+    gpu_s = paid_s * max(gpus, 1) if compute == "GPU" else paid_s  # a CPU run: the machine
     progress = [r for r in metrics if r.get("kind") in ("train", "end") and "tokens" in r]
     useful = max((int(r["tokens"]) for r in progress), default=0)
     resumes = [e for e in events if e.get("kind") == "resume" and "lost_steps" in e]
@@ -90,12 +115,17 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     lost_steps = sum(int(e.get("lost_steps") or 0) for e in resumes)
     lost_tokens = sum(int(e.get("lost_tokens") or 0) for e in resumes)
     notices = [e for e in events if e.get("kind") in ("preemption", "preemption_notice")]
+    user_stops = [e for e in events if _user_stopped(e)]
+    resumes = [r for r in resumes if not resumed_after_user_stop(r, events)]
     cost = None if price_per_hour is None else price_per_hour * paid_s / 3600.0
     gp = goodput(useful, gpu_s)
     return {
         "sessions": len(spans),
         "preemptions": max(len(notices), len(resumes)),
+        "user_stops": len(user_stops),
         "paid_seconds": paid_s,
+        "compute": compute,
+        # GPU-hours for a GPU run, machine-hours for a CPU run ("compute" says which)
         "gpu_hours": gpu_s / 3600.0,
         "price_per_hour": price_per_hour,
         "cost_usd": cost,
@@ -108,21 +138,44 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     }
 
 
+def resumed_after_user_stop(resume: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+    """Did the session before ``resume`` end with the user's stop? (Its "stop" event,
+    between the previous session's start and the resume's own; a session killed
+    without one, e.g. kill -9, reads as preempted.)"""
+    t = resume.get("time")
+    if t is None:
+        return False
+    starts = sorted(e["time"] for e in events if e.get("kind") == SESSION_START
+                    and e.get("time") is not None and e["time"] <= t)
+    this_start = starts[-1] if starts else t
+    prev_start = starts[-2] if len(starts) > 1 else float("-inf")
+    stops = [e for e in events if e.get("kind") == "stop" and e.get("time") is not None
+             and prev_start <= e["time"] <= this_start]
+    return bool(stops) and _user_stopped(max(stops, key=lambda e: e["time"]))
+
+
 def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows for a report table."""
     def money(v: float | None) -> str:
         return "-" if v is None else f"${v:,.2f}"
 
     gp = summary["goodput_tokens_per_gpu_s"]
-    return [
+    gpu = summary.get("compute", "GPU") == "GPU"
+    rows = [
         ("sessions (starts)", str(summary["sessions"])),
         ("preemptions", str(summary["preemptions"])),
-        ("GPU-hours paid", f"{summary['gpu_hours']:.2f}"),
+    ]
+    if summary.get("user_stops"):
+        rows.append(("stopped by the user", str(summary["user_stops"])))
+    return rows + [
+        ("GPU-hours paid" if gpu else "machine-hours paid (CPU)",
+         f"{summary['gpu_hours']:.2f}"),
         ("price per hour", money(summary["price_per_hour"])),
         ("cost", money(summary["cost_usd"])),
         ("useful tokens", f"{summary['useful_tokens']:,}"),
         ("lost (redone) work", f"{summary['lost_steps']:,} steps, "
                                f"{summary['lost_tokens']:,} tokens"),
-        ("goodput", "-" if gp is None else f"{gp:,.0f} tokens / GPU-s"),
+        ("goodput", "-" if gp is None else
+         f"{gp:,.0f} tokens / {'GPU-s' if gpu else 'machine-s'}"),
         ("$ per 1B tokens", money(summary["usd_per_1b_tokens"])),
     ]

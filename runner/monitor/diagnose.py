@@ -40,22 +40,30 @@ class Diagnosis:
 
 def diagnose(train_records: list[dict[str, Any]], gpu_samples: list[dict[str, Any]],
              now: float, stall_after_s: float = 600.0,
-             session_start: float | None = None) -> list[Diagnosis]:
+             session_start: float | None = None,
+             last_step: tuple[int, float] | None = None) -> list[Diagnosis]:
     """Findings, most severe first; an empty list means nothing to report.
 
     ``train_records`` may hold every metrics record (start/train/eval/end); any record
     counts as a sign of life for the stall rule, only "train" ones feed the others.
     With ``session_start`` (when this process started) older records are ignored, so a
     resumed job still preparing its data is not called stalled by its previous life.
+
+    ``last_step`` is (step, unix time) of the newest step this process completed (the
+    trainer's per-step signal, :meth:`runner.monitor.heartbeat.Heartbeat.step`). With it,
+    "stalled" means no step completed for ``stall_after_s`` (or 3 usual step times);
+    without it, the rule can only see logged records, which a slow run writes rarely.
     """
     records = [r for r in train_records if isinstance(r, dict) and "time" in r
                and (session_start is None or r["time"] >= session_start)]
     train = [r for r in records if r.get("kind", "train") == "train"]
     ended = any(r.get("kind") == "end" for r in records[-1:])
     recent = [s for s in gpu_samples if now - s.get("time", 0.0) <= RECENT_S]
+    if last_step is not None and session_start is not None and last_step[1] < session_start:
+        last_step = None  # a previous life's step says nothing about this process
     found: list[Diagnosis] = []
     if not ended:
-        found += _stalled(records, train, recent, now, stall_after_s)
+        found += _stalled(records, recent, now, stall_after_s, last_step)
     found += _gpu_errors(gpu_samples)
     found += _thermal(gpu_samples, recent)
     found += _power(recent)
@@ -73,30 +81,60 @@ def diagnose(train_records: list[dict[str, Any]], gpu_samples: list[dict[str, An
 
 # -- the rules ----------------------------------------------------------------------------
 
-def stall_threshold(train: list[dict[str, Any]], stall_after_s: float) -> float:
-    """``stall_after_s``, or 3x the usual gap between train records when logging is
-    sparser than that (so a long log interval is not mistaken for a hang)."""
-    times = [r["time"] for r in train]
-    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+def stall_threshold(records: list[dict[str, Any]], stall_after_s: float,
+                    per_step: bool = False) -> float:
+    """How long without progress is a stall, from this session's metrics records.
+
+    ``per_step``: against the time since the last completed step: ``stall_after_s``, or
+    3 usual step times (a step longer than ``stall_after_s`` is slow, not hung).
+    Otherwise against the time since the last record: also 3 usual gaps between train
+    records when logging is sparser than that, and 3 times the gap that the step time
+    and the steps between records predict (so the first train record of a slow run, 10
+    steps of 30 s after its start record, is not awaited as a hang).
+    """
+    train = [r for r in records if r.get("kind", "train") == "train"]
+    step_times = [float(r["step_time_s"]) for r in train
+                  if isinstance(r.get("step_time_s"), (int, float)) and r["step_time_s"] > 0]
+    usual_step = statistics.median(step_times) if step_times else 0.0
+    if per_step:
+        return max(stall_after_s, 3.0 * usual_step)
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(train)
+            if b["time"] > a["time"]]
     usual = statistics.median(gaps) if gaps else 0.0
-    return max(stall_after_s, 3.0 * usual)
+    stepped = [r for r in records if r.get("kind", "train") in ("start", "train")
+               and isinstance(r.get("step"), int)]
+    strides = [b["step"] - a["step"] for a, b in itertools.pairwise(stepped)
+               if b["step"] > a["step"]]
+    stride = statistics.median(strides) if strides else 1
+    return max(stall_after_s, 3.0 * usual, 3.0 * usual_step * stride)
 
 
-def _stalled(records, train, recent, now, stall_after_s) -> list[Diagnosis]:
-    if not records:
-        return []
-    last = records[-1]
-    idle = now - last["time"]
-    if idle <= stall_threshold(train, stall_after_s):
-        return []
+def _stalled(records, recent, now, stall_after_s, last_step=None) -> list[Diagnosis]:
+    if last_step is not None:
+        step, at = last_step
+        # A record newer than the last step (an eval, a checkpoint's metrics) is a sign
+        # of life too.
+        idle = now - max([at] + [r["time"] for r in records[-1:]])
+        if idle <= stall_threshold(records, stall_after_s, per_step=True):
+            return []
+        what = f"no step for {_duration(idle)}"
+        where = f" (last step {step} at {_clock(at)})"
+    else:
+        if not records:
+            return []
+        last = records[-1]
+        idle = now - last["time"]
+        if idle <= stall_threshold(records, stall_after_s):
+            return []
+        # Only records are known here: say so, a slow run logs rarely.
+        what = f"nothing logged for {_duration(idle)}"
+        where = f" (last record: step {last.get('step', '?')} at {_clock(last['time'])})"
     util = _mean(s.get("util") for s in recent)
     gpu = "" if util is None else f", GPU util {util:.0f}%"
-    step = f" (last record: step {last.get('step', '?')} at {_clock(last['time'])})"
     hint = (" — the data loader or a collective may be hung; the job should be restarted"
             if util is None or util < 10 else " — the GPU is busy but no step finished; "
             "check for a very long eval or a hung rank")
-    return [Diagnosis("stalled", CRITICAL,
-                      f"stalled: no step for {_duration(idle)}{gpu}{step}{hint}")]
+    return [Diagnosis("stalled", CRITICAL, f"stalled: {what}{gpu}{where}{hint}")]
 
 
 def _data_bound(last, util) -> list[Diagnosis]:

@@ -3,6 +3,11 @@ MFU, ETA, GPU summary, last checkpoint, diagnoses, $ so far) in the run director
 the job's store, so ``ten-runner status`` works from a laptop while the job runs
 elsewhere; plus ``events.jsonl`` (start, resume with lost work, preemption notice,
 checkpoint committed, stop) and ``gpu.jsonl`` (the GPU samples, for the report).
+The TensorBoard event files (``tensorboard/``) go to the store with the metrics.
+
+Stalls are judged from the trainer's per-step signal (:meth:`Heartbeat.step`) when it
+is wired, else from the metrics records (a slow run logs rarely: see
+:func:`runner.monitor.diagnose.stall_threshold`).
 
 It reads the trainer's own ``metrics.jsonl`` tail (ten never imports the runner) and
 never raises into training: every beat is guarded and errors are logged at most once a
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.monitor.cost import cost_summary, lost_work
+from runner.monitor.cost import cost_summary, is_user_stop, lost_work
 from runner.monitor.diagnose import CRITICAL, Diagnosis, diagnose
 from runner.monitor.nvml import summarize
 
@@ -29,6 +34,7 @@ EVENTS = "events.jsonl"
 GPU = "gpu.jsonl"
 METRICS = "metrics.jsonl"
 RUN_LOG = "run.log"
+TENSORBOARD = "tensorboard"  # ten.metrics.MetricsWriter's event files, under the run dir
 GPU_KEYS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
             "sm_clock_mhz", "throttle", "name")
 
@@ -37,20 +43,25 @@ def build_status(job: str, records: list[dict[str, Any]], events: list[dict[str,
                  samples: list[dict[str, Any]], now: float, *, state: str = "running",
                  period_s: float = 30.0, price_per_hour: float | None = None, gpus: int = 1,
                  stall_after_s: float = 600.0, host: str | None = None,
-                 session_start: float | None = None) -> dict[str, Any]:
+                 session_start: float | None = None,
+                 last_step: tuple[int, float] | None = None) -> dict[str, Any]:
     """The status document from what the run wrote so far (pure). ``session_start``:
-    when this process started (see :func:`runner.monitor.diagnose.diagnose`)."""
+    when this process started; ``last_step``: (step, time) of the newest completed
+    step when the trainer reports every step (see
+    :func:`runner.monitor.diagnose.diagnose`)."""
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
     starts = [r for r in records if r.get("kind") == "start"]
     last = train[-1] if train else {}
     step = max((int(r.get("step", 0)) for r in records[-1:] + train[-1:]), default=0)
+    if last_step is not None:  # fresher than the last record
+        step = max(step, int(last_step[0]))
     total = starts[-1].get("total_steps") if starts else None
     eta = None
     if total is not None and last.get("step_time_s") is not None:
         eta = max(0, total - step) * last["step_time_s"]
     ckpts = [e for e in events if e.get("kind") == "checkpoint"]
-    diagnoses = (diagnose(records, samples, now, stall_after_s, session_start)
+    diagnoses = (diagnose(records, samples, now, stall_after_s, session_start, last_step)
                  if state == "running" else [])
     gpu = samples[-1] if samples else None
     return {
@@ -104,7 +115,8 @@ class Heartbeat:
 
     ``store`` (a :class:`runner.storage.Store`, or None for local only) gets
     ``<job_prefix>/status.json`` every beat, ``events.jsonl`` when it changed, and
-    ``run.log``/``gpu.jsonl`` every ``files_every`` beats and at :meth:`stop`.
+    ``run.log``/``gpu.jsonl``/``metrics.jsonl``/``tensorboard/*`` every ``files_every``
+    beats and at :meth:`stop`.
     ``on_stall(diagnosis)`` is called once when the run is diagnosed stalled (e.g. to
     exit so the managed loop restarts it). ``started`` is when this process started
     (default: now); metrics older than that belong to a previous life of the job and
@@ -136,6 +148,9 @@ class Heartbeat:
         self._prev_step: int | None = None
         self._resumes_seen = 0
         self._exit_code: int | None = None  # set by stop()
+        self._stop_reason: str | None = None  # set by stop()
+        self._last_step: tuple[int, float] | None = None  # set by step()
+        self._tb_sizes: dict[str, int] = {}  # tensorboard file -> size last uploaded
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -170,18 +185,30 @@ class Heartbeat:
             self._error(e)
         self._wake.set()
 
+    def step(self, step: int) -> None:
+        """The trainer completed ``step``: called from the training loop after every step,
+        so it only stores an int and a time (no I/O, no lock: one attribute assignment
+        is atomic). The stall rule then means "no step completed", not "nothing logged"."""
+        self._last_step = (step, time.time())
+
     def checkpoint_committed(self, path: Path | str, seconds: float | None = None) -> None:
         """The "checkpoint" event for a committed ``.../step-NNNNNNNN`` directory."""
         name = Path(path).name
         step = int(name.split("-")[-1]) if name.split("-")[-1].isdigit() else None
         self.event("checkpoint", step=step, seconds=seconds, path=name)
 
-    def stop(self, state: str = "done", exit_code: int | None = None) -> None:
+    def stop(self, state: str = "done", exit_code: int | None = None,
+             reason: str | None = None) -> None:
         """A last beat with ``state`` (done, preempted, failed, stopped) and the process's
         ``exit_code`` (a managed job's supervisor reads it from the store), every file
-        uploaded, thread joined. Never raises; callable from ``on_stall`` (the
-        heartbeat's own thread), e.g. before ``os._exit``."""
-        self._exit_code = exit_code
+        uploaded, thread joined. ``reason``: why training stopped (the trainer's stop
+        reason: "SIGTERM", "SIGINT", "aws preemption notice", ...); a "preempted" stop
+        whose reason is the user's (Ctrl-C) is recorded as "stopped", so the report does
+        not count it as a preemption (the exit code stays). Never raises; callable from
+        ``on_stall`` (the heartbeat's own thread), e.g. before ``os._exit``."""
+        if state == "preempted" and is_user_stop(reason):
+            state = "stopped"
+        self._exit_code, self._stop_reason = exit_code, reason
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -189,7 +216,8 @@ class Heartbeat:
             self._thread = None
         self._guard(self._read_metrics)
         self._guard(self._detect_resumes)  # before "stop": a resume belongs to this life
-        self.event("stop", state=state, exit_code=exit_code)
+        self.event("stop", state=state, exit_code=exit_code,
+                   **({"reason": reason} if reason else {}))
         self._guard(self.beat, state, True)
 
     def beat(self, state: str = "running", upload_files: bool = False) -> dict[str, Any]:
@@ -199,14 +227,25 @@ class Heartbeat:
         self._detect_resumes()
         samples = self.sampler.snapshot() if self.sampler is not None else []
         self._append_gpu(samples)
+        # One snapshot of events.jsonl feeds both the status and the upload below, so the
+        # store never holds an events.jsonl newer than its status.json (a reader that saw
+        # a "checkpoint" event finds it in the status too).
         with self._lock:
-            events = read_jsonl(self.run_dir / EVENTS)
+            try:
+                events_data: bytes | None = (self.run_dir / EVENTS).read_bytes()
+            except OSError:
+                events_data = None
+            events_dirty, self._events_dirty = self._events_dirty, False
+        events = parse_jsonl((events_data or b"").decode("utf-8", "replace"))
         status = build_status(self.job, self.records, events, samples, now, state=state,
                               period_s=self.period_s, price_per_hour=self.price_per_hour,
                               gpus=self.gpus, stall_after_s=self.stall_after_s,
-                              host=self.host, session_start=self.started)
+                              host=self.host, session_start=self.started,
+                              last_step=self._last_step)
         if state != "running" and self._exit_code is not None:
             status["exit_code"] = self._exit_code
+        if state != "running" and self._stop_reason:
+            status["stop_reason"] = self._stop_reason
         data = json.dumps(status, indent=1, default=str).encode()
         tmp = self.run_dir / (STATUS + ".tmp")
         tmp.write_bytes(data)
@@ -214,14 +253,19 @@ class Heartbeat:
         self._react(status)
         self._beats += 1
         if self.store is not None:
-            self.store.put_bytes(self._key(STATUS), data)
-            if self._events_dirty:
-                self._events_dirty = False
-                self._upload(EVENTS)
+            try:
+                self.store.put_bytes(self._key(STATUS), data)
+                if events_dirty and events_data is not None:
+                    self.store.put_bytes(self._key(EVENTS), events_data)
+            except BaseException:
+                if events_dirty:  # not uploaded: the next beat tries again
+                    self._events_dirty = True
+                raise
             if upload_files or self._beats % self.files_every == 0:
                 self._upload(RUN_LOG)
                 self._upload(GPU)
                 self._upload(METRICS)
+                self._upload_tensorboard()
         return status
 
     # -- the thread -------------------------------------------------------------------
@@ -327,6 +371,24 @@ class Heartbeat:
             with self._lock:
                 data = path.read_bytes()
             self.store.put_bytes(self._key(name), data)
+
+    def _upload_tensorboard(self) -> None:
+        """The TensorBoard event files to ``<job>/tensorboard/<file>``: whole files, as
+        metrics.jsonl (they are append-only and small), and only those that grew. A new
+        machine writes new files (their names carry the host and time), so a resumed
+        job's bucket keeps every life's curves."""
+        root = self.run_dir / TENSORBOARD
+        if not root.is_dir():
+            return
+        for path in sorted(root.rglob("*")):
+            if not path.is_file():
+                continue
+            rel = path.relative_to(root).as_posix()
+            data = path.read_bytes()  # bytes, not put_file: the writer may be appending
+            if self._tb_sizes.get(rel) == len(data):
+                continue
+            self.store.put_bytes(self._key(f"{TENSORBOARD}/{rel}"), data)
+            self._tb_sizes[rel] = len(data)
 
     def _key(self, name: str) -> str:
         return f"{self.job}/{name}" if self.job else name

@@ -3,8 +3,11 @@
 Panels share a wall-clock axis (minutes or hours since the first start) so preemptions line up
 across them: loss and held-out loss; tokens/s and MFU; data-wait and checkpoint share of
 wall time; GPU utilisation, memory and power ("no GPU samples" when none were taken).
-Red lines mark preemptions/resumes with the work they lost. The HTML embeds the PNG
-(base64) and the cost summary: GPU-hours paid, goodput, $ per 1B tokens.
+Red lines mark preemptions/resumes with the work they lost (a resume after the user's
+Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary: GPU-hours paid
+(machine-hours for a CPU run), goodput, $ per 1B tokens.
+
+The run is a run directory, a store and a job, or a bucket run (s3://bucket/prefix/JOB).
 
 matplotlib is imported inside :func:`render_png` with the Agg backend (no display).
 """
@@ -27,7 +30,7 @@ def load_run(store_or_path: str, job: str | None = None,
              endpoint_url: str | None = None) -> dict[str, Any]:
     """Everything a report needs from a run directory or ``<store>/<job>/``."""
     run = open_run(store_or_path, job, endpoint_url)
-    return {"label": run.label, "job": job or Path(run.label).name,
+    return {"label": run.label, "job": job or run.job or Path(run.label).name,
             "metrics": run.read_jsonl("metrics.jsonl"),
             "events": run.read_jsonl("events.jsonl"),
             "gpu": run.read_jsonl("gpu.jsonl"),
@@ -169,14 +172,16 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
 
 def preemption_marks(events: list[dict[str, Any]],
                      metrics: list[dict[str, Any]]) -> list[tuple[float, str]]:
-    """(time, label) for each resume (with its lost work) and preemption notice."""
-    from runner.monitor.cost import lost_from_metrics
+    """(time, label) for each resume (with its lost work) and preemption notice; a
+    resume after the user stopped the run (Ctrl-C) is labelled as such."""
+    from runner.monitor.cost import lost_from_metrics, resumed_after_user_stop
 
     marks = []
     resumes = [e for e in events if e.get("kind") == "resume"] or lost_from_metrics(metrics)
     for e in resumes:
         if e.get("time") is not None:
-            marks.append((e["time"], f"resume @{e.get('from_step')}: lost "
+            why = " after a user stop" if resumed_after_user_stop(e, events) else ""
+            marks.append((e["time"], f"resume @{e.get('from_step')}{why}: lost "
                                       f"{e.get('lost_steps') or 0} steps"))
     for e in events:
         if e.get("kind") in ("preemption", "preemption_notice") and e.get("time"):

@@ -67,20 +67,47 @@ def open_store_or_dir(where: str, endpoint_url: str | None = None) -> Any:
 
 def open_run(where: str, job: str | None = None,
              endpoint_url: str | None = None) -> RunFiles:
-    """One run: ``where`` is a run directory, or a store holding ``<job>/``."""
+    """One run: ``where`` is a run directory, a store and ``job``, a bucket run
+    (``s3://bucket/prefix/JOB``), or a store holding exactly one run (``./runs`` by
+    default in the CLI, as ``status`` does)."""
     if "://" not in where:
         path = Path(where)
         if job is None and is_run_dir(path):
             return RunFiles(str(path), run_dir=path)
         if job is not None and is_run_dir(path / job):
             return RunFiles(str(path / job), run_dir=path / job)
-        if job is None:
-            raise UserError(f"{where} is not a run directory (no status.json or "
-                            "metrics.jsonl); name the job too", exit_code=ExitCode.CONFIG)
     if job is None:
-        raise UserError(f"{where}: name the job to read", exit_code=ExitCode.CONFIG)
+        return _the_one_run(where, endpoint_url)
     store = open_store_or_dir(where, endpoint_url)
     return RunFiles(f"{store.url.rstrip('/')}/{job}", store=store, job=job)
+
+
+def _the_one_run(where: str, endpoint_url: str | None) -> RunFiles:
+    """No job named: ``where`` ends with the run (s3://bucket/prefix/JOB), or is a store
+    with a single run in it; several runs are a one-line error that lists them."""
+    if "://" in where:
+        parent, _, name = where.rstrip("/").rpartition("/")
+        if name and not parent.endswith(":/"):  # not s3://bucket itself
+            store = open_store_or_dir(parent, endpoint_url)
+            if any(store.head(f"{name}/{m}") is not None for m in RUN_MARKERS):
+                return RunFiles(f"{store.url.rstrip('/')}/{name}", store=store, job=name)
+    store = open_store_or_dir(where, endpoint_url)
+    if "://" in where:
+        names = sorted({k.split("/")[0] for k in store.list("")
+                        if k.count("/") == 1 and k.split("/")[1] in RUN_MARKERS})
+    else:
+        names = sorted(d.name for d in Path(where).iterdir() if is_run_dir(d))
+    if len(names) == 1:
+        if "://" not in where:
+            return RunFiles(str(Path(where) / names[0]), run_dir=Path(where) / names[0])
+        return RunFiles(f"{store.url.rstrip('/')}/{names[0]}", store=store, job=names[0])
+    if not names:
+        raise UserError(f"no runs under {where} (no status.json or metrics.jsonl); give a "
+                        "run directory, a store with runs, or s3://bucket/prefix/JOB",
+                        exit_code=ExitCode.CONFIG)
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    raise UserError(f"{where} holds {len(names)} runs ({shown}); name one with --job",
+                    exit_code=ExitCode.CONFIG)
 
 
 def list_jobs(where: str, endpoint_url: str | None = None) -> list[str]:

@@ -59,6 +59,14 @@ def is_stale(status: dict[str, Any], now: float) -> bool:
     return now - float(status.get("time") or 0.0) > max(3 * period, STALE_MIN_S)
 
 
+def status_records(statuses: list[dict[str, Any]], now: float | None = None
+                   ) -> list[dict[str, Any]]:
+    """``status --json``: each status as read, plus ``stale`` (:func:`is_stale`), the one
+    judgement the table adds."""
+    now = time.time() if now is None else now
+    return [{**s, "stale": is_stale(s, now)} for s in statuses]
+
+
 def format_status_table(statuses: list[dict[str, Any]], now: float | None = None) -> str:
     """A fixed-width table, one row per run, then each run's diagnoses."""
     now = time.time() if now is None else now

@@ -71,3 +71,116 @@ def test_stale_heartbeat_is_flagged(store):
     status_path.write_text(json.dumps(status))
     result = CliRunner().invoke(cli, ["status", str(store)])
     assert result.exit_code == 0 and "stale" in result.output
+
+
+# -- no argument: ./runs, as status -------------------------------------------------------
+
+def test_logs_and_report_default_to_the_one_run_in_dot_runs(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # tmp_path/runs holds the one run "demo"
+    result = CliRunner().invoke(cli, ["logs"])
+    assert result.exit_code == 0, result.output
+    assert "done: 40 steps" in result.output
+    result = CliRunner().invoke(cli, ["report", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "demo-report.html").is_file()
+
+
+def test_several_runs_need_a_job_name(store, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(store / "demo", store / "other")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["logs"])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output == "Error: ./runs holds 2 runs (demo, other); name one with --job\n"
+    result = CliRunner().invoke(cli, ["logs", "--job", "other"])
+    assert result.exit_code == 0 and "done: 40 steps" in result.output
+
+
+# -- a bucket run: s3://bucket/prefix/JOB --------------------------------------------------
+
+BUCKET = "ten-cli-monitor"
+
+
+@pytest.fixture
+def bucket(moto_server):
+    """(s3://bucket/prefix, endpoint, store) on the shared moto server."""
+    import uuid
+
+    import boto3
+
+    from runner.storage import open_store
+
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}"
+    return url, moto_server, open_store(url, moto_server)
+
+
+def test_logs_and_report_of_a_bucket_run(store, bucket, tmp_path):
+    url, endpoint, remote = bucket
+    for path in (store / "demo").iterdir():
+        if path.is_file():
+            remote.put_bytes(f"demo/{path.name}", path.read_bytes())
+    result = CliRunner().invoke(cli, ["logs", f"{url}/demo", "--endpoint-url", endpoint])
+    assert result.exit_code == 0, result.output
+    assert "done: 40 steps" in result.output
+    result = CliRunner().invoke(cli, ["report", f"{url}/demo", "--endpoint-url", endpoint,
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"source {url}/demo" in (tmp_path / "out" / "demo-report.html").read_text()
+    result = CliRunner().invoke(cli, ["logs", f"{url}/nope", "--endpoint-url", endpoint])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output.count("\n") == 1 and "no runs under" in result.output
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A committed checkpoint of a tiny model and its tokenizer, as a run writes them."""
+    import dataclasses
+
+    from ten import checkpoint as ckpt
+    from ten.data.tokenizer import train
+    from ten.presets import build_model, model_config
+
+    root = tmp_path_factory.mktemp("trained")
+    words = "a checkpoint is committed only when its manifest is written last".split()
+    train((" ".join(words[i:] + words[:i]) for i in range(200)), root / "tokenizer.model",
+          vocab_size=300)
+    config = model_config("ten", "tiny", vocab_size=300, d_model=32, n_layers=1,
+                          n_eigenstates=8, n_heads=2, chunk_size=16, seq_len=32)
+    model = build_model(config)
+    meta = {"identity": {}, "resolved": {}, "model_config": dataclasses.asdict(config),
+            "model_class": type(model).__name__}
+    path = ckpt.save(root / "checkpoints", 7, {"model.pt": model.state_dict(),
+                                                "config.json": json.dumps(meta).encode()})
+    return root, path
+
+
+def test_sample_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
+    from runner.storage.checkpoints import upload_checkpoint
+
+    url, endpoint, remote = bucket
+    monkeypatch.setenv("TEN_CACHE_DIR", str(tmp_path / "cache"))
+    local, step_dir = trained
+    args = ["sample", f"{url}/tiny", "--endpoint-url", endpoint, "--prompt", "a",
+            "--max-new-tokens", "3"]
+    result = CliRunner().invoke(cli, args)  # nothing in the bucket yet
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output == (f"Error: no committed checkpoint under {url}/tiny/checkpoints; "
+                             "the run has not committed one yet (or the URL names no run)\n")
+    upload_checkpoint(remote, "tiny", step_dir)
+    result = CliRunner().invoke(cli, args)  # a run from before tokenizers were uploaded
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output.splitlines() == [f"Error: {url}/tiny/tokenizer.model is missing; a "
+                                          "run puts it there when it starts, so restart the "
+                                          "job once with this runner version"]
+    remote.put_bytes("tiny/tokenizer.model", (local / "tokenizer.model").read_bytes())
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("[tiny step 7] a")
+    again = CliRunner().invoke(cli, ["sample", url, "--job", "tiny", *args[2:]])
+    assert again.exit_code == 0, again.output  # the same run, named with --job
+    assert again.output == result.output
+    assert list((tmp_path / "cache" / "samples").glob("*/tiny/checkpoints/step-00000007"))

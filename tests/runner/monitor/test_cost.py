@@ -76,3 +76,53 @@ def test_no_price_no_dollars_and_nothing_paid_no_goodput():
     assert goodput(100, 0.0) is None
     empty = cost_summary([], [], 1.0)
     assert empty["paid_seconds"] == 0 and empty["cost_usd"] == 0
+
+
+def cpu_run(**kw):
+    records = train_run(**kw)
+    records[0]["device"] = "cpu"
+    return records
+
+
+def test_a_cpu_run_pays_machine_hours_not_gpu_hours():
+    metrics = cpu_run()
+    s = cost_summary(metrics, [], 0.10, gpus=2)  # no GPU to multiply by
+    paid = metrics[-1]["time"] - metrics[0]["time"]
+    assert s["compute"] == "CPU" and s["gpu_hours"] == pytest.approx(paid / 3600)
+    rows = dict(format_cost(s))
+    assert "GPU-hours paid" not in rows
+    assert rows["machine-hours paid (CPU)"] == f"{paid / 3600:.2f}"
+    assert rows["goodput"].endswith("tokens / machine-s")
+    assert dict(format_cost(cost_summary(train_run(), [], 1.0)))["goodput"].endswith("GPU-s")
+
+
+def test_ctrl_c_then_run_again_is_not_a_preemption():
+    first = train_run(steps=range(10, 110, 10), t0=T0 + 10)
+    second = train_run(steps=range(110, 210, 10), t0=T0 + 1000, start_step=100, resumed=True)
+    user = [{"kind": "start", "time": T0},
+            {"kind": "stop", "time": T0 + 400, "state": "stopped", "reason": "SIGINT",
+             "exit_code": 75},
+            {"kind": "start", "time": T0 + 990},
+            {"kind": "resume", "time": T0 + 995, "from_step": 100, "reached_step": 100,
+             "lost_steps": 0, "lost_tokens": 0}]
+    s = cost_summary(first + second, user, 1.0)
+    assert (s["preemptions"], s["user_stops"], s["sessions"]) == (0, 1, 2)
+    assert dict(format_cost(s))["stopped by the user"] == "1"
+    # The same history ended by SIGTERM (a spot reclaim) is a preemption.
+    spot = [dict(e, state="preempted", reason="SIGTERM") if e["kind"] == "stop" else e
+            for e in user]
+    s = cost_summary(first + second, spot, 1.0)
+    assert (s["preemptions"], s["user_stops"]) == (1, 0)
+    assert "stopped by the user" not in dict(format_cost(s))
+
+
+def test_a_kill_after_an_earlier_ctrl_c_is_still_a_preemption():
+    """Ctrl-C, run again, kill -9 (no stop event), run again: one of each."""
+    events = [{"kind": "start", "time": T0},
+              {"kind": "stop", "time": T0 + 100, "state": "stopped", "reason": "SIGINT"},
+              {"kind": "start", "time": T0 + 200},
+              {"kind": "resume", "time": T0 + 205, "from_step": 10, "lost_steps": 0},
+              {"kind": "start", "time": T0 + 900},
+              {"kind": "resume", "time": T0 + 905, "from_step": 30, "lost_steps": 5}]
+    s = cost_summary([], events, None)
+    assert (s["preemptions"], s["user_stops"], s["lost_steps"]) == (1, 1, 5)

@@ -2,7 +2,7 @@
 healthy run."""
 
 import pytest
-from monitor_tables import GB, T0, gpu_run, last_time, train_run
+from monitor_tables import GB, T0, TOKENS_PER_STEP, gpu_run, last_time, train_run
 
 from runner.monitor.diagnose import diagnose, stall_threshold
 
@@ -86,8 +86,9 @@ def test_stall_message_and_severity():
     samples += gpu_run(t0=last_time(samples) + 10, n=80, util=0, throttle=())
     (d,) = diagnose(records, samples, last_time(records) + 600 + 60, 600)
     assert d.severity == "critical"
-    assert d.message.startswith("stalled: no step for 11 min, GPU util 0% (last record: "
-                                "step 300 at ")
+    # Without the per-step signal only records are seen: the message says so.
+    assert d.message.startswith("stalled: nothing logged for 11 min, GPU util 0% (last "
+                                "record: step 300 at ")
     assert "data loader" in d.message
 
 
@@ -119,3 +120,52 @@ def test_a_previous_life_is_not_a_stall():
     now = restarted + 1200
     assert "stalled" in codes(diagnose(records, samples, now, 600))
     assert diagnose(records, samples, now, 600, session_start=restarted) == []
+
+
+def slow_run(t0, first_record=True):
+    """Logs every 10 steps, one step every 30 s: a record only every 5 minutes."""
+    records = [{"kind": "start", "step": 0, "time": t0, "total_steps": 1000,
+                "resumed": False, "device": "cuda:0"}]
+    if first_record:
+        records.append({"kind": "train", "step": 10, "time": t0 + 300, "loss": 6.0,
+                        "tokens": 10 * TOKENS_PER_STEP, "step_time_s": 30.0,
+                        "data_wait_frac": 0.01, "checkpoint_frac": 0.0})
+    return records
+
+
+def test_a_slow_run_that_completes_steps_is_not_stalled():
+    t0 = T0
+    # Step 17 finished 20 s ago, the record of step 20 is 70 s away: stall_after_s 60.
+    now = t0 + 300 + 7 * 30 + 20
+    assert "stalled" not in codes(diagnose(slow_run(t0), [], now, 60, last_step=(17, now - 20)))
+    # Before its first train record too (5 minutes of steps with nothing logged).
+    now = t0 + 170
+    assert "stalled" not in codes(diagnose(slow_run(t0, False), [], now, 60,
+                                           last_step=(5, t0 + 150)))
+
+
+def test_no_step_for_longer_than_stall_after_s_is_a_stall():
+    t0 = T0
+    last = t0 + 300 + 7 * 30
+    (d,) = diagnose(slow_run(t0), [], last + 100, 60, last_step=(17, last))
+    assert d.code == "stalled" and d.message.startswith("stalled: no step for 100 s (last "
+                                                        "step 17 at ")
+    # Usual steps of 30 s: a step is overdue after 3 of them, not after stall_after_s.
+    assert diagnose(slow_run(t0), [], last + 80, 60, last_step=(17, last)) == []
+    # No step time known yet: stall_after_s itself.
+    (d,) = diagnose(slow_run(t0, False), [], t0 + 150 + 61, 60, last_step=(5, t0 + 150))
+    assert d.code == "stalled"
+
+
+def test_without_the_step_signal_the_gap_after_one_record_is_predicted():
+    """Records only: the next one is due 10 steps x 30 s after the last, not in 60 s."""
+    t0 = T0
+    assert diagnose(slow_run(t0), [], t0 + 300 + 120, 60) == []
+    assert "stalled" in codes(diagnose(slow_run(t0), [], t0 + 300 + 1000, 60))
+
+
+def test_a_step_of_a_previous_life_is_not_progress():
+    t0 = T0
+    restarted = t0 + 1000  # this process is still preparing its data
+    assert diagnose(slow_run(t0), [], restarted + 600, 60, session_start=restarted,
+                    last_step=(17, t0 + 990)) == []

@@ -8,7 +8,7 @@ import pytest
 from monitor_tables import TOKENS_PER_STEP, gpu_run, train_run
 
 from runner.errors import UserError
-from runner.monitor.heartbeat import Heartbeat, read_jsonl
+from runner.monitor.heartbeat import Heartbeat, build_status, read_jsonl
 from runner.monitor.status import format_status_table, is_stale, read_statuses
 from runner.storage import open_store
 
@@ -55,8 +55,14 @@ def test_heartbeat_round_trip_through_a_store(tmp_path, store_url):
     hb.start()
     wait_for(lambda: (run_dir / "status.json").exists())
     hb.checkpoint_committed(run_dir / "checkpoints" / "step-00000300", 1.5)
-    wait_for(lambda: store.get_bytes("tiny/events.jsonl") is not None
-             and b"checkpoint" in store.get_bytes("tiny/events.jsonl"))
+
+    def in_store():  # wait for what is asserted, however loaded the machine is
+        raw = store.get_bytes("tiny/status.json")  # the local copy is written first
+        events = store.get_bytes("tiny/events.jsonl") or b""
+        return raw is not None and json.loads(raw)["last_checkpoint"] is not None \
+            and b"checkpoint" in events
+
+    wait_for(in_store)
     (live,) = read_statuses(url, "tiny", endpoint)
     assert live["state"] == "running" and live["step"] == 300
     assert live["tokens"] == 300 * TOKENS_PER_STEP
@@ -175,7 +181,7 @@ def test_stall_warns_loudly_and_calls_on_stall_once(tmp_path):
     time.sleep(0.1)
     hb.stop("failed")
     assert len(stalls) == 1 and stalls[0].code == "stalled"
-    assert len(lines) == 1 and lines[0].startswith("WARNING stalled: no step for 25 min")
+    assert len(lines) == 1 and lines[0].startswith("WARNING stalled: nothing logged for 25 min")
     assert [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")].count("stall") == 1
 
 
@@ -211,3 +217,97 @@ def test_missing_status_is_one_line_user_error(tmp_path, store_url):
     assert format_status_table([]) == "no jobs with a heartbeat"
     with pytest.raises(UserError, match="no such directory"):
         read_statuses(str(tmp_path / "missing"))
+
+
+def test_the_per_step_signal_keeps_a_slow_run_alive(tmp_path):
+    """Logging every 10 steps of 30 s: 5 minutes between records, stall_after_s 60."""
+    now = time.time()
+    run_dir = tmp_path / "slow"
+    write_metrics(run_dir, [{"kind": "start", "step": 0, "time": now - 280,
+                             "total_steps": 100, "device": "cpu"}])
+    hb = Heartbeat(run_dir, None, "slow", period_s=30, stall_after_s=60,
+                   started=now - 290, log=lambda s: None)
+    hb.step(9)  # what the trainer calls after every step
+    status = hb.beat()
+    assert status["step"] == 9 and status["diagnoses"] == []
+    stalled = build_status("slow", hb.records, [], [], now + 100, stall_after_s=60,
+                           session_start=now - 290, last_step=(9, now - 5))
+    assert [d["code"] for d in stalled["diagnoses"]] == ["stalled"]
+    assert stalled["diagnoses"][0]["message"].startswith("stalled: no step for 105 s")
+
+
+def test_ctrl_c_is_recorded_as_stopped_by_the_user(tmp_path):
+    run_dir = tmp_path / "r"
+    write_metrics(run_dir, train_run(t0=time.time() - 100))
+    hb = Heartbeat(run_dir, None, "r", period_s=30)
+    hb.start()
+    hb.stop("preempted", exit_code=75, reason="SIGINT")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["state"], status["exit_code"], status["stop_reason"]) == \
+        ("stopped", 75, "SIGINT")
+    (stop,) = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "stop"]
+    assert (stop["state"], stop["reason"]) == ("stopped", "SIGINT")
+    hb = Heartbeat(run_dir, None, "r", period_s=30)  # run again: resumes
+    hb.start()
+    time.sleep(0.01)  # the trainer's resumed start record comes after the heartbeat's
+    write_metrics(run_dir, train_run(steps=[310], t0=time.time() + 5, start_step=300,
+                                     resumed=True), mode="a")
+    hb.stop("preempted", exit_code=75, reason="SIGTERM")  # a real preemption this time
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "preempted"
+    assert (status["cost"]["preemptions"], status["cost"]["user_stops"]) == (0, 1)
+
+
+def test_tensorboard_event_files_go_to_the_store(tmp_path, store_url):
+    url, endpoint = store_url
+    store = open_store(url, endpoint)
+    run_dir = tmp_path / "run"
+    records, _ = recent_run()
+    write_metrics(run_dir, records)
+    tb = run_dir / "tensorboard"
+    tb.mkdir()
+    (tb / "events.out.tfevents.1.host.1.0").write_bytes(b"first")
+    hb = Heartbeat(run_dir, store, "j", period_s=30, files_every=1, log=lambda s: None)
+    hb.beat()
+    assert store.get_bytes("j/tensorboard/events.out.tfevents.1.host.1.0") == b"first"
+    with open(tb / "events.out.tfevents.1.host.1.0", "ab") as f:
+        f.write(b" more")  # the writer appends
+    (tb / "sub").mkdir()
+    (tb / "sub" / "events.out.tfevents.2").write_bytes(b"x")
+    hb.beat()
+    assert store.get_bytes("j/tensorboard/events.out.tfevents.1.host.1.0") == b"first more"
+    assert store.get_bytes("j/tensorboard/sub/events.out.tfevents.2") == b"x"
+
+
+class EventDuringUpload:
+    """A local store that lets an event land while a beat uploads status.json: the
+    moment the trainer's thread commits a checkpoint between the beat reading
+    events.jsonl and uploading it (what a loaded machine does by chance)."""
+
+    def __init__(self, store):
+        self.store, self.heartbeat, self.armed = store, None, False
+
+    def put_bytes(self, key, data, if_absent=False):
+        if self.armed and key.endswith("/status.json"):
+            self.armed = False
+            self.heartbeat.checkpoint_committed("step-00000300", 1.0)
+        return self.store.put_bytes(key, data, if_absent)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_the_store_never_has_events_newer_than_its_status(tmp_path):
+    store = EventDuringUpload(open_store(str(tmp_path / "store")))
+    run_dir = tmp_path / "r"
+    records, _ = recent_run()
+    write_metrics(run_dir, records)
+    hb = store.heartbeat = Heartbeat(run_dir, store, "r", period_s=30, log=lambda s: None)
+    hb.event("start")
+    store.armed = True
+    hb.beat()  # the checkpoint event arrives mid-beat: this beat's status lacks it ...
+    assert b"checkpoint" not in store.get_bytes("r/events.jsonl")  # ... so do its events
+    hb.beat()
+    status = json.loads(store.get_bytes("r/status.json"))
+    assert status["last_checkpoint"]["step"] == 300
+    assert b"checkpoint" in store.get_bytes("r/events.jsonl")

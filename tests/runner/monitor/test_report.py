@@ -86,3 +86,30 @@ def test_report_without_metrics_is_a_user_error(tmp_path):
     (tmp_path / "store" / "j" / "status.json").write_text("{}")
     with pytest.raises(UserError, match="no metrics for"):
         write_report(str(tmp_path / "store"), "j", tmp_path / "out")
+
+
+def test_report_of_a_cpu_run_stopped_with_ctrl_c(tmp_path):
+    from monitor_tables import T0, train_run
+
+    first = train_run(steps=range(10, 110, 10), t0=T0 + 10)
+    second = train_run(steps=range(110, 210, 10), t0=T0 + 1000, start_step=100, resumed=True)
+    for r in first + second:
+        r.pop("peak_mem_gb", None)
+        if r["kind"] == "start":
+            r["device"] = "cpu"
+    events = [{"kind": "start", "time": T0},
+              {"kind": "stop", "time": T0 + 400, "state": "stopped", "reason": "SIGINT"},
+              {"kind": "start", "time": T0 + 990},
+              {"kind": "resume", "time": T0 + 995, "from_step": 100, "reached_step": 100,
+               "lost_steps": 0, "lost_tokens": 0}]
+    run = tmp_path / "runs" / "laptop"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_bytes(jsonl(first + second))
+    (run / "events.jsonl").write_bytes(jsonl(events))
+    _, page = write_report(str(run), None, tmp_path / "out")
+    html = page.read_text()
+    assert "GPU-hours" not in html and "<th>machine-hours paid (CPU)</th>" in html
+    assert "<th>preemptions</th><td>0</td>" in html
+    assert "<th>stopped by the user</th><td>1</td>" in html
+    assert [label for _, label in preemption_marks(events, first + second)] == \
+        ["resume @100 after a user stop: lost 0 steps"]
