@@ -121,3 +121,7 @@ class CheckpointSync:
         except (StorageError, OSError) as e:
             self.error = str(e)
             self.log(f"upload of {path.name} failed: {e}; the next checkpoint will retry")
+        except Exception as e:  # noqa: BLE001 - a bug, but a dead worker would hang flush()
+            self.error = f"{type(e).__name__}: {e}"
+            self.log(f"upload of {path.name} failed unexpectedly ({self.error}); the next "
+                     "checkpoint will retry")

@@ -7,6 +7,10 @@ batches, the same per-step losses, bit-identical weights.
 
 Host syncs are deliberate: the loss is accumulated on the device and read (``.item()``)
 only at the logging interval, evaluation and checkpoints.
+
+A step whose loss or gradient norm is not finite is skipped (no optimizer update), and
+counted on the device; more than ``max_nonfinite_steps`` in a row, or non-finite weights
+at a checkpoint, end the run with :class:`DivergedError` and nothing non-finite committed.
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ class TrainConfig:
     num_workers: int = 2
     checkpoint_every: int = 100
     keep_last: int = 3
+    # Steps with a non-finite loss or grad norm are skipped; one more than this many in a
+    # row stops the run (DivergedError). Checked at log intervals, so up to log_every
+    # steps more may be skipped first (no per-step host sync).
+    max_nonfinite_steps: int = 5
 
 
 class Outcome(enum.Enum):
@@ -81,6 +89,11 @@ class Outcome(enum.Enum):
 
 class ResumeError(Exception):
     """The newest checkpoint cannot be resumed with this configuration (one line)."""
+
+
+class DivergedError(Exception):
+    """Training went non-finite and stayed so (one line naming the step, what was not
+    finite, and to lower train.lr). Nothing non-finite was committed."""
 
 
 # --- set-up helpers (pure or nearly so) ---------------------------------------------------
@@ -114,7 +127,16 @@ def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+    """Every RNG's state as tensors and plain containers, so a checkpoint loads with
+    ``weights_only=True`` (numpy's own state holds an ndarray, which would not)."""
+    np_state = np.random.get_state(legacy=False)
+    state = {"python": random.getstate(),
+             "numpy": {"bit_generator": np_state["bit_generator"],
+                       # the MT19937 key is uint32: int64 holds it exactly
+                       "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                       "pos": int(np_state["state"]["pos"]),
+                       "has_gauss": int(np_state["has_gauss"]),
+                       "gauss": float(np_state["gauss"])},
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -122,8 +144,12 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    n = state["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"],
+                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -187,10 +213,16 @@ class StopSignal:
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, micro_batches: list[torch.Tensor],
                amp_dtype: torch.dtype | None, grad_clip: float,
-               ddp_no_sync: Callable[[], Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               ddp_no_sync: Callable[[], Any] | None = None,
+               any_rank: Callable[[torch.Tensor], None] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over ``grad_accum`` micro-batches of (B, T + 1) token ids.
 
-    Returns (mean loss, grad norm before clipping) as device tensors: no host sync.
+    Returns (mean loss, grad norm before clipping, non-finite flags) as device tensors: no
+    host sync on the fused-optimizer path (see :func:`step_unless`). The flags are
+    ``[loss not finite, grad norm not finite]`` (int32, 0/1); a flagged step is skipped:
+    the optimizer does not update. ``any_rank`` (an in-place max over ranks) makes every
+    rank skip the same steps.
     """
     device_type = micro_batches[0].device.type
     total = torch.zeros((), device=micro_batches[0].device)
@@ -209,10 +241,96 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    scaler.step(optimizer)
+    flags = torch.stack([~torch.isfinite(total), ~torch.isfinite(norm)]).int()
+    if scaler.is_enabled():
+        # fp16: overflowing gradients are the GradScaler's routine (it skips the step and
+        # lowers its scale), not divergence; only a non-finite loss is flagged.
+        flags[1] = 0
+    if any_rank is not None:
+        any_rank(flags)
+    if scaler.is_enabled():
+        scaler.step(optimizer)  # a non-finite loss has non-finite grads: skipped here too
+    else:
+        step_unless(optimizer, flags.any())
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return total, norm
+    return total, norm, flags
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` unless the 0-dim bool tensor ``skip`` is true.
+
+    Fused Adam/AdamW (the default on a GPU) take the decision on the device, as they do
+    for a GradScaler's ``found_inf``: no host sync, and a skipped step leaves the weights,
+    moments and step counts exactly as they were. Other optimizers (the CPU default,
+    bitsandbytes' AdamW8bit) need the flag on the host: one sync per step, which costs
+    nothing on a CPU (about 0.3 us, measured) and stalls the queue only for AdamW8bit on
+    a GPU."""
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skip.float()  # read by Adam.step, as GradScaler sets it
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not skip.item():  # host sync: see above
+        optimizer.step()
+
+
+@dataclass(frozen=True)
+class NonFiniteStats:
+    streak: int  # skipped steps in a row, ending with the latest step
+    worst: int  # the longest such run since the last log line
+    skipped: int  # steps skipped since the last log line
+    loss: int  # ... of which had a non-finite loss
+    grad: int  # ... of which had a non-finite grad norm
+    streak_loss: int  # 1 if a step of the current streak had a non-finite loss
+    streak_grad: int  # ... a non-finite grad norm
+
+    def what(self, streak: bool = False) -> str:
+        """``loss``, ``grad norm`` or both: in the window, or in the current streak."""
+        loss, grad = (self.streak_loss, self.streak_grad) if streak else (self.loss, self.grad)
+        return " and ".join(k for k, n in (("loss", loss), ("grad norm", grad)) if n) or "value"
+
+
+class NonFiniteCounter:
+    """Skipped steps, counted on the device so the loop never waits for it; read only
+    where the loop syncs anyway (log lines, checkpoints)."""
+
+    def __init__(self, device: torch.device, streak: int = 0) -> None:
+        self.streak = torch.tensor(streak, dtype=torch.int64, device=device)
+        self.worst = self.streak.clone()
+        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # skipped, loss, grad
+        self.streak_kinds = torch.zeros(2, dtype=torch.int32, device=device)  # loss, grad
+
+    def add(self, flags: torch.Tensor) -> None:
+        bad = flags.any()
+        self.streak.add_(1).mul_(bad)  # +1, or back to 0 after a good step
+        torch.maximum(self.worst, self.streak, out=self.worst)
+        self.counts.add_(torch.cat([bad.view(1), flags]))
+        torch.maximum(self.streak_kinds, flags, out=self.streak_kinds).mul_(bad)
+
+    def read(self) -> NonFiniteStats:
+        """The counts (a host sync: call at log lines and checkpoints only)."""
+        return NonFiniteStats(*torch.cat([self.streak.view(1), self.worst.view(1),
+                                          self.counts, self.streak_kinds]).tolist())
+
+    def new_window(self) -> None:
+        self.worst.copy_(self.streak)
+        self.counts.zero_()
+
+
+def eta_seconds(steps_left: int, steps_done: int, busy_s: float,
+                first_step_s: float) -> float | None:
+    """Seconds to finish at this process's average pace: ``busy_s`` is the wall time of
+    the ``steps_done`` steps it has run, evaluations and checkpoints included (they recur,
+    so they are spread over the steps rather than ignored or let dominate a window). The
+    first step (compilation, warm-up: ``first_step_s``) is left out once there are others.
+    None before any step."""
+    if steps_done <= 0:
+        return None
+    if steps_done == 1:
+        return steps_left * busy_s
+    return steps_left * max(busy_s - first_step_s, 0.0) / (steps_done - 1)
 
 
 @torch.no_grad()
@@ -236,22 +354,26 @@ def evaluate(model: LanguageModel, batches: Iterator[torch.Tensor], device: torc
 # --- the loop --------------------------------------------------------------------------------
 
 class Trainer:
-    """Trains one run in ``run_dir``; resumes from its newest valid checkpoint.
+    """Trains one run in ``run_dir``; resumes from its newest usable checkpoint.
 
     ``data`` is an object from ``ten.data.open_data``. ``identity`` holds what must not
     change across a resume (model shape, tokenizer, seq_len, ...); ``resolved`` is the
     full (secret-free) job, saved with every checkpoint. ``on_commit(path, seconds)`` is
-    called on the main rank after each committed checkpoint; ``stop.request(reason)``
-    (thread-safe) ends the run after the current step with a checkpoint, like SIGTERM.
+    called on the main rank after each committed checkpoint, ``on_log(record)`` with each
+    train record written to the metrics, ``on_step(step)`` after every step (cheap: it
+    runs on the hot path; a liveness watchdog); ``stop.request(reason)`` (thread-safe)
+    ends the run after the current step with a checkpoint, like SIGTERM.
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
                  identity: dict[str, Any], resolved: dict[str, Any],
                  log: Callable[[str], None] = print,
-                 on_commit: Callable[[Path, float], None] | None = None) -> None:
+                 on_commit: Callable[[Path, float], None] | None = None,
+                 on_log: Callable[[dict[str, Any]], None] | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
         self.model_config, self.data, self.cfg = model_config, data, cfg
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
-        self.log, self.on_commit = log, on_commit
+        self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
         self.ckpt_root = self.run_dir / "checkpoints"
         self.stop = StopSignal()
         self.device = resolve_device(cfg.device)
@@ -267,10 +389,29 @@ class Trainer:
             self.total_steps = cfg.max_steps
         else:
             self.total_steps = math.ceil(cfg.max_tokens / self.tokens_per_step)
+        self.nonfinite = NonFiniteCounter(self.device)
+        self.save_s = 0.0  # seconds spent checkpointing, for the log's checkpoint_frac
 
     # -- state that survives a restart ----------------------------------------------------
-    def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> float:
+    def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> bool:
+        """Commit a checkpoint of ``step``; False when it is not committed because the
+        latest step was skipped as non-finite. Adds its seconds to ``self.save_s``."""
         t0 = time.perf_counter()
+        # Every rank holds the same weights and flags, so every rank decides alike.
+        stats = self.nonfinite.read()  # host sync: once per checkpoint
+        self._check_divergence(step, stats)
+        self._check_weights_finite(step)
+        if stats.streak:
+            # Weights whose latest steps gave a non-finite loss are suspect even when they
+            # are finite: committing them could push good checkpoints out (keep_last) and
+            # a relaunch with a lower lr would resume from them.
+            if self.dist.is_main:
+                self.log(f"not committing a checkpoint at step {step}: its last "
+                         f"{stats.streak} step(s) had a non-finite "
+                         f"{stats.what(streak=True)} "
+                         f"({self._last_committed()})")
+            self.save_s += time.perf_counter() - t0
+            return False
         if self.dist.is_main:
             config = {"identity": self.identity, "resolved": self.resolved,
                       "model_config": dataclasses.asdict(self.model_config),
@@ -282,7 +423,8 @@ class Trainer:
                                "scheduler": self.scheduler.state_dict(),
                                "scaler": self.scaler.state_dict(), "rng": rng_state(),
                                "data": loader.state_dict(),
-                               "world_size": self.dist.world_size},
+                               "world_size": self.dist.world_size,
+                               "nonfinite_streak": stats.streak},
                 "config.json": json.dumps(config, indent=1, default=str).encode(),
             }
             path = ckpt.save(self.ckpt_root, step, files,
@@ -291,34 +433,87 @@ class Trainer:
             if self.on_commit is not None:
                 self.on_commit(path, time.perf_counter() - t0)
         barrier(self.dist)
-        return time.perf_counter() - t0
+        self.save_s += time.perf_counter() - t0
+        return True
+
+    def _check_divergence(self, step: int, stats: NonFiniteStats) -> None:
+        limit = self.cfg.max_nonfinite_steps
+        if stats.worst > limit:
+            raise DivergedError(
+                f"training diverged: {stats.worst} steps in a row had a non-finite "
+                f"{stats.what(streak=stats.streak > 0)} (by step {step}; "
+                f"train.max_nonfinite_steps is {limit}); their updates were skipped and "
+                f"nothing non-finite was committed ({self._last_committed()}); lower "
+                f"train.lr (now {self.cfg.lr:g})")
+
+    def _check_weights_finite(self, step: int) -> None:
+        with torch.no_grad():
+            finite = torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()])
+        if not bool(finite.all()):  # host sync: once per checkpoint
+            raise DivergedError(
+                f"training diverged: the weights are not finite at step {step}, so they are "
+                f"not committed ({self._last_committed()}); lower train.lr "
+                f"(now {self.cfg.lr:g})")
+
+    def _last_committed(self) -> str:
+        steps = ckpt.committed_steps(self.ckpt_root)
+        return f"the last checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
 
     def _resume(self, loader: Any) -> tuple[int, int]:
+        """Restore the newest checkpoint that verifies and loads; an unusable one (corrupt,
+        malformed, refused by weights_only) is reported in one line and the one before it
+        tried. Committed checkpoints of which none is usable raise ResumeError: a run is
+        never silently restarted from scratch over its own checkpoints."""
         if self.dist.is_main:
             ckpt.cleanup(self.ckpt_root, self.log)
         barrier(self.dist)
-        found = ckpt.latest_valid(self.ckpt_root, self.log)
-        if found is None:
-            return 0, 0
-        saved = json.loads((found.path / "config.json").read_text())
+        for found in ckpt.valid_checkpoints(self.ckpt_root, self.log):
+            try:
+                return self._restore(found, loader)
+            except ckpt.CheckpointError as e:
+                self.log(f"skipping unusable checkpoint: {e}")
+        committed = ckpt.committed_steps(self.ckpt_root)
+        if committed:
+            raise ResumeError(f"cannot resume {self.run_dir}: none of its {len(committed)} "
+                              "committed checkpoint(s) is usable (see above); restore one "
+                              f"from a trusted copy, or move {self.ckpt_root} away to start "
+                              "over")
+        return 0, 0
+
+    def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
+        path = found.path
+        saved = read_config(path)
         unsafe = config_diff(saved["identity"], self.identity)
         if unsafe:
-            raise ResumeError(f"cannot resume {self.run_dir} from {found.path.name}: unsafe "
+            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
                               f"changes ({'; '.join(unsafe)}); restore those settings or "
                               "use a new job name")
+        # Load everything before changing anything, so a refused file leaves no trace.
+        model_state = ckpt.load(path, "model.pt", self.device)
+        optim_state = ckpt.load(path, "optimizer.pt", self.device)
+        state = ckpt.load(path, "trainer.pt")
+        _check_trainer_state(path, state, found.step)
         changed = config_diff(saved["resolved"], self.resolved)
         if changed:
             self.log(f"resuming with changed settings: {'; '.join(changed)}")
-        self.raw_model.load_state_dict(ckpt.load(found.path, "model.pt", self.device))
-        self.optimizer.load_state_dict(ckpt.load(found.path, "optimizer.pt", self.device))
-        state = ckpt.load(found.path, "trainer.pt")
+        for what, apply in (("model.pt", lambda: self.raw_model.load_state_dict(model_state)),
+                            ("optimizer.pt", lambda: self.optimizer.load_state_dict(optim_state)),
+                            ("trainer.pt", lambda: self._apply_trainer_state(state, loader))):
+            try:
+                apply()
+            except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
+                    AttributeError) as e:  # a malformed state; DataError (cursor) passes
+                raise ckpt.CheckpointError(f"{path}: {what} does not fit this run "
+                                           f"({type(e).__name__}: {_first_line(e)})") from None
+        self.log(f"resumed from {path} (step {state['step']}, {state['tokens']:,} tokens)")
+        return state["step"], state["tokens"]
+
+    def _apply_trainer_state(self, state: dict[str, Any], loader: Any) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
-        loader.load_state_dict(state["data"])
-        self.log(f"resumed from {found.path} (step {state['step']}, "
-                 f"{state['tokens']:,} tokens)")
-        return state["step"], state["tokens"]
+        loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
+        self.nonfinite = NonFiniteCounter(self.device, int(state.get("nonfinite_streak", 0)))
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -336,13 +531,17 @@ class Trainer:
                                         pin_memory=self.device.type == "cuda")
         step, tokens = self._resume(loader)
         model: torch.nn.Module = self.raw_model
-        no_sync = None
+        no_sync = any_rank = None
         if self.dist.enabled:
+            import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda"
                         else None)
             no_sync = model.no_sync
+
+            def any_rank(t: torch.Tensor) -> None:  # every rank skips the same steps
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if cfg.compile:
             model = torch.compile(model)
         model.train()
@@ -360,10 +559,11 @@ class Trainer:
             self.log(f"note: warmup_steps={cfg.warmup_steps} >= the {self.total_steps}-step "
                      "budget, so the lr never reaches its peak")
         outcome = Outcome.DONE
-        loss_acc = torch.zeros((), device=self.device)
+        loss_acc = torch.zeros((), device=self.device)  # over the window's unskipped steps
         window = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "steps": 0}
         last_loss: float | None = None
-        t_window = time.perf_counter()
+        first_step, first_step_s = step, 0.0
+        t_start = t_window = time.perf_counter()
         batches = iter(loader)
         with self.stop as stop:
             while step < self.total_steps:
@@ -372,23 +572,32 @@ class Trainer:
                          for _ in range(cfg.grad_accum)]
                 t1 = time.perf_counter()
                 lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-                loss, norm = train_step(model, self.optimizer, self.scaler, micro,
-                                        self.amp_dtype, cfg.grad_clip, no_sync)
+                loss, norm, flags = train_step(model, self.optimizer, self.scaler, micro,
+                                               self.amp_dtype, cfg.grad_clip, no_sync, any_rank)
                 self.scheduler.step()
                 step += 1
                 tokens += self.tokens_per_step
-                loss_acc += loss
+                if self.on_step is not None:
+                    self.on_step(step)
+                self.nonfinite.add(flags)
+                loss_acc += loss.masked_fill(flags.any(), 0.0)
                 window["data"] += t1 - t0
                 window["compute"] += time.perf_counter() - t1
                 window["steps"] += 1
+                if step == first_step + 1:
+                    first_step_s = time.perf_counter() - t_start
                 stopping = broadcast_flag(stop.reason is not None, self.dist, self.device)
 
                 if step % cfg.log_every == 0 or step == self.total_steps or stopping:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()  # host sync: once per logging interval
-                    elapsed = time.perf_counter() - t_window
+                    now = time.perf_counter()
+                    elapsed = now - t_window
+                    stats = self.nonfinite.read()  # host sync (logging)
+                    self._check_divergence(step, stats)
                     all_reduce_mean(loss_acc, self.dist)  # the global batch's loss
-                    last_loss = (loss_acc / window["steps"]).item()  # host sync (logging)
+                    good = window["steps"] - stats.skipped
+                    last_loss = (loss_acc / good).item() if good else math.nan  # host sync
                     tok_s = window["steps"] * self.tokens_per_step / elapsed
                     rec = {"loss": last_loss, "lr": lr,
                            "grad_norm": norm.item(), "tokens": tokens, "tokens_per_s": tok_s,
@@ -396,7 +605,10 @@ class Trainer:
                            "data_wait_frac": window["data"] / elapsed,
                            "compute_frac": window["compute"] / elapsed,
                            "checkpoint_frac": window["checkpoint"] / elapsed,
-                           "step_time_s": elapsed / window["steps"]}
+                           "step_time_s": elapsed / window["steps"],
+                           "eta_s": eta_seconds(self.total_steps - step, step - first_step,
+                                                now - t_start, first_step_s),
+                           "skipped_steps": stats.skipped}
                     if self.device.type == "cuda":
                         rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                     else:  # ru_maxrss is in KiB on Linux
@@ -404,8 +616,15 @@ class Trainer:
                         rec["peak_rss_gb"] = rss_kib / 2**20
                     if metrics:
                         metrics.write("train", step, rec)
+                        if stats.skipped:
+                            self.log(f"skipped {stats.skipped} of steps "
+                                     f"{step - window['steps'] + 1}-{step}: non-finite "
+                                     f"{stats.what()}, no update applied")
                         self.log(progress_line(step, self.total_steps, rec))
+                        if self.on_log is not None:
+                            self.on_log(rec)
                     loss_acc.zero_()
+                    self.nonfinite.new_window()
                     window = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "steps": 0}
                     t_window = time.perf_counter()
 
@@ -413,11 +632,15 @@ class Trainer:
                     self._eval(step, metrics)
                     t_window = time.perf_counter()
 
+                committed = False
                 if stopping or step % cfg.checkpoint_every == 0 or step == self.total_steps:
-                    window["checkpoint"] += self._save(step, tokens, loader, last_loss)
+                    save_s = self.save_s
+                    committed = self._save(step, tokens, loader, last_loss)
+                    window["checkpoint"] += self.save_s - save_s
                 if stopping:
-                    self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: "
-                             "checkpoint committed, run again to resume")
+                    self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: " + (
+                        "checkpoint committed, run again to resume" if committed else
+                        f"not committed, {self._last_committed()}; run again to resume"))
                     outcome = Outcome.PREEMPTED
                     break
         if outcome is Outcome.DONE:
@@ -438,12 +661,48 @@ class Trainer:
         return loss
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``config.json``; CheckpointError (one line) when it is unreadable or
+    lacks a field, so a damaged one counts as a corrupt checkpoint, never a KeyError."""
+    try:
+        saved = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise ckpt.CheckpointError(f"{path}: unreadable config.json "
+                                   f"({type(e).__name__}: {_first_line(e)})") from None
+    fields = (("identity", dict), ("resolved", dict), ("model_config", dict),
+              ("model_class", str))
+    if not isinstance(saved, dict):
+        raise ckpt.CheckpointError(f"{path}: config.json is not a JSON object (corrupt)")
+    bad = [name for name, kind in fields if not isinstance(saved.get(name), kind)]
+    if bad:
+        raise ckpt.CheckpointError(f"{path}: config.json lacks {', '.join(bad)} (corrupt)")
+    return saved
+
+
+def _check_trainer_state(path: Path, state: Any, step: int) -> None:
+    """trainer.pt's fields and types, before any is used (a damaged file is corrupt)."""
+    fields = (("step", int), ("tokens", int), ("scheduler", dict), ("scaler", dict),
+              ("rng", dict), ("data", dict))
+    if not isinstance(state, dict):
+        raise ckpt.CheckpointError(f"{path}: trainer.pt is not a dict (corrupt)")
+    bad = [name for name, kind in fields if not isinstance(state.get(name), kind)]
+    if bad:
+        raise ckpt.CheckpointError(f"{path}: trainer.pt lacks {', '.join(bad)} (corrupt)")
+    if state["step"] != step:
+        raise ckpt.CheckpointError(f"{path}: trainer.pt is for step {state['step']} (corrupt)")
+
+
 def progress_line(step: int, total: int, rec: dict[str, Any]) -> str:
-    eta = (total - step) * rec["step_time_s"]
+    eta = rec.get("eta_s")
     util = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
     return (f"step {step:>{len(str(total))}}/{total} | loss {rec['loss']:.4f} | "
             f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | MFU {util} | "
-            f"data {100 * rec['data_wait_frac']:.1f}% | ETA {_hms(eta)}")
+            f"data {100 * rec['data_wait_frac']:.1f}% | ETA {'-' if eta is None else _hms(eta)}")
 
 
 def _hms(seconds: float) -> str:
@@ -452,13 +711,18 @@ def _hms(seconds: float) -> str:
 
 
 def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> LanguageModel:
-    """Rebuild the model a checkpoint was saved from and load its weights."""
+    """Rebuild the model a checkpoint was saved from and load its weights; a damaged or
+    refused checkpoint raises CheckpointError (one line)."""
     from ten.model import TENConfig
     from ten.transformer import TransformerConfig
 
-    saved = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    path = Path(checkpoint_dir)
+    saved = read_config(path)
     cls = TENConfig if saved["model_class"] == "TENLM" else TransformerConfig
-    fields = saved["model_config"]
-    model = build_model(cls(**fields)).to(device)
-    model.load_state_dict(ckpt.load(Path(checkpoint_dir), "model.pt", device))
+    try:
+        model = build_model(cls(**saved["model_config"])).to(device)
+        model.load_state_dict(ckpt.load(path, "model.pt", device))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ckpt.CheckpointError(f"{path}: the model does not load "
+                                   f"({type(e).__name__}: {_first_line(e)})") from None
     return model.eval()

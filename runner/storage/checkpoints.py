@@ -16,13 +16,15 @@ believed). :func:`download_checkpoint` verifies every sha256 and commits locally
 corrupt, and never quietly returns "nothing" over a bucket that has committed
 checkpoints it cannot read.
 
-This module does not import torch (the manifest format is mirrored here and a test
-keeps it in step with ten.checkpoint).
+A manifest is untrusted input (whoever can write the bucket): any malformed one (bad
+JSON, missing keys, wrong types, unsafe file names, another step's) makes its step
+corrupt, skipped with one line like a failed checksum; the checks are ten.checkpoint's
+own (:func:`ten.checkpoint.manifest_problem`), which, like this module, does not import
+torch.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -34,17 +36,17 @@ from typing import Any
 from runner.storage.base import StorageError, Store, sha256_file
 from runner.storage.lease import Lease, LeaseLost
 from runner.storage.retention import retained_steps
+from ten import checkpoint as tc
 from ten.fileio import fsync_dir
 
 __all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "committed_steps", "download_checkpoint",
            "latest_committed", "prune_remote", "restore_latest", "retained_steps",
            "upload_checkpoint"]
 
-MANIFEST = "manifest.json"  # as ten.checkpoint.MANIFEST
-FORMAT_VERSION = 1  # as ten.checkpoint.FORMAT_VERSION
+MANIFEST = tc.MANIFEST
+FORMAT_VERSION = tc.FORMAT_VERSION
 LATEST = "LATEST"
 _STEP_RE = re.compile(r"^step-(\d{8})$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 Report = Callable[[str], None]
 
 
@@ -60,22 +62,13 @@ def _step_prefix(job_prefix: str, step: int) -> str:
     return f"{job_prefix.strip('/')}/checkpoints/{step_name(step)}"
 
 
-def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
-    """A manifest's dict, checked enough to trust its file names and numbers."""
+def parse_manifest(raw: bytes, where: str, step: int | None = None) -> dict[str, Any]:
+    """A manifest's dict, checked enough to trust its file names and numbers (and, with
+    ``step``, that it is that step's); CorruptCheckpoint (one line) otherwise."""
     try:
-        manifest = json.loads(raw)
-    except ValueError:
-        raise CorruptCheckpoint(f"{where}/{MANIFEST} is not valid JSON") from None
-    ok = (isinstance(manifest, dict) and manifest.get("format") == FORMAT_VERSION
-          and isinstance(manifest.get("step"), int) and isinstance(manifest.get("files"), dict))
-    if ok:
-        for name, entry in manifest["files"].items():
-            ok = ok and bool(_NAME_RE.match(name)) and name != MANIFEST and isinstance(
-                entry, dict) and isinstance(entry.get("size"), int) and isinstance(
-                entry.get("sha256"), str)
-    if not ok:
-        raise CorruptCheckpoint(f"{where}/{MANIFEST} has an unknown format")
-    return manifest
+        return tc.parse_manifest(raw, where, step)
+    except tc.CheckpointError as e:
+        raise CorruptCheckpoint(str(e)) from None
 
 
 def _missing_objects(store: Store, prefix: str, manifest: dict[str, Any]) -> str | None:
@@ -128,7 +121,8 @@ def upload_checkpoint(store: Store, job_prefix: str, local_ckpt_dir: Path,
                            "not uploading it") from None
     except OSError as e:
         raise StorageError(f"cannot read {local / MANIFEST}: {e.strerror or e}") from None
-    manifest = parse_manifest(raw, str(local))
+    m = _STEP_RE.match(local.name)
+    manifest = parse_manifest(raw, str(local), int(m.group(1)) if m else None)
     step = manifest["step"]
     prefix = _step_prefix(job_prefix, step)
     remote = store.get_bytes(f"{prefix}/{MANIFEST}")
@@ -180,7 +174,7 @@ def _check_remote(store: Store, job_prefix: str, step: int,
     try:
         if raw is None:
             raise CorruptCheckpoint(f"{where}: {MANIFEST} disappeared")
-        manifest = parse_manifest(raw, where)
+        manifest = parse_manifest(raw, where, step)
         problem = _missing_objects(store, prefix, manifest)
         if problem:
             raise CorruptCheckpoint(f"{where}: {problem}")
@@ -202,7 +196,7 @@ def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_roo
     raw = store.get_bytes(f"{prefix}/{MANIFEST}")
     if raw is None:
         raise CorruptCheckpoint(f"{where} is not committed (no {MANIFEST})")
-    manifest = parse_manifest(raw, where)
+    manifest = parse_manifest(raw, where, step)
     root = Path(local_ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
@@ -234,10 +228,9 @@ def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_roo
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(root)
+        # A local copy of this step (damaged, or another version) stays in place until
+        # the verified download replaces it: moved aside, never deleted first.
+        tc.install(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

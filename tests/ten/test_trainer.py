@@ -1,20 +1,37 @@
-"""The trainer in-process: exact resume after a stop signal, corrupt checkpoints,
-refused unsafe changes, retention, gradient accumulation."""
+"""The trainer in-process: exact resume after a stop signal, corrupt, malformed and
+tampered checkpoints, refused unsafe changes, retention, gradient accumulation,
+non-finite steps, the ETA."""
 
+import hashlib
 import json
+import math
 import os
 import random
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from ten import checkpoint as ckpt
+from ten import trainer as trainer_mod
 from ten.data import DataConfig, open_data
 from ten.metrics import read_metrics
 from ten.presets import model_config
-from ten.trainer import Outcome, ResumeError, TrainConfig, Trainer, load_model
+from ten.trainer import (
+    DivergedError,
+    Outcome,
+    ResumeError,
+    TrainConfig,
+    Trainer,
+    eta_seconds,
+    load_model,
+    progress_line,
+    rng_state,
+    set_rng_state,
+    train_step,
+)
 
 WORDS = ("the eigenstate decays and rotates while tokens arrive one after another in a "
          "long sequence of plain english words").split()
@@ -189,3 +206,284 @@ def test_resume_state_is_written_atomically(data, tmp_path):
     assert {"scheduler", "scaler", "rng", "data", "step", "tokens"} <= set(state)
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
     assert Path(run / "metrics.jsonl").exists()
+
+
+def test_adamw8bit_checkpoint_loads_with_weights_only_and_resumes(data, tmp_path):
+    run = tmp_path / "q8"
+    assert trainer(data, run, max_steps=4, optimizer="adamw8bit").run() is Outcome.DONE
+    path = run / "checkpoints" / "step-00000004"
+    for name in ("model.pt", "optimizer.pt", "trainer.pt"):
+        ckpt.load(path, name)  # weights_only=True: plain tensors and containers only
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=6, optimizer="adamw8bit"), run,
+                {"model": "m"}, {"train": {}}, log=notes.append)
+    assert t.run() is Outcome.DONE
+    assert any("resumed from" in n and "step-00000004" in n for n in notes)
+
+
+def test_rng_state_round_trips_through_weights_only(tmp_path):
+    random.seed(3), np.random.seed(4), torch.manual_seed(5)
+    np.random.standard_normal()  # leaves a cached gaussian in numpy's legacy state
+    state = rng_state()
+    torch.save(state, tmp_path / "rng.pt")
+    expect = (random.random(), np.random.standard_normal(), np.random.randint(1 << 30),
+              torch.rand(3))
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    got = (random.random(), np.random.standard_normal(), np.random.randint(1 << 30),
+           torch.rand(3))
+    assert got[:3] == expect[:3] and torch.equal(got[3], expect[3])
+
+
+# --- damaged, malformed and tampered checkpoints on resume ------------------------------
+
+def reseal(path):
+    """Recompute the manifest's sizes and sha256s, as whoever changed a file could."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    for name in manifest["files"]:
+        raw = (path / name).read_bytes()
+        manifest["files"][name] = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+class Marker:
+    """Unpickling this creates a file: the code an attacker would plant."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def resume_notes(data, run, max_steps=10):
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=max_steps), run, {"model": "m"},
+                {"train": {}}, log=notes.append)
+    return t, notes
+
+
+def test_config_json_without_a_key_counts_as_corrupt(data, tmp_path):
+    run = tmp_path / "run"
+    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    newest = run / "checkpoints" / "step-00000008"
+    config = json.loads((newest / "config.json").read_text())
+    del config["identity"]
+    (newest / "config.json").write_text(json.dumps(config))
+    reseal(newest)
+    t, notes = resume_notes(data, run)
+    assert t.run() is Outcome.DONE
+    skipped = [n for n in notes if "step-00000008" in n and "skipping" in n]
+    assert len(skipped) == 1 and "config.json lacks identity" in skipped[0]
+    assert any("resumed from" in n and "step-00000004" in n for n in notes)
+
+
+def test_trainer_state_without_a_field_counts_as_corrupt(data, tmp_path):
+    run = tmp_path / "run"
+    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    newest = run / "checkpoints" / "step-00000008"
+    state = ckpt.load(newest, "trainer.pt")
+    del state["scheduler"]
+    state["rng"]["numpy"] = [1, 2]
+    torch.save(state, newest / "trainer.pt")
+    reseal(newest)
+    t, notes = resume_notes(data, run)
+    assert t.run() is Outcome.DONE
+    assert any("trainer.pt lacks scheduler" in n for n in notes)
+    assert any("resumed from" in n and "step-00000004" in n for n in notes)
+
+
+def test_a_renamed_files_key_falls_back_to_the_previous_step(data, tmp_path):
+    run = tmp_path / "run"
+    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    manifest_path = run / "checkpoints" / "step-00000008" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["entries"] = manifest.pop("files")
+    manifest_path.write_text(json.dumps(manifest))
+    t, notes = resume_notes(data, run)
+    assert t.run() is Outcome.DONE
+    assert any("skipping corrupt" in n and 'no "files" object' in n for n in notes)
+    assert any("resumed from" in n and "step-00000004" in n for n in notes)
+
+
+def test_a_tampered_pickle_never_runs_and_the_previous_step_is_used(data, tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    newest = run / "checkpoints" / "step-00000008"
+    weights = ckpt.load(newest, "model.pt")
+    weights["_extra"] = Marker(marker)
+    torch.save(weights, newest / "model.pt")
+    reseal(newest)  # an attacker with write access to the bucket rewrites the manifest too
+    t, notes = resume_notes(data, run)
+    assert t.run() is Outcome.DONE
+    assert not marker.exists()
+    refused = [n for n in notes if "refuses to load" in n]
+    assert len(refused) == 1 and "step-00000008" in refused[0] and "\n" not in refused[0]
+    assert "not plain tensors (possibly tampered)" in refused[0]
+    assert any("resumed from" in n and "step-00000004" in n for n in notes)
+
+
+def test_a_run_whose_only_checkpoint_is_tampered_stops_with_one_line(data, tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    assert trainer(data, run, max_steps=4).run() is Outcome.DONE
+    only = run / "checkpoints" / "step-00000004"
+    state = ckpt.load(only, "trainer.pt")
+    state["rng"]["evil"] = Marker(marker)
+    torch.save(state, only / "trainer.pt")
+    weights = ckpt.load(only, "model.pt")
+    weights["_extra"] = Marker(marker)
+    torch.save(weights, only / "model.pt")
+    reseal(only)
+    t, _ = resume_notes(data, run)
+    with pytest.raises(ResumeError, match="none of its 1 committed checkpoint") as e:
+        t.run()
+    assert "\n" not in str(e.value) and not marker.exists()
+    with pytest.raises(ckpt.CheckpointError, match="refuses to load"):
+        load_model(only)  # what `ten-runner sample` uses
+    assert not marker.exists()
+
+
+def test_load_model_with_a_damaged_config_is_a_checkpoint_error(data, tmp_path):
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=4).run()
+    path = run / "checkpoints" / "step-00000004"
+    (path / "config.json").write_text('{"model_class": "TENLM"}')
+    with pytest.raises(ckpt.CheckpointError, match="config.json lacks"):
+        load_model(path)
+
+
+# --- non-finite steps ---------------------------------------------------------------------
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.out = torch.nn.Linear(16, 50)
+
+    def forward(self, x):
+        return self.out(self.emb(x)), None
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["host-check", "fused-found-inf"])
+@pytest.mark.parametrize("poison", ["grad", "loss"])
+def test_a_non_finite_step_leaves_weights_and_optimizer_untouched(fused, poison):
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    batch = torch.randint(0, 50, (2, 9))
+    train_step(model, opt, scaler, [batch], None, 1.0)  # a normal step: the state exists
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: {n: t.clone() for n, t in v.items()} for k, v in opt.state.items()}
+    if poison == "grad":
+        handle = model.out.weight.register_hook(lambda g: g * math.nan)
+    else:
+        handle = model.out.register_forward_hook(lambda m, i, o: o * math.inf)
+    loss, norm, flags = train_step(model, opt, scaler, [batch], None, 1.0)
+    handle.remove()
+    assert flags.tolist() == ([0, 1] if poison == "grad" else [1, 1])
+    assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(state[k][n], opt.state[k][n]) for k in state for n in state[k])
+    _, _, flags = train_step(model, opt, scaler, [batch], None, 1.0)
+    assert flags.tolist() == [0, 0]
+    assert not torch.equal(params["out.weight"], model.out.weight)  # updates again
+
+
+def poison_steps(monkeypatch, steps):
+    """Make the trainer's model give a non-finite loss at these (1-based) train steps."""
+    real = trainer_mod.build_model
+    calls = {"n": 0}
+
+    def build(cfg):
+        model = real(cfg)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return None
+            calls["n"] += 1
+            if calls["n"] in steps:
+                logits, rest = output
+                return logits * math.nan, rest
+            return None
+        model.register_forward_hook(hook)
+        return model
+    monkeypatch.setattr(trainer_mod, "build_model", build)
+
+
+def test_skipped_steps_are_logged_recorded_and_never_committed(data, tmp_path, monkeypatch):
+    poison_steps(monkeypatch, {3, 4})
+    run, notes = tmp_path / "run", []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=8), run, {"model": "m"}, {"train": {}},
+                log=notes.append)
+    assert t.run() is Outcome.DONE
+    train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"}
+    assert {s: r["skipped_steps"] for s, r in train.items() if r["skipped_steps"]} == {3: 1, 4: 1}
+    assert all(math.isfinite(r["loss"]) for s, r in train.items() if s not in (3, 4))
+    assert any(n.startswith("skipped 1 of steps 3-3: non-finite loss") for n in notes)
+    # step 4 ended a streak of non-finite steps: not committed; step 8 is
+    assert any("not committing a checkpoint at step 4" in n for n in notes)
+    assert ckpt.committed_steps(run / "checkpoints") == [8]
+    state = ckpt.load(run / "checkpoints" / "step-00000008", "trainer.pt")
+    assert state["nonfinite_streak"] == 0
+
+
+def test_a_diverging_run_stops_with_one_line_and_commits_nothing_non_finite(data, tmp_path):
+    run = tmp_path / "run"
+    t = trainer(data, run, max_steps=30, lr=1e10, warmup_steps=0, eval_every=0,
+                log_every=10, max_nonfinite_steps=3)
+    with pytest.raises(DivergedError) as e:
+        t.run()
+    message = str(e.value)
+    assert "\n" not in message and "lower train.lr (now 1e+10)" in message
+    assert "non-finite loss" in message and "train.max_nonfinite_steps is 3" in message
+    for step in ckpt.committed_steps(run / "checkpoints"):
+        weights = ckpt.load(run / "checkpoints" / ckpt.step_name(step), "model.pt")
+        assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_non_finite_weights_are_never_committed(data, tmp_path):
+    t = trainer(data, tmp_path / "run", max_steps=4)
+    t.raw_model = Tiny()
+    with torch.no_grad():
+        t.raw_model.out.bias[3] = math.inf
+    with pytest.raises(DivergedError, match="weights are not finite at step 4.*lower train.lr"):
+        t._save(4, 0, None, None)
+    assert ckpt.committed_steps(tmp_path / "run" / "checkpoints") == []
+
+
+def test_on_log_gets_each_train_record(data, tmp_path):
+    seen = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=4, log_every=2), tmp_path / "run",
+                {"model": "m"}, {"train": {}}, log=lambda s: None, on_log=seen.append)
+    t.run()
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(seen) == len(train) == 2
+    assert [r["step_time_s"] for r in seen] == [r["step_time_s"] for r in train]
+
+
+# --- the ETA ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("left,done,busy,first,eta", [
+    (100, 0, 0.0, 0.0, None),  # nothing timed yet
+    (100, 1, 30.0, 30.0, 3000.0),  # only the first step: it is all there is
+    (100, 11, 40.0, 30.0, 100.0),  # the slow first step (compilation) is left out
+    (0, 50, 99.0, 1.0, 0.0),
+    # a checkpoint of 10 s every 10 steps of 1 s: spread over them, 2 s a step
+    (100, 21, 1.0 + 20 * 1.0 + 2 * 10.0, 1.0, 200.0),
+])
+def test_eta_table(left, done, busy, first, eta):
+    assert eta_seconds(left, done, busy, first) == eta
+
+
+def test_eta_is_steady_when_one_window_holds_a_checkpoint():
+    # 1 s steps, a 60 s checkpoint at step 100: the old window ETA jumped 7x (10 steps
+    # of 1 s + 60 s); the run average moves by the checkpoint's share only.
+    before = eta_seconds(900, 100, 100.0, 1.0)
+    after = eta_seconds(890, 110, 110.0 + 60.0, 1.0)
+    assert before == pytest.approx(900.0)
+    assert after / before < 1.6
+
+
+def test_progress_line_shows_the_eta():
+    rec = {"loss": 2.5, "lr": 1e-3, "tokens_per_s": 1000.0, "mfu": None,
+           "data_wait_frac": 0.01, "eta_s": 3725.0}
+    assert progress_line(5, 100, rec).endswith("| ETA 1:02:05")
+    assert progress_line(5, 100, {**rec, "eta_s": None}).endswith("| ETA -")

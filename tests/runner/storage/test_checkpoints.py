@@ -277,3 +277,104 @@ def test_concurrent_lease_claims_get_distinct_epochs(store):
         if lease is not newest:
             with pytest.raises(LeaseLost):
                 lease.check()
+
+
+# --- malformed manifests in the bucket ---------------------------------------------------
+
+def _manifest_edit(edit):
+    def damage(raw):
+        manifest = json.loads(raw)
+        edit(manifest)
+        return json.dumps(manifest).encode()
+    return damage
+
+
+def _drop_files(m):
+    m["entries"] = m.pop("files")
+
+
+REMOTE_MALFORMED = {
+    "files renamed": _manifest_edit(_drop_files),
+    "entry a list": _manifest_edit(lambda m: m["files"].update({"model.pt": [1, 2]})),
+    "size a string": _manifest_edit(lambda m: m["files"]["model.pt"].update(size="3000")),
+    "sha256 a number": _manifest_edit(lambda m: m["files"]["model.pt"].update(sha256=1)),
+    "a path as a name": _manifest_edit(lambda m: m["files"].update(
+        {"../../../escape": {"size": 1, "sha256": "0" * 64}})),
+    "another step's": _manifest_edit(lambda m: m.update(step=1)),
+    "bad JSON": lambda raw: raw[:-5],
+    "a JSON list": lambda raw: b"[]",
+    "deeply nested": lambda raw: b"[" * 100000 + b"]" * 100000,
+}
+
+
+@pytest.mark.parametrize("damage", REMOTE_MALFORMED.values(), ids=REMOTE_MALFORMED.keys())
+def test_a_malformed_remote_manifest_is_skipped_for_the_previous_step(store, tmp_path, damage):
+    local = tmp_path / "checkpoints"
+    for step in (1, 2):
+        upload_checkpoint(store, JOB, make_ckpt(local, step))
+    key = f"{JOB}/checkpoints/step-00000002/manifest.json"
+    store.put_bytes(key, damage(store.get_bytes(key)))
+    messages = []
+    assert latest_committed(store, JOB, report=messages.append) == 1
+    assert len(messages) == 1 and "step-00000002/manifest.json" in messages[0]
+    assert "\n" not in messages[0]
+    with pytest.raises(CorruptCheckpoint, match="step-00000002/manifest.json"):
+        download_checkpoint(store, JOB, 2, tmp_path / "x")
+    restored = tmp_path / "restored"
+    assert restore_latest(store, JOB, restored, report=messages.append) == 1
+    assert sorted(p.name for p in restored.iterdir()) == ["step-00000001"]
+    assert not (tmp_path / "escape").exists()
+
+
+def test_redownloading_over_a_damaged_local_copy_never_deletes_it_first(
+        store, tmp_path, monkeypatch):
+    upload_checkpoint(store, JOB, make_ckpt(tmp_path / "src", 3))
+    root = tmp_path / "checkpoints"
+    damaged = make_ckpt(root, 3)  # another version of step 3 sits where it will go
+    seen = []
+    real_replace = os.replace
+
+    def watch(src, dst):
+        if os.path.basename(src).startswith(".tmp-") and dst == damaged:
+            # the old copy is whole under another name until the download is in place
+            seen.append([tc.verify(p, 3)["step"] for p in root.iterdir()
+                         if p.name.startswith(".old-")])
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(tc.os, "replace", watch)
+    download_checkpoint(store, JOB, 3, root)
+    assert seen == [[3]]
+    assert [p.name for p in root.iterdir()] == ["step-00000003"]
+    assert (root / "step-00000003" / "model.pt").read_bytes() == \
+        (tmp_path / "src" / "step-00000003" / "model.pt").read_bytes()
+
+
+# --- the background uploader -----------------------------------------------------------
+
+def test_checkpoint_sync_survives_an_unexpected_upload_error(store, tmp_path):
+    from runner.sync import CheckpointSync
+
+    class Flaky(Recorder):
+        fail = True
+
+        def put_file(self, key, path, sha256=None):
+            if Flaky.fail:
+                Flaky.fail = False
+                raise RuntimeError("boom")
+            return super().put_file(key, path, sha256)
+
+    messages = []
+    sync = CheckpointSync(Flaky(store), JOB, keep_last=2, milestone_every=None, lease=None,
+                          log=messages.append)
+    try:
+        sync.submit(make_ckpt(tmp_path, 1))
+        assert sync.flush(timeout_s=30)
+        assert "RuntimeError: boom" in sync.error
+        second = make_ckpt(tmp_path, 2)
+        sync.submit(second)  # the worker is still alive to take it
+        assert sync.flush(timeout_s=30)
+        assert sync.commit_now(second)
+    finally:
+        sync.close()
+    assert latest_committed(store, JOB) == 2
+    assert any("failed unexpectedly (RuntimeError: boom)" in m for m in messages)
