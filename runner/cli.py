@@ -36,23 +36,55 @@ def presets(arch: str) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a field, e.g. --set train.lr=1e-3 (value parsed as YAML).")
-def validate(files: tuple[str, ...], sets: tuple[str, ...]) -> None:
-    """Check job files without running them: every problem, with file:line."""
+@click.option("--no-path-checks", is_flag=True,
+              help="Do not require a local data.dataset / data.tokenizer.path to exist here "
+                   "(for a job whose files exist only where it runs).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list of {file, ok, errors, summary} on stdout instead.")
+def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool,
+             as_json: bool) -> None:
+    """Check job files without running them: every problem, with file:line.
+
+    Exit codes: 0 all valid, 2 any invalid (also with --json)."""
     from runner.job import JobError, load_job
 
     bad = 0
+    results = []
     for path in files:
         try:
-            job = load_job(path, sets=sets)
+            job = load_job(path, sets=sets, check_paths=not no_path_checks)
         except JobError as err:
             bad += 1
-            for line in err.errors:
-                click.echo(line, err=True)
+            results.append({"file": path, "ok": False, "errors": err.errors, "summary": None})
+            if not as_json:
+                for line in err.errors:
+                    click.echo(line, err=True)
             continue
-        click.echo(f"ok: {path} ({job.summary()})")
+        results.append({"file": path, "ok": True, "errors": [], "summary": job.summary()})
+        if not as_json:
+            click.echo(f"ok: {path} ({job.summary()})")
+    if as_json:
+        click.echo(_to_json(results))
     if bad:
         raise UserError(f"{bad} of {len(files)} job file{'s' if len(files) > 1 else ''} "
                         "invalid", exit_code=ExitCode.CONFIG)
+
+
+def _to_json(data) -> str:
+    """``--json`` output: strict JSON (a NaN loss from a diverged run becomes null, which
+    every parser reads; Python's default "NaN" is not JSON)."""
+    import math
+
+    def strict(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [strict(v) for v in value]
+        return value
+
+    return json.dumps(strict(data), indent=2, allow_nan=False)
 
 
 @cli.command()
@@ -75,32 +107,52 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     JOB_FILE may also be an s3:// URL. With resources.gpus > 1 it runs N ranks under
     torchrun and exits with rank 0's code.
 
-    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 4 storage error, 5 the
-    GPU failed the pre-flight check, 75 preempted (a checkpoint was committed; run
+    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 4 storage error (also a
+    full or read-only disk, or another run holding the run directory), 5 the GPU failed
+    the pre-flight check, 9 diverged (the loss stayed non-finite: lower train.lr), 75
+    stopped by a signal or a preemption notice (everything trained is committed; run
     again to resume)."""
-    job = _load(job_file, sets)
-    from runner.launch import launch, needs_launcher
+    from runner import stopping
+    from runner.run import exit_process
 
-    if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
-        raise SystemExit(launch(job_file, sets, job, no_sample=no_sample))
-    from runner.run import exit_process, run_job
+    stopping.install()  # from the first moment: a stop before the loop exits 75 too
+    try:
+        job = _load(job_file, sets)
+        from runner.launch import launch, needs_launcher
 
-    exit_process(run_job(job, sample_prompt=None if no_sample else "The"))
+        if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
+            raise SystemExit(launch(job_file, sets, job, no_sample=no_sample))
+        from runner.run import run_job
+
+        code = run_job(job, sample_prompt=None if no_sample else "The")
+    except stopping.Interrupted as stop:
+        stopping.handled()
+        click.echo(f"stopped by {stop.name} during start-up: nothing to save yet; run "
+                   "again to resume", err=True)
+        code = ExitCode.PREEMPTED
+    exit_process(code)
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path())
+@click.argument("run", metavar="RUN")
+@click.option("--job", "job_name", default=None, help="Job name inside a store.")
+@click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
 @click.option("--prompt", default="The", show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0))
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
-def sample(run_dir: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
-           seed: int) -> None:
-    """Generate text from the newest valid checkpoint in RUN_DIR (e.g. runs/tiny-cpu)."""
+def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str,
+           max_new_tokens: int, temperature: float, top_k: int, seed: int) -> None:
+    """Generate text from the newest valid checkpoint of RUN: a run directory (e.g.
+    runs/tiny-cpu), a bucket run (s3://bucket/prefix/JOB: its newest committed checkpoint
+    and tokenizer are downloaded under $TEN_CACHE_DIR/samples), a job file, or a
+    submitted job's id."""
     from runner.sample import sample_run
 
-    click.echo(sample_run(run_dir, prompt, max_new_tokens, temperature, top_k, seed))
+    where, job_name, endpoint_url = _resolve(run, job_name, endpoint_url)
+    click.echo(sample_run(where, prompt, max_new_tokens, temperature, top_k, seed,
+                          job=job_name, endpoint_url=endpoint_url))
 
 
 def _load(job_file: str, sets: tuple[str, ...] = ()):
@@ -150,21 +202,29 @@ _ENDPOINT = click.option("--endpoint-url", default=None, help="S3-compatible end
 @_TARGET
 @_JOB
 @_ENDPOINT
-def status(target: str, job_name: str | None, endpoint_url: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON on stdout: a list of heartbeat statuses (each with "
+                   "\"stale\"), or for a job id its record as an object.")
+def status(target: str, job_name: str | None, endpoint_url: str | None,
+           as_json: bool) -> None:
     """Where runs stand, from their heartbeat: TARGET is a job file, a store (./runs,
     s3://bucket/prefix) or a run directory. Works from a laptop while the job runs
     elsewhere; a heartbeat that stopped arriving shows as stale."""
-    from runner.monitor.status import format_status_table, read_statuses
+    from runner.monitor.status import format_status_table, read_statuses, status_records
 
     record = _submitted(target)
     if record is not None:
-        click.echo(_describe_submitted(record))
+        click.echo(_to_json(_submitted_data(record)) if as_json
+                   else _describe_submitted(record))
         return
     where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
     statuses = read_statuses(where, job_name, endpoint_url)
+    if as_json:  # "[]" too, so a script can always parse stdout; the exit code says why
+        click.echo(_to_json(status_records(statuses)))
     if not statuses:
         raise UserError(f"no runs with a heartbeat under {where}", exit_code=ExitCode.CONFIG)
-    click.echo(format_status_table(statuses))
+    if not as_json:
+        click.echo(format_status_table(statuses))
 
 
 @cli.command()
@@ -175,7 +235,9 @@ def status(target: str, job_name: str | None, endpoint_url: str | None) -> None:
 @click.option("--interval", default=10.0, show_default=True, help="Seconds between polls.")
 def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bool,
          interval: float) -> None:
-    """Print a run's log (from its directory or its store)."""
+    """Print a run's log. TARGET: a run directory, a store with one run (./runs by
+    default; --job picks one of several), s3://bucket/prefix/JOB, a job file or a
+    submitted job's id."""
     from runner.monitor.logs import follow_log, read_log
     from runner.monitor.source import open_run
 
@@ -208,7 +270,9 @@ def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bo
 def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir: str,
            price_per_hour: float | None, gpus: int) -> None:
     """Plot a run (loss, eval, tokens/s, MFU, GPU, preemptions) and its cost: GPU-hours
-    paid, goodput, $ per 1B tokens. Writes a PNG and an HTML page."""
+    (machine-hours on CPU) paid, goodput, $ per 1B tokens. Writes a PNG and an HTML
+    page. TARGET as for logs: a run directory, a store with one run (./runs by default),
+    s3://bucket/prefix/JOB, a job file or a submitted job's id."""
     from runner.monitor.report import write_report
 
     where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
@@ -263,13 +327,19 @@ def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
 
 
 @cli.command()
-def jobs() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the records as a JSON list on stdout (\"[]\" when none).")
+def jobs(as_json: bool) -> None:
     """List the jobs submitted from this machine."""
     import time
+    from dataclasses import asdict
 
     from runner.provision.registry import home, list_records
 
     records = list_records()
+    if as_json:
+        click.echo(_to_json([asdict(r) for r in records]))
+        return
     if not records:
         click.echo(f"no submitted jobs under {home()}/jobs")
         return
@@ -310,6 +380,20 @@ def _describe_submitted(record) -> str:
     from runner.provision.jobs import describe, read_heartbeat
 
     return describe(record, read_heartbeat(record))
+
+
+def _submitted_data(record) -> dict:
+    """``status JOB_ID --json``: what :func:`_describe_submitted` prints, as data."""
+    if record.target.startswith("ssh://"):
+        from dataclasses import asdict
+
+        from runner.provision.ssh import ssh_status
+
+        state, code = ssh_status(record)
+        return {**asdict(record), "container_state": state, "container_exit_code": code}
+    from runner.provision.jobs import describe_data, read_heartbeat
+
+    return describe_data(record, read_heartbeat(record))
 
 
 @cli.command("export")

@@ -23,8 +23,9 @@ from runner.exit_codes import ExitCode
 from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import train_config
-from runner.runlog import RunLog
+from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl
+from ten.fileio import atomic_copy, atomic_write
 
 
 def connect_store(job: Job, run_dir: Path, log: RunLog):
@@ -40,11 +41,13 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
                        job.storage.region or None)
     lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
     log(f"store {store.url}: writer lease epoch {lease.epoch}")
+    ckpt.cleanup(run_dir / "checkpoints", log)  # puts back a step a crash left aside
     local = ckpt.latest_valid(run_dir / "checkpoints", log)
     remote = latest_committed(store, job.name, log)
     if remote is not None and (local is None or local.step < remote):
         t0 = time.perf_counter()
-        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log)
+        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
+                              usable=ckpt.load_problem)
         log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
     return store, lease
 
@@ -105,32 +108,85 @@ class JobRun:
         # Only one process of a torchrun group talks to the bucket and writes telemetry.
         rank = int(os.environ.get("RANK", "0"))
         self.is_main = rank == 0
-        self.log = RunLog(self.run_dir, "" if self.is_main else f"[rank {rank}] ")
-        self.store = self.lease = self.sync = self.cache = None
+        self.tag = "" if self.is_main else f"[rank {rank}] "
+        self.log: Any = self._stderr  # until the run directory is ours (see run)
+        self.store = self.lease = self.sync = self.cache = self.lock = None
         self.watcher = self.sampler = self.heartbeat = None
         self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)
-        self._warned = False
+        self._warned = self._step_warned = False
+        self.trainer: Any = None
+        self.stop_reason: str | None = None  # SIGINT (a user's Ctrl-C), SIGTERM, a notice
 
     def run(self) -> ExitCode:
+        from runner import stopping
+        from runner.runlock import RunLock
         from runner.storage import StorageError
 
+        stopping.install()
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (ScrubbedStream(s, self.job.scrub) for s in streams)
         code = ExitCode.CRASH
-        if self.is_main:
-            self._point_healthcheck()
         try:
+            if self.is_main:  # before anything is written: one writer per run directory
+                self.lock = RunLock.acquire(self.run_dir)
+            self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
+            stopping.set_phase("start-up", self.log)
+            if self.is_main:
+                self._point_healthcheck()
             code = self._run()
+        except stopping.Interrupted as stop:
+            stopping.handled()
+            self.stop_reason = stop.name
+            code = self._interrupted(stop)
         except KeyboardInterrupt:
+            self.stop_reason = "SIGINT"
             self.log("interrupted before a checkpoint could be committed")
             code = ExitCode.PREEMPTED
         except StorageError as e:
             self.log(f"storage error: {e}")
             code = ExitCode.STORAGE
+        except OSError as e:
+            code = self._os_error(e)
         except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
             self.log("crash:\n" + traceback.format_exc())
             code = ExitCode.CRASH
         finally:
             self._close(code)
+            sys.stdout, sys.stderr = streams
         return code
+
+    def _stderr(self, line: str) -> None:
+        print(self.job.scrub(self.tag + line), file=sys.stderr, flush=True)
+
+    def _interrupted(self, stop: Any) -> ExitCode:
+        """A stop signal outside the training loop: nothing new to save; after the loop
+        the committed checkpoint must still reach the bucket before the exit."""
+        from runner import stopping
+
+        if not self.commits:
+            self.log(f"stopped by {stop.name} during {stopping.phase()}: nothing to save "
+                     "yet; run again to resume")
+            return ExitCode.PREEMPTED
+        last = self.commits[-1][0].name
+        self.log(f"stopped by {stop.name} during {stopping.phase()}: {last} is committed; "
+                 "run again to finish")
+        try:
+            if not self._finish_uploads():
+                return ExitCode.STORAGE
+        except stopping.Interrupted:
+            self.log(f"stopped again: {last} may not be in the bucket yet")
+        return ExitCode.PREEMPTED
+
+    def _os_error(self, e: OSError) -> ExitCode:
+        """A full, read-only or forbidden disk under the run directory is the machine's
+        state, not a bug: one line naming the path and the free space, exit 4."""
+        from ten.fileio import ENVIRONMENT_ERRNOS, describe_os_error
+
+        if e.errno not in ENVIRONMENT_ERRNOS:
+            self.log("crash:\n" + traceback.format_exc())
+            return ExitCode.CRASH
+        self.log(f"storage error: {describe_os_error(e)}")
+        return ExitCode.STORAGE
 
     def _point_healthcheck(self) -> None:
         """Tell the container's healthcheck (``ten-runner healthcheck``) where this run's
@@ -145,52 +201,78 @@ class JobRun:
             self.log(f"warning: cannot write the healthcheck pointer: {e}")
 
     def _run(self) -> ExitCode:
+        from runner.stopping import set_phase
+        from ten.checkpoint import CheckpointWriteError
         from ten.data import DataError
-        from ten.trainer import Outcome, ResumeError
+        from ten.trainer import DivergedError, Outcome, ResumeError
 
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
-        if job.monitor.health_gate and not self._healthy():
-            return ExitCode.UNHEALTHY_HOST
+        if job.monitor.health_gate:
+            set_phase("the GPU health check")
+            if not self._healthy():
+                return ExitCode.UNHEALTHY_HOST
         if job.storage.is_remote and self.is_main:
+            set_phase("the bucket restore")
             self.store, self.lease = connect_store(job, self.run_dir, log)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
         if self.is_main:
             self._start_monitor()
+        set_phase("data preparation")
         try:
             data, mcfg = self._open_data()
         except DataError as e:
             log(f"data error: {e}")
             return ExitCode.DATA
+        set_phase("the model build")
         trainer = self._trainer(data, mcfg)
+        set_phase("training")  # the trainer's own handler takes over inside its loop
         try:
             outcome = trainer.run()
-        except ResumeError as e:
-            log(f"config error: {e}")
+        except ResumeError as e:  # unsafe changes, or no usable checkpoint: fix, not retry
+            log(f"resume refused: {e}")
             return ExitCode.CONFIG
         except DataError as e:
             log(f"data error: {e}")
             return ExitCode.DATA
+        except DivergedError as e:
+            log(f"diverged: {e}")
+            return ExitCode.DIVERGED
+        except CheckpointWriteError as e:
+            log(f"storage error: {e}")
+            return ExitCode.STORAGE
         finally:
             if self.watcher is not None:
                 self.watcher.stop()
+        set_phase("the final upload")
         if not self._finish_uploads():
             return ExitCode.STORAGE
         if outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
         if self.cache is not None:  # done: let the prepared data finish sharing
+            set_phase("sharing the prepared data")
             for thread in self.cache.threads:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
             log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
                 f"perplexity {ppl(trainer.final_loss):.2f}")
             if self.sample_prompt:
-                text = generate_text(trainer.raw_model, data.tokenizer, self.sample_prompt,
-                                     48, temperature=0.8, top_k=40, seed=job.train.seed)
-                log(f"sample: {text!r}")
+                set_phase("the final sample")
+                self._sample(trainer.raw_model, data.tokenizer)
         return ExitCode.OK
+
+    def _sample(self, model: Any, tokenizer: Any) -> None:
+        """The end-of-run sample is a courtesy: whatever goes wrong in it, the finished
+        run stays finished (exit 0)."""
+        try:
+            text = generate_text(model, tokenizer, self.sample_prompt, 48, temperature=0.8,
+                                 top_k=40, seed=self.job.train.seed)
+        except Exception as e:  # noqa: BLE001 - reported, never a crash after "done:"
+            self.log(f"no sample: {type(e).__name__}: {e}")
+            return
+        self.log(f"sample: {text!r}")
 
     # -- the steps -------------------------------------------------------------------------
     def _agree_on_checkpoint(self) -> None:
@@ -264,9 +346,10 @@ class JobRun:
         from ten.trainer import Trainer
 
         job, run_dir = self.job, self.run_dir
-        shutil.copyfile(data.tokenizer.path, run_dir / "tokenizer.model")
+        atomic_copy(data.tokenizer.path, run_dir / "tokenizer.model")
         resolved = job.redacted_dict()
-        (run_dir / "job.json").write_text(json.dumps(resolved, indent=1, default=str))
+        atomic_write(run_dir / "job.json",
+                     job.scrub(json.dumps(resolved, indent=1, default=str)).encode())
         identity = {
             "arch": job.model.arch,
             "model": dataclasses.asdict(mcfg),
@@ -275,16 +358,19 @@ class JobRun:
             "batch_size": job.train.batch_size,
         }
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved,
-                          log=self.log, on_commit=self._on_commit)
+                          log=self.log, on_commit=self._on_commit, on_log=self._on_log,
+                          on_step=self.heartbeat.step if self.heartbeat is not None else None)
         if self.store is not None:
             from runner.sync import CheckpointSync
 
-            self.store.put_bytes(f"{job.name}/job.json",
-                                 json.dumps(resolved, indent=1, default=str).encode())
+            self.store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
+            # Beside the checkpoints, so `ten-runner sample s3://...` needs nothing else.
+            self.store.put_file(f"{job.name}/tokenizer.model", run_dir / "tokenizer.model")
             self.sync = CheckpointSync(self.store, job.name, job.checkpoint.keep_last,
                                        job.checkpoint.milestone_every, self.lease, self.log,
                                        on_lease_lost=trainer.stop.request)
         self.watcher = start_notice_watcher(job, trainer, self.log, self.heartbeat)
+        self.trainer = trainer
         return trainer
 
     def _on_commit(self, path: Path, seconds: float) -> None:
@@ -304,6 +390,20 @@ class JobRun:
                                       self.job.resources.notice_poll_s)
             if warning:
                 self.log(f"warning: {warning}")
+
+    def _on_log(self, rec: dict[str, Any]) -> None:
+        """Once, on the first logged step: a stop must finish the current step before it
+        can commit, so a step longer than the notice window loses it every time."""
+        if self._step_warned or self.watcher is None:
+            return
+        self._step_warned = True
+        from runner.preemption import notice_window_s
+
+        window = notice_window_s(self.watcher.provider)
+        if rec["step_time_s"] > window:
+            self.log(f"warning: one optimizer step takes {rec['step_time_s']:.0f} s, longer "
+                     f"than the {window:.0f} s preemption notice: a stop cannot commit the "
+                     "step in progress; lower train.batch_size or train.grad_accum")
 
     def _finish_uploads(self) -> bool:
         """Before exiting: the newest checkpoint must be committed in the bucket (waiting
@@ -330,10 +430,14 @@ class JobRun:
             self.sync.close()
         if self.heartbeat is not None:
             state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
-            self.heartbeat.stop(state, exit_code=int(code))
+            reason = self.stop_reason or (self.trainer.stop.reason if self.trainer else None)
+            self.heartbeat.stop(state, exit_code=int(code), reason=reason)
         if self.sampler is not None:
             self.sampler.stop()
-        self.log.close()
+        if isinstance(self.log, RunLog):
+            self.log.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = None):

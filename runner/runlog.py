@@ -4,23 +4,75 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
 class RunLog:
-    """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl)."""
+    """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl).
 
-    def __init__(self, run_dir: Path, tag: str = "") -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(run_dir / "run.log", "a", encoding="utf-8")  # noqa: SIM115
+    Every line passes through ``scrub`` first (the job's: resolved ``${VAR}`` values
+    become ``***``), so nothing a secret was substituted into reaches the console, the
+    file or the bucket copy of it. A log that cannot be written (a full disk) never
+    turns into a second failure: the line still reaches stderr."""
+
+    def __init__(self, run_dir: Path, tag: str = "",
+                 scrub: Callable[[str], str] | None = None) -> None:
         self.tag = tag  # "[rank 1] ": which torchrun rank said it
+        self.scrub = scrub or (lambda text: text)
+        self.path = Path(run_dir) / "run.log"
+        self._file = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as e:
+            self._file_failed(e)
 
     def __call__(self, line: str) -> None:
-        line = self.tag + line
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        line = self.scrub(self.tag + line)
         print(line, file=sys.stderr, flush=True)
-        self._file.write(f"{stamp} {line}\n")
-        self._file.flush()
+        if self._file is None:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            self._file.write(f"{stamp} {line}\n")
+            self._file.flush()
+        except OSError as e:
+            self._file_failed(e)
+
+    def _file_failed(self, e: OSError) -> None:
+        from ten.fileio import describe_os_error
+
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+        self._file = None
+        print(self.scrub(f"warning: {describe_os_error(e, self.path)}; this run's lines go "
+                         "to stderr only"), file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+
+class ScrubbedStream:
+    """A text stream that passes everything through ``scrub`` before ``stream``: installed
+    as sys.stderr/sys.stdout for the length of a run, so what the libraries print on
+    their own (progress bars naming a dataset path, warnings, tracebacks) cannot show a
+    resolved secret either."""
+
+    def __init__(self, stream, scrub: Callable[[str], str]) -> None:
+        self._stream, self._scrub = stream, scrub
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._scrub(text))
+        return len(text)
+
+    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
