@@ -20,6 +20,7 @@ Cache layout under ``cfg.cache_path``::
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,7 +85,11 @@ def open_tokenizer(cfg: DataConfig, source: Source,
     key = digest({"key": key, "max_documents": cfg.max_documents})
     model, name = cached_model_path(cfg.cache_path, key), f"tokenizer-{key}"
     fetched = False
-    if cache is not None and cached_model_problem(model) is not None:
+    local_problem = cached_model_problem(model) if cache is not None else None
+    if local_problem is not None:
+        if local_problem != "missing":  # say so: fetching over it must not hide it
+            log(f"the cached tokenizer {model} {local_problem}; fetching the shared copy")
+            discard_cached_model(model)
         fetched = cache.fetch(name, model.parent)
         problem = cached_model_problem(model) if fetched else None
         if problem is not None:  # e.g. uploaded from a machine whose disk corrupted it
@@ -214,15 +219,29 @@ def _open_data(cfg: DataConfig, on_commit: Any,
     identity = shard_identity(cfg, source, tokenizer)
     directory = shard_dir(cfg, source, identity)
     key = f"shards-{identity['fingerprint']}"
-    fetched = not (directory / MANIFEST).exists() and cache is not None and cache.fetch(
-        key, directory)
-    prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
     # Most specific first, so a mismatch names its cause (e.g. another tokenizer).
     expected = {"tokenizer.fingerprint": tokenizer.fingerprint,
                 "source.fingerprint": identity["source"]["fingerprint"],
                 "seq_len": cfg.seq_len, "dtype": tokenizer.dtype.name,
                 "fingerprint": identity["fingerprint"]}
-    manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
+
+    def fetch_and_prepare() -> bool:
+        fetched = not (directory / MANIFEST).exists() and cache is not None and cache.fetch(
+            key, directory)
+        prep.prepare(cfg, source, tokenizer, directory, identity, on_commit=on_commit)
+        return fetched
+
+    fetched = fetch_and_prepare()
+    try:
+        manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
+    except DataError as e:
+        # The folder is this cache's own, keyed by fingerprint: a damaged copy (a
+        # truncated or altered shard) is made again rather than stopping the run. Once.
+        log(f"prepared data in {directory} is damaged ({e}); preparing it again")
+        with disk_errors(directory.parent):
+            shutil.rmtree(directory, ignore_errors=True)
+        fetched = fetch_and_prepare()
+        manifest = verify(directory, expected, cfg.prepare_command(), cfg.verify_checksums)
     # Not only when built here: shards prepared by an earlier run without the bucket
     # would otherwise be tokenized again by every machine that has the bucket.
     if cache is not None and not fetched:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ten.data import DataError, open_data
-from ten.data.shards import HEADER_BYTES, MAGIC, SplitWriter, TokenStream, read_header
+from ten.data.shards import HEADER_BYTES, MAGIC, SplitWriter, TokenStream, read_header, verify
 
 
 def test_header_layout_and_cross_shard_reads(tmp_path):
@@ -46,6 +46,14 @@ def prepared(cfg):
     return cfg, data.prepared_dir
 
 
+def _verify(cfg, directory, checksums=True, tokenizer=None):
+    """What open_data checks before it trusts a shard folder."""
+    manifest = json.loads((directory / "manifest.json").read_text()) if tokenizer is None \
+        else None
+    want = tokenizer or manifest["tokenizer"]["fingerprint"]
+    return verify(directory, {"tokenizer.fingerprint": want}, cfg.prepare_command(), checksums)
+
+
 def _assert_names_rerun(err, cfg):
     msg = str(err.value)
     assert "\n" not in msg
@@ -57,7 +65,7 @@ def test_truncated_shard(prepared):
     shard = directory / "train-000001.bin"
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(DataError, match="truncated") as err:
-        open_data(cfg)
+        _verify(cfg, directory)
     _assert_names_rerun(err, cfg)
 
 
@@ -68,7 +76,7 @@ def test_bit_flipped_shard(prepared):
     raw[HEADER_BYTES + 100] ^= 0x04
     shard.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="sha256") as err:
-        open_data(cfg)
+        _verify(cfg, directory)
     _assert_names_rerun(err, cfg)
 
 
@@ -79,14 +87,14 @@ def test_bad_header(prepared):
     raw[0:8] = b"NOTASHRD"
     shard.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="bad header.*magic"):
-        open_data(cfg.replace(verify_checksums=False))
+        _verify(cfg, directory, checksums=False)
 
 
 def test_missing_shard_and_missing_manifest(prepared):
     cfg, directory = prepared
     (directory / "train-000002.bin").unlink()
     with pytest.raises(DataError, match="missing") as err:
-        open_data(cfg)
+        _verify(cfg, directory)
     _assert_names_rerun(err, cfg)
 
 
@@ -94,11 +102,12 @@ def test_manifest_from_another_tokenizer(prepared, tmp_path):
     """Shards built with tokenizer A, restored where a job with tokenizer B looks."""
     cfg, directory = prepared
     other = cfg.replace(vocab_size=420, cache_dir=str(tmp_path / "other"))
-    good = open_data(other).prepared_dir
+    made = open_data(other)
+    good, want = made.prepared_dir, made.tokenizer.fingerprint
     shutil.rmtree(good)
     shutil.copytree(directory, good)
     with pytest.raises(DataError, match="stale: tokenizer.fingerprint is") as err:
-        open_data(other)
+        _verify(other, good, tokenizer=want)
     _assert_names_rerun(err, other)
 
 
@@ -106,7 +115,7 @@ def test_corrupt_manifest(prepared):
     cfg, directory = prepared
     (directory / "manifest.json").write_text("{not json")
     with pytest.raises(DataError, match="manifest.json is corrupt"):
-        open_data(cfg)
+        verify(directory, {}, cfg.prepare_command())
 
 
 def test_manifest_records_what_the_issue_asks(prepared):
@@ -117,3 +126,27 @@ def test_manifest_records_what_the_issue_asks(prepared):
     for split in m["splits"].values():
         assert split["tokens"] == sum(s["tokens"] for s in split["shards"])
         assert all(len(s["sha256"]) == 64 for s in split["shards"])
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _flip(path):
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_BYTES + 100] ^= 0x04
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, lambda p: p.unlink()],
+                         ids=["truncated", "bit-flipped", "missing"])
+def test_a_damaged_cached_shard_is_prepared_again(prepared, damage, capfd):
+    """The shard folder is the cache's own: a damaged copy is made again, not fatal."""
+    cfg, directory = prepared
+    before = json.loads((directory / "manifest.json").read_text())
+    damage(directory / "train-000001.bin")
+    data = open_data(cfg)
+    assert "is damaged" in capfd.readouterr().err
+    assert data.prepared_dir == directory
+    assert [s["sha256"] for s in data.manifest["splits"]["train"]["shards"]] == \
+        [s["sha256"] for s in before["splits"]["train"]["shards"]]
