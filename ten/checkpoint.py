@@ -332,3 +332,16 @@ def _refusal_reason(e: Exception) -> str:
         if "GLOBAL" in line or line.startswith("Unsupported"):
             return f": {line.rstrip('.')}"
     return ""
+
+
+def load_problem(path: Path) -> str | None:
+    """Why a verified checkpoint's torch files cannot be loaded (see :func:`load`), or
+    None. Used where a step must be known usable before older copies are given up, e.g.
+    a step restored from a bucket that anyone with write access could have replaced."""
+    for name in read_manifest(path)["files"]:
+        if name.endswith(".pt"):
+            try:
+                load(path, name)
+            except CheckpointError as e:
+                return str(e)
+    return None

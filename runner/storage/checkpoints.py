@@ -248,21 +248,30 @@ def _local_matches(path: Path, raw: bytes, manifest: dict[str, Any]) -> bool:
 
 
 def restore_latest(store: Store, job_prefix: str, local_ckpt_root: Path,
-                   report: Report = print) -> int | None:
+                   report: Report = print,
+                   usable: Callable[[Path], str | None] | None = None) -> int | None:
     """Download the newest committed step that downloads and verifies; returns its step,
     or None when the store holds no committed checkpoint for this job.
 
-    A corrupt or incomplete step is reported and the next older one tried. If committed
-    steps exist but none verifies, or the store cannot be read, this raises
-    StorageError: a run never silently restarts from scratch over an existing one."""
+    A corrupt or incomplete step is reported and the next older one tried; so is one
+    that ``usable(local_path)`` finds a problem with (e.g. a file that is not plain
+    tensors: its sha256 proves nothing to whoever could write the bucket), and its local
+    copy is removed. If committed steps exist but none verifies, or the store cannot be
+    read, this raises StorageError: a run never silently restarts from scratch over an
+    existing one."""
     steps = committed_steps(store, job_prefix)
     for step in reversed(steps):
         if _check_remote(store, job_prefix, step, report) is None:
             continue
         try:
-            download_checkpoint(store, job_prefix, step, local_ckpt_root)
+            path = download_checkpoint(store, job_prefix, step, local_ckpt_root)
         except CorruptCheckpoint as e:
             report(f"skipping corrupt remote checkpoint: {e}")
+            continue
+        problem = usable(path) if usable is not None else None
+        if problem is not None:
+            report(f"skipping unusable remote checkpoint: {problem}")
+            shutil.rmtree(path, ignore_errors=True)
             continue
         return step
     if steps:

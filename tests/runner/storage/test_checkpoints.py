@@ -378,3 +378,36 @@ def test_checkpoint_sync_survives_an_unexpected_upload_error(store, tmp_path):
         sync.close()
     assert latest_committed(store, JOB) == 2
     assert any("failed unexpectedly (RuntimeError: boom)" in m for m in messages)
+
+
+class _Planted:
+    """Unpickling this creates a file: what someone with write access to the bucket
+    could plant in a model.pt (with a manifest to match)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (self.path,))
+
+
+def test_a_planted_pickle_in_the_bucket_falls_back_to_the_previous_step(store, tmp_path):
+    import torch
+
+    src, marker = tmp_path / "src", tmp_path / "pwned"
+    for step in (4, 8):
+        tc.save(src, step, {"model.pt": {"w": torch.full((3,), float(step))}})
+        upload_checkpoint(store, JOB, src / tc.step_name(step))
+    planted = tmp_path / "planted"
+    tc.save(planted, 8, {"model.pt": {"w": torch.zeros(3), "x": _Planted(marker)}})
+    upload_checkpoint(store, JOB, planted / tc.step_name(8))  # a consistent manifest too
+    notes = []
+    local = tmp_path / "local"
+    assert restore_latest(store, JOB, local, report=notes.append,
+                          usable=tc.load_problem) == 4
+    assert not marker.exists()
+    assert tc.committed_steps(local) == [4]  # the refused copy is not left behind
+    assert [n for n in notes if "skipping unusable remote checkpoint" in n and
+            "step-00000008" in n and "not plain tensors" in n]
