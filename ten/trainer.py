@@ -45,7 +45,9 @@ from ten.distributed import (
 from ten.lm import LanguageModel
 from ten.metrics import MetricsWriter
 from ten.mfu import mfu, peak_flops
+from ten.nonfinite import NonFiniteCounter, NonFiniteStats, step_unless
 from ten.presets import build_model
+from ten.progress import eta_seconds, progress_line
 from ten.schedule import lr_multiplier
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -255,82 +257,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total, norm, flags
-
-
-def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """``optimizer.step()`` unless the 0-dim bool tensor ``skip`` is true.
-
-    Fused Adam/AdamW (the default on a GPU) take the decision on the device, as they do
-    for a GradScaler's ``found_inf``: no host sync, and a skipped step leaves the weights,
-    moments and step counts exactly as they were. Other optimizers (the CPU default,
-    bitsandbytes' AdamW8bit) need the flag on the host: one sync per step, which costs
-    nothing on a CPU (about 0.3 us, measured) and stalls the queue only for AdamW8bit on
-    a GPU."""
-    if optimizer.defaults.get("fused"):
-        optimizer.found_inf = skip.float()  # read by Adam.step, as GradScaler sets it
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-    elif not skip.item():  # host sync: see above
-        optimizer.step()
-
-
-@dataclass(frozen=True)
-class NonFiniteStats:
-    streak: int  # skipped steps in a row, ending with the latest step
-    worst: int  # the longest such run since the last log line
-    skipped: int  # steps skipped since the last log line
-    loss: int  # ... of which had a non-finite loss
-    grad: int  # ... of which had a non-finite grad norm
-    streak_loss: int  # 1 if a step of the current streak had a non-finite loss
-    streak_grad: int  # ... a non-finite grad norm
-
-    def what(self, streak: bool = False) -> str:
-        """``loss``, ``grad norm`` or both: in the window, or in the current streak."""
-        loss, grad = (self.streak_loss, self.streak_grad) if streak else (self.loss, self.grad)
-        return " and ".join(k for k, n in (("loss", loss), ("grad norm", grad)) if n) or "value"
-
-
-class NonFiniteCounter:
-    """Skipped steps, counted on the device so the loop never waits for it; read only
-    where the loop syncs anyway (log lines, checkpoints)."""
-
-    def __init__(self, device: torch.device, streak: int = 0) -> None:
-        self.streak = torch.tensor(streak, dtype=torch.int64, device=device)
-        self.worst = self.streak.clone()
-        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # skipped, loss, grad
-        self.streak_kinds = torch.zeros(2, dtype=torch.int32, device=device)  # loss, grad
-
-    def add(self, flags: torch.Tensor) -> None:
-        bad = flags.any()
-        self.streak.add_(1).mul_(bad)  # +1, or back to 0 after a good step
-        torch.maximum(self.worst, self.streak, out=self.worst)
-        self.counts.add_(torch.cat([bad.view(1), flags]))
-        torch.maximum(self.streak_kinds, flags, out=self.streak_kinds).mul_(bad)
-
-    def read(self) -> NonFiniteStats:
-        """The counts (a host sync: call at log lines and checkpoints only)."""
-        return NonFiniteStats(*torch.cat([self.streak.view(1), self.worst.view(1),
-                                          self.counts, self.streak_kinds]).tolist())
-
-    def new_window(self) -> None:
-        self.worst.copy_(self.streak)
-        self.counts.zero_()
-
-
-def eta_seconds(steps_left: int, steps_done: int, busy_s: float,
-                first_step_s: float) -> float | None:
-    """Seconds to finish at this process's average pace: ``busy_s`` is the wall time of
-    the ``steps_done`` steps it has run, evaluations and checkpoints included (they recur,
-    so they are spread over the steps rather than ignored or let dominate a window). The
-    first step (compilation, warm-up: ``first_step_s``) is left out once there are others.
-    None before any step."""
-    if steps_done <= 0:
-        return None
-    if steps_done == 1:
-        return steps_left * busy_s
-    return steps_left * max(busy_s - first_step_s, 0.0) / (steps_done - 1)
 
 
 @torch.no_grad()
@@ -696,18 +622,6 @@ def _check_trainer_state(path: Path, state: Any, step: int) -> None:
     if state["step"] != step:
         raise ckpt.CheckpointError(f"{path}: trainer.pt is for step {state['step']} (corrupt)")
 
-
-def progress_line(step: int, total: int, rec: dict[str, Any]) -> str:
-    eta = rec.get("eta_s")
-    util = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
-    return (f"step {step:>{len(str(total))}}/{total} | loss {rec['loss']:.4f} | "
-            f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | MFU {util} | "
-            f"data {100 * rec['data_wait_frac']:.1f}% | ETA {'-' if eta is None else _hms(eta)}")
-
-
-def _hms(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> LanguageModel:

@@ -19,15 +19,14 @@ from ten import trainer as trainer_mod
 from ten.data import DataConfig, open_data
 from ten.metrics import read_metrics
 from ten.presets import model_config
+from ten.progress import eta_seconds, progress_line
 from ten.trainer import (
     DivergedError,
     Outcome,
     ResumeError,
     TrainConfig,
     Trainer,
-    eta_seconds,
     load_model,
-    progress_line,
     rng_state,
     set_rng_state,
     train_step,
