@@ -399,11 +399,9 @@ class JobRun:
         self._step_warned = True
         from runner.preemption import notice_window_s
 
-        window = notice_window_s(self.watcher.provider)
-        if rec["step_time_s"] > window:
-            self.log(f"warning: one optimizer step takes {rec['step_time_s']:.0f} s, longer "
-                     f"than the {window:.0f} s preemption notice: a stop cannot commit the "
-                     "step in progress; lower train.batch_size or train.grad_accum")
+        warning = step_warning(rec["step_time_s"], notice_window_s(self.watcher.provider))
+        if warning:
+            self.log(f"warning: {warning}")
 
     def _finish_uploads(self) -> bool:
         """Before exiting: the newest checkpoint must be committed in the bucket (waiting
@@ -438,6 +436,16 @@ class JobRun:
             self.log.close()
         if self.lock is not None:
             self.lock.release()
+
+
+def step_warning(step_s: float, window_s: float) -> str | None:
+    """What to say when one optimizer step outlasts the preemption notice: a stop is
+    taken after the step in flight, so such a step can never be committed in time."""
+    if step_s <= window_s:
+        return None
+    return (f"one optimizer step takes {step_s:.0f} s, longer than the {window_s:.0f} s "
+            "preemption notice: a stop cannot commit the step in progress; lower "
+            "train.batch_size or train.grad_accum")
 
 
 def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = None):

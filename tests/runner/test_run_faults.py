@@ -139,3 +139,27 @@ def test_a_secret_in_the_dataset_path_appears_nowhere(tmp_path, corpus, monkeypa
     assert "data.dataset" in err and secret not in out + err
     log = tmp_path / "store" / "u" / "run.log"
     assert not log.exists() or secret not in log.read_text()
+
+
+@pytest.mark.parametrize("step_s,window_s,warns", [(0.5, 30, False), (30, 30, False),
+                                                   (31, 30, True), (200, 120, True)])
+def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, warns):
+    from runner.run import step_warning
+
+    warning = step_warning(step_s, window_s)
+    assert (warning is not None) == warns
+    if warns:
+        assert f"{window_s} s preemption notice" in warning and "train.batch_size" in warning
+
+
+def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
+    from runner.job import load_job
+    from runner.run import JobRun
+
+    class Broken:
+        def parameters(self):
+            raise RuntimeError("probability tensor contains either inf or nan")
+
+    run = JobRun(load_job(write_job(tmp_path, corpus)), "The")
+    run._sample(Broken(), tokenizer=None)  # must not raise
+    assert "no sample: RuntimeError: probability tensor" in capfd.readouterr().err
