@@ -127,8 +127,8 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
         code = run_job(job, sample_prompt=None if no_sample else "The")
     except stopping.Interrupted as stop:
         stopping.handled()
-        click.echo(f"stopped by {stop.name} during start-up: nothing to save yet; run "
-                   "again to resume", err=True)
+        click.echo(f"stopped by {stop.name} during {stopping.phase()}: nothing to save "
+                   "yet; run again to resume", err=True)
         code = ExitCode.PREEMPTED
     exit_process(code)
 

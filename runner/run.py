@@ -77,7 +77,14 @@ def exit_process(code: int) -> NoReturn:
     is committed, and the notice window is running out: background work still in flight
     (a prepared-data upload to the bucket, which is safe to abandon: nothing trusts it
     without its manifest) must not hold the exit, as Python's exit would by joining its
-    thread pools. Other codes exit normally."""
+    thread pools. Other codes exit normally, with stop signals ignored from here on: the
+    run's outcome is decided, so a SIGTERM during the interpreter's teardown must not
+    turn it into a death by signal (Python resets its own handlers to the default during
+    finalization, but leaves an ignored signal ignored)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     if code == ExitCode.PREEMPTED:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

@@ -163,3 +163,22 @@ def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corp
     run = JobRun(load_job(write_job(tmp_path, corpus)), "The")
     run._sample(Broken(), tokenizer=None)  # must not raise
     assert "no sample: RuntimeError: probability tensor" in capfd.readouterr().err
+
+
+def test_a_stop_during_the_final_teardown_keeps_the_exit_code():
+    """Once the run's outcome is decided, a SIGTERM while the interpreter tears down (its
+    threads joined, atexit handlers run) must not turn exit 0 into a death by signal."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, os, signal, time\n"
+        "from runner import stopping\n"
+        "from runner.run import exit_process\n"
+        "stopping.install()\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n"
+        "exit_process(0)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
