@@ -781,6 +781,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="also write results here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
+    # A SIGTERM to the benchmark itself unwinds like Ctrl-C, so its clean-up (runs
+    # still going, the rclone server, the temporary directory) happens either way.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     kinds = [k.strip() for k in args.stores.split(",") if k.strip()]
     if not kinds or set(kinds) - {"local", "s3"}:
         parser.error("--stores takes local, s3 or local,s3")

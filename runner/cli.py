@@ -115,8 +115,8 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     from runner import stopping
     from runner.run import exit_process
 
-    stopping.install()  # from the first moment: a stop before the loop exits 75 too
     try:
+        stopping.install()  # from the first moment: a stop before the loop exits 75 too
         job = _load(job_file, sets)
         from runner.launch import launch, needs_launcher
 

@@ -134,13 +134,20 @@ class JobRun:
         sys.stdout, sys.stderr = (ScrubbedStream(s, self.job.scrub) for s in streams)
         code = ExitCode.CRASH
         try:
-            if self.is_main:  # before anything is written: one writer per run directory
-                self.lock = RunLock.acquire(self.run_dir)
-            self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
-            stopping.set_phase("start-up", self.log)
-            if self.is_main:
-                self._point_healthcheck()
-            code = self._run()
+            try:
+                if self.is_main:  # before anything is written: one writer per run directory
+                    self.lock = RunLock.acquire(self.run_dir)
+                self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
+                stopping.set_phase("start-up", self.log)
+                if self.is_main:
+                    self._point_healthcheck()
+                code = self._run()
+            except Exception:
+                # A library that ran our stop handler inside its own code may report the
+                # stop as its own failure (sentencepiece: "tokenizer training failed:
+                # Interrupted"): once a stop arrived, it is the stop that ends the run.
+                stopping.raise_if_received()
+                raise
         except stopping.Interrupted as stop:
             stopping.handled()
             self.stop_reason = stop.name
@@ -161,6 +168,13 @@ class JobRun:
             self._close(code)
             sys.stdout, sys.stderr = streams
         return code
+
+    def _data_error(self, e: Exception) -> ExitCode:
+        from runner.stopping import raise_if_received
+
+        raise_if_received()  # the data layer may have wrapped our stop in its own error
+        self.log(f"data error: {e}")
+        return ExitCode.DATA
 
     def _stderr(self, line: str) -> None:
         print(self.job.scrub(self.tag + line), file=sys.stderr, flush=True)
@@ -231,8 +245,7 @@ class JobRun:
         try:
             data, mcfg = self._open_data()
         except DataError as e:
-            log(f"data error: {e}")
-            return ExitCode.DATA
+            return self._data_error(e)
         set_phase("the model build")
         trainer = self._trainer(data, mcfg)
         set_phase("training")  # the trainer's own handler takes over inside its loop
@@ -242,8 +255,7 @@ class JobRun:
             log(f"resume refused: {e}")
             return ExitCode.CONFIG
         except DataError as e:
-            log(f"data error: {e}")
-            return ExitCode.DATA
+            return self._data_error(e)
         except DivergedError as e:
             log(f"diverged: {e}")
             return ExitCode.DIVERGED

@@ -46,6 +46,7 @@ class _Guard:
         self.phase = "start-up"
         self.log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
         self.handled = threading.Event()
+        self.received: int | None = None  # the first stop signal, once one arrived
         self.watchdog: threading.Thread | None = None
 
 
@@ -59,6 +60,8 @@ def _handler(signum: int, frame: object) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
+    if _guard.received is None:
+        _guard.received = signum
     raise Interrupted(signum)
 
 
@@ -69,18 +72,17 @@ def install(log: Callable[[str], None] | None = None) -> None:
         return
     if log is not None:
         _guard.log = log
+    if _guard.pid != os.getpid():  # the watchdog first: a signal may come at any moment
+        _guard.pid = os.getpid()
+        _guard.handled.clear()
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        _guard.watchdog = threading.Thread(target=_watch, args=(read_fd,),
+                                           name="stop-watchdog", daemon=True)
+        _guard.watchdog.start()
     for sig in SIGNALS:
         signal.signal(sig, _handler)
-    if _guard.pid == os.getpid():
-        return
-    _guard.pid = os.getpid()
-    _guard.handled.clear()
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    _guard.watchdog = threading.Thread(target=_watch, args=(read_fd,), name="stop-watchdog",
-                                       daemon=True)
-    _guard.watchdog.start()
 
 
 def set_phase(phase: str, log: Callable[[str], None] | None = None) -> None:
@@ -92,6 +94,15 @@ def set_phase(phase: str, log: Callable[[str], None] | None = None) -> None:
 
 def phase() -> str:
     return _guard.phase
+
+
+def raise_if_received() -> None:
+    """Raise :class:`Interrupted` again if a stop signal arrived. For error handlers: a
+    library that ran our handler inside its own code (sentencepiece pulling training
+    text from a Python iterator) reports the stop as its own failure ("tokenizer
+    training failed: Interrupted"), which must still end the run as a stop."""
+    if _guard.received is not None and _guard.pid == os.getpid():
+        raise Interrupted(_guard.received)
 
 
 def handled() -> None:

@@ -25,6 +25,21 @@ def _wait_for_line(path, needle, proc, timeout=120):
     raise AssertionError(f"{needle!r} never appeared in {path}")
 
 
+def _wait_until_it_catches(proc, sig, timeout=30):
+    """Until ``proc`` has a handler for ``sig`` (Linux: /proc/PID/status SigCgt): the
+    first moment ten-runner's own code runs, a fraction of a second after exec, before
+    which only the interpreter's defaults can answer."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = open(f"/proc/{proc.pid}/status").read()
+        caught = int(status.split("SigCgt:")[1].split()[0], 16)
+        if caught & (1 << (sig - 1)):
+            return
+        assert proc.poll() is None
+        time.sleep(0.001)
+    raise AssertionError(f"{sig.name} is never caught")
+
+
 def test_a_second_run_of_the_same_job_exits_4_at_once_naming_the_first(tmp_path, corpus):
     job = write_job(tmp_path, corpus, steps=400, every=5)
     run = tmp_path / "store" / "t"
@@ -70,8 +85,8 @@ def test_sigterm_before_the_loop_exits_75_within_seconds(tmp_path, corpus, phase
         job.write_text(job.read_text().replace("vocab_size: 400", "vocab_size: 3000"))
     run = tmp_path / "store" / "t"
     proc = cli("run", job, "--no-sample")
-    if phase == "start-up":
-        time.sleep(0.3)  # still importing
+    if phase == "start-up":  # still importing, loading the job, ...
+        _wait_until_it_catches(proc, signal.SIGTERM)
     else:
         _wait_for_line(run / "run.log", "job t:", proc)
         time.sleep(1.0)
@@ -182,3 +197,31 @@ def test_a_stop_during_the_final_teardown_keeps_the_exit_code():
                        timeout=60)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_stop_inside_tokenizer_training_is_a_stop_not_a_data_error(tmp_path, corpus):
+    """sentencepiece pulls its training text from a Python iterator: a SIGTERM handled
+    there comes back as sentencepiece's own error ("tokenizer training failed:
+    Interrupted"). The run must still end as a stop: exit 75, no data error."""
+    import subprocess
+    import sys
+
+    job = write_job(tmp_path, corpus)
+    script = (
+        "import os, signal, sys\n"
+        "import ten.data.tokenizer as tk\n"
+        "original = tk._training_lines\n"
+        "def lines(*args, **kwargs):\n"
+        "    for i, line in enumerate(original(*args, **kwargs)):\n"
+        "        if i == 50:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        yield line\n"
+        "tk._training_lines = lines\n"
+        "from runner.cli import main\n"
+        f"sys.argv = ['ten-runner', 'run', {str(job)!r}, '--no-sample']\n"
+        "main()\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == ExitCode.PREEMPTED, p.stderr
+    assert "stopped by SIGTERM during data preparation: nothing to save yet" in p.stderr
+    assert "data error" not in p.stderr and "Traceback" not in p.stderr
