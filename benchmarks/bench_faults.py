@@ -44,7 +44,9 @@ and every logged loss equal to the reference's; no "Traceback" in any output; th
 signalled run exits as documented (SIGTERM: 75 in every phase, or 0 once the run has
 logged "done:" and only the process's teardown is left; kill -9: -9); steps
 lost (trained before the signal, then trained again) 0 after SIGTERM (the trainer
-commits the step it finished) and at most checkpoint.every_steps after kill -9. A
+commits the step it finished) and after kill -9 at most checkpoint.every_steps on a
+local store, twice that with a bucket and an empty disk (the newest checkpoint may still
+be uploading in the background when the machine dies). A
 corruption trial must also resume from the step before the damaged one (or, for data
 damage, from the newest), name the problem in one line, and never run the pickle. A
 trial whose signal could not be sent (the run ended first) misses the goal too.
@@ -556,7 +558,10 @@ def signal_trial(store, ref: Reference, phase: str, sig: str, index: int, rng: r
     second, code2 = resume(paths, sample)
     trial.codes = (code, code2)
     judge_resume(trial, ref, paths, first, second, code2, before)
-    limit = 0 if sig == "sigterm" else paths.every
+    # kill -9 loses the steps since the last checkpoint that survived: on local disk at
+    # most one interval; with a bucket and an empty disk, the newest local checkpoint
+    # may still have been uploading (uploads run in the background), so up to two.
+    limit = 0 if sig == "sigterm" else paths.every * (2 if paths.remote else 1)
     if trial.lost > limit:
         trial.problems.append(f"{trial.lost} steps lost (at most {limit})")
     return trial
