@@ -225,6 +225,7 @@ class JobRun:
         from runner.stopping import set_phase
         from ten.checkpoint import CheckpointWriteError
         from ten.data import DataError
+        from ten.scan import ScanBackendError
         from ten.trainer import DivergedError, Outcome, ResumeError
 
         job, log = self.job, self.log
@@ -253,6 +254,9 @@ class JobRun:
             outcome = trainer.run()
         except ResumeError as e:  # unsafe changes, or no usable checkpoint: fix, not retry
             log(f"resume refused: {e}")
+            return ExitCode.CONFIG
+        except ScanBackendError as e:  # e.g. scan_backend: fused on a machine without CUDA
+            log(f"config error: {e}")
             return ExitCode.CONFIG
         except DataError as e:
             return self._data_error(e)

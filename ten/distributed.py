@@ -53,7 +53,33 @@ def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(t.item())  # host sync: callers choose when (StopAgreement)
+
+
+class StopAgreement:
+    """When the ranks agree on stopping (a signal or a spot notice seen by one).
+
+    Agreeing costs an all-reduce read on the host (``.item()``): a host sync that drains
+    the GPU's queue. So ranks agree only at agreement points: every ``every`` steps, and
+    wherever the caller forces one (log steps, checkpoint steps, the last step), which
+    depend on the step alone and so come alike on every rank. A stop seen between points
+    is taken at the next one: at most ``every - 1`` steps after the step in flight when it
+    came. A single process needs no agreement and stops after the current step.
+    """
+
+    def __init__(self, info: DistInfo, device: torch.device, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.info, self.device, self.every = info, device, every
+
+    def is_point(self, step: int, force: bool = False) -> bool:
+        return not self.info.enabled or force or step % self.every == 0
+
+    def __call__(self, step: int, local_stop: bool, force: bool = False) -> bool:
+        """True on every rank at an agreement point where any rank has seen a stop."""
+        if not self.is_point(step, force):
+            return False
+        return broadcast_flag(local_stop, self.info, self.device)  # host sync (DDP only)
 
 
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> None:

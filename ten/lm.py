@@ -1,11 +1,14 @@
 """What every language model in ``ten`` shares: the interface the trainer relies on.
 
     forward(ids (B, T), state=None) -> (logits (B, T, V), state)
+    hidden_states(ids, state=None) -> (h (B, T, d), state)    logits = h @ output_weight.T
 
 ``state`` is whatever the architecture carries between calls (TEN: one fixed-size
 eigenstate per layer; transformer: a growing key/value cache). Feeding a sequence in
 pieces with the returned state gives the same logits as feeding it whole, which is
-what generation and long-document evaluation build on.
+what generation and long-document evaluation build on. Training never asks for the
+logits: it takes the hidden states and the head's weight to a loss that never holds the
+whole B×T×V (ten.loss).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -45,8 +49,27 @@ class LanguageModel(nn.Module):
 
     config: Any
 
-    def forward(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:  # pragma: no cover
-        raise NotImplementedError
+    def forward(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:
+        """ids (B, T) → logits (B, T, V) and the state after the last token."""
+        h, state = self.hidden_states(ids, state)
+        return F.linear(h, self.output_weight), state
+
+    # --- the head's input and weight (what ten.loss needs) --------------------------------
+
+    def embed_tokens(self, ids: Tensor, state: Any) -> Tensor:
+        """ids (B, T) → the blocks' input (B, T, d); positional models add positions here."""
+        return self.embed(ids)
+
+    def hidden_states(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:
+        """ids (B, T) → the final-normed hidden states (B, T, d) the head reads, and the
+        state: ``forward``'s logits are ``F.linear(h, output_weight)``."""
+        x, new_state = self.run_blocks(self.embed_tokens(ids, state), state)
+        return self.norm(x), new_state
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The LM head's (V, d) weight: the embedding table (tied)."""
+        return self.embed.weight
 
     def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, tuple[Any, ...]]:
         """x (B, T, d) through ``self.blocks``, each with its own carried state; with
@@ -101,8 +124,19 @@ class LanguageModel(nn.Module):
         return total
 
     def flops_per_token(self, seq_len: int) -> float:  # pragma: no cover
-        """Training FLOPs (forward + backward) per token at this sequence length."""
+        """Training FLOPs (forward + backward) per token at this sequence length; the head
+        counts as 6·V·d (its forward 2·V·d, backward twice that)."""
         raise NotImplementedError
+
+    def recompute_flops_per_token(self, seq_len: int) -> float:
+        """FLOPs per token run again in backward (for HFU, not MFU): with
+        ``grad_checkpointing`` every block's forward, a third of the blocks' training FLOPs
+        (the head and the loss are not checkpointed), so the blocks cost 4× their forward
+        instead of 3×. 0 without checkpointing."""
+        if not self.config.grad_checkpointing:
+            return 0.0
+        head = 6.0 * self.output_weight.numel()
+        return (self.flops_per_token(seq_len) - head) / 3.0
 
     # --- generation -------------------------------------------------------------------
 

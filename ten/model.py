@@ -40,7 +40,7 @@ class TENConfig:
     n_heads: int = 4  # coupling blocks of K/H states
     seq_len: int = 256  # training length (the model itself runs at any length)
     chunk_size: int = 64  # Q for the chunked scan
-    scan_backend: str = "chunked"
+    scan_backend: str = "chunked"  # ref | chunked | fused | auto (ten.scan.resolve_backend)
     selective: bool = False
     mlp: str = "swiglu"
     mlp_ratio: float = 8 / 3
@@ -67,6 +67,8 @@ class TENConfig:
              f"need 0 < lambda_min < lambda_max={self.lambda_max} < 1")
         need(self.mlp in MLP_KINDS, "mlp", f"must be one of {MLP_KINDS}")
         need(self.mlp_ratio > 0, "mlp_ratio", "must be > 0")
+        # The name only: whether ``fused`` can run is known where the tensors are (a laptop
+        # validating a GPU job must accept it); the first scan, or resolve_backend, says.
         check_backend(self.scan_backend)
 
     @property

@@ -21,10 +21,16 @@ def eta_seconds(steps_left: int, steps_done: int, busy_s: float,
 
 def progress_line(step: int, total: int, rec: dict[str, Any]) -> str:
     eta = rec.get("eta_s")
-    util = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
+    util = _pct(rec["mfu"])
+    if rec.get("hfu") is not None and rec["hfu"] != rec["mfu"]:  # recomputation: say so
+        util += f" (HFU {_pct(rec['hfu'])})"
     return (f"step {step:>{len(str(total))}}/{total} | loss {rec['loss']:.4f} | "
             f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | MFU {util} | "
             f"data {100 * rec['data_wait_frac']:.1f}% | ETA {'-' if eta is None else _hms(eta)}")
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 def _hms(seconds: float) -> str:

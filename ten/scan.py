@@ -17,22 +17,31 @@ Backends:
     ``chunked``  the chunked matmul form (see ``scan_chunked``): O(B·T·Q·K) work in
                  batched GEMMs; the T/Q chunk states come from the same algorithm
                  one level up, so no Python loop runs over time or chunks.
+    ``fused``    Triton kernels with their own backward (``ten.scan_fused``): O(B·T·K),
+                 c written once. Needs triton and a CUDA tensor (or, for tests, CPU
+                 tensors with TRITON_INTERPRET=1 set before triton is first imported).
+    ``auto``     not a backend but a choice: ``fused`` on CUDA when triton imports,
+                 ``chunked`` otherwise; ``resolve_backend``/``backend_note`` say which.
 
 Whatever the autocast dtype, the scan runs with autocast off in float32 (float64
 when its inputs are float64): decays raised to powers of hundreds lose everything in
-bf16. Asking for a backend that does not exist raises; nothing falls back silently.
+bf16. Asking for a backend that does not exist, or cannot run here, raises with the fix;
+nothing falls back silently (``auto`` is the explicit way to let the device decide).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BACKENDS", "ScanBackendError", "scan", "scan_ref", "scan_chunked"]
+__all__ = ["BACKENDS", "NAMES", "ScanBackendError", "backend_note", "check_backend",
+           "resolve_backend", "scan", "scan_chunked", "scan_ref"]
 
 
 class ScanBackendError(ValueError):
@@ -190,27 +199,90 @@ def _chunked_selective(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: i
     return c.reshape(B, TQ, K2)
 
 
+def _fused_module() -> ModuleType:
+    """ten.scan_fused, imported on first use so that ``import ten.scan`` needs no triton."""
+    try:
+        return importlib.import_module("ten.scan_fused")
+    except ImportError as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ScanBackendError(
+            f"scan backend 'fused' needs triton, which does not import here ({why}): "
+            "pip install the triton your torch pins (the CUDA torch wheel brings it), "
+            "or set model.scan_backend: chunked (or auto)"
+        ) from None
+
+
+def _fused_entry(beta: Tensor, log_lam: Tensor, state: Tensor | None = None):
+    return _fused_module().scan_fused(beta, log_lam, state)
+
+
 BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "ref": scan_ref,
     "chunked": scan_chunked,
+    "fused": _fused_entry,
 }
-
-_PLANNED = {
-    "fused": "a fused Triton/CUDA kernel with its own backward is not built yet",
-}
+NAMES = ("auto", *sorted(BACKENDS))  # what model.scan_backend accepts
 
 
 def check_backend(name: str) -> None:
-    """Raise ScanBackendError with the fix when ``name`` cannot be used."""
-    if name in BACKENDS:
-        return
-    known = ", ".join(sorted(BACKENDS))
-    if name in _PLANNED:
+    """Raise ScanBackendError when ``name`` is not a backend (or ``auto``).
+
+    Only the name: a laptop validating a job meant for a GPU must accept ``fused``.
+    Whether it can run is decided where the tensors are, by ``resolve_backend``.
+    """
+    if name not in NAMES:
         raise ScanBackendError(
-            f"scan backend {name!r} is not available: {_PLANNED[name]}; "
-            f"set model.scan_backend to one of: {known}"
+            f"unknown scan backend {name!r}; choose one of: {', '.join(NAMES)}"
         )
-    raise ScanBackendError(f"unknown scan backend {name!r}; choose one of: {known}")
+
+
+def _device_type(device: torch.device | str) -> str:
+    return torch.device(device).type
+
+
+def _auto_choice(device: torch.device | str) -> tuple[str, str]:
+    """(backend, why) for ``auto`` on this device."""
+    if _device_type(device) != "cuda":
+        return "chunked", "no CUDA"
+    try:
+        mod = _fused_module()
+    except ScanBackendError:
+        return "chunked", "triton not installed"
+    if mod.INTERPRETED:
+        return "chunked", "TRITON_INTERPRET=1 is set"
+    return "fused", "CUDA and triton"
+
+
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """The backend that runs for ``name`` on ``device``: ``auto`` picks, others must run.
+
+    Raises ScanBackendError, naming model.scan_backend, for an unknown name or for
+    ``fused`` where it cannot run (no triton; a CPU tensor without the interpreter).
+    """
+    check_backend(name)
+    if name == "auto":
+        return _auto_choice(device)[0]
+    if name == "fused":
+        mod = _fused_module()
+        kind = _device_type(device)
+        if kind != "cuda" and not mod.INTERPRETED:
+            raise ScanBackendError(
+                f"scan backend 'fused' runs Triton kernels on a CUDA device and this run is "
+                f"on {kind}: set model.scan_backend: auto or chunked (tests run it on CPU "
+                "with TRITON_INTERPRET=1)"
+            )
+    return name
+
+
+def backend_note(name: str, device: torch.device | str) -> str:
+    """One log line saying which backend runs, e.g. 'scan backend: auto -> chunked (no CUDA)'.
+
+    Raises like ``resolve_backend`` when the configured backend cannot run here.
+    """
+    resolved = resolve_backend(name, device)
+    if name == "auto":
+        return f"scan backend: auto -> {resolved} ({_auto_choice(device)[1]})"
+    return f"scan backend: {resolved}"
 
 
 def scan(
@@ -226,7 +298,7 @@ def scan(
     Computes in float32 (float64 for float64 inputs) with autocast disabled; the
     outputs come back in that dtype.
     """
-    check_backend(backend)
+    backend = resolve_backend(backend, beta.device)
     if beta.dim() != 3 or beta.shape[-1] % 2:
         raise ValueError(f"beta must be (B, T, 2K), got {tuple(beta.shape)}")
     B, T, K2 = beta.shape

@@ -6,7 +6,11 @@ checkpoint (ten.checkpoint), and restoring it continues the run exactly: the sam
 batches, the same per-step losses, bit-identical weights.
 
 Host syncs are deliberate: the loss is accumulated on the device and read (``.item()``)
-only at the logging interval, evaluation and checkpoints.
+only at the logging interval, evaluation and checkpoints; under DDP the ranks agree on
+stopping every ``STOP_AGREE_EVERY`` steps and at those points, never every step.
+
+The loss never materializes B×T×V fp32 logits: the model's hidden states and head weight
+go to ten.loss (chunked, or Liger's fused kernel on CUDA), in training and evaluation.
 
 A step whose loss or gradient norm is not finite is skipped (no optimizer update), and
 counted on the device; more than ``max_nonfinite_steps`` in a row, or non-finite weights
@@ -31,27 +35,32 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ten import checkpoint as ckpt
 from ten.distributed import (
     DistInfo,
+    StopAgreement,
     all_reduce_mean,
     barrier,
-    broadcast_flag,
     init_from_env,
     shutdown,
 )
 from ten.lm import LanguageModel
+from ten.loss import NextTokenLoss, resolve_loss_backend
 from ten.metrics import MetricsWriter
-from ten.mfu import mfu, peak_flops
+from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats, step_unless
 from ten.presets import build_model
 from ten.progress import eta_seconds, progress_line
+from ten.scan import backend_note
 from ten.schedule import lr_multiplier
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
+# Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
+# and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in
+# flight when it came, for one host sync per 8 steps instead of one per step.
+STOP_AGREE_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,9 @@ class TrainConfig:
     # row stops the run (DivergedError). Checked at log intervals, so up to log_every
     # steps more may be skipped first (no per-step host sync).
     max_nonfinite_steps: int = 5
+    # ten.loss backend: auto (Liger's fused kernel on CUDA when installed, else chunked),
+    # chunked, liger (raises where it cannot run) or reference (the plain B×T×V loss).
+    loss: str = "auto"
 
 
 class Outcome(enum.Enum):
@@ -220,8 +232,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over ``grad_accum`` micro-batches of (B, T + 1) token ids.
 
-    Returns (mean loss, grad norm before clipping, non-finite flags) as device tensors: no
-    host sync on the fused-optimizer path (see :func:`step_unless`). The flags are
+    ``model`` is the objective: ``model(inputs, targets) -> mean loss`` (a
+    :class:`ten.loss.NextTokenLoss`, possibly DDP-wrapped or compiled). Returns (mean
+    loss, grad norm before clipping, non-finite flags) as device tensors: no host sync on
+    the fused-optimizer path (see :func:`step_unless`). The flags are
     ``[loss not finite, grad norm not finite]`` (int32, 0/1); a flagged step is skipped:
     the optimizer does not update. ``any_rank`` (an in-place max over ranks) makes every
     rank skip the same steps.
@@ -236,8 +250,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         with sync_ctx:
             with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
                                 enabled=amp_dtype is not None):
-                logits, _ = model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / n
+                loss = model(inputs, targets) / n  # fp32: the loss computes in fp32
             scaler.scale(loss).backward()
         total += loss.detach()
     scaler.unscale_(optimizer)
@@ -260,9 +273,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 @torch.no_grad()
-def evaluate(model: LanguageModel, batches: Iterator[torch.Tensor], device: torch.device,
+def evaluate(model: torch.nn.Module, batches: Iterator[torch.Tensor], device: torch.device,
              amp_dtype: torch.dtype | None) -> float:
-    """Mean next-token loss over held-out batches."""
+    """Mean next-token loss over held-out batches; ``model`` is the objective, as in
+    :func:`train_step` (a bare language model is evaluated with the chunked loss)."""
+    if isinstance(model, LanguageModel):
+        model = NextTokenLoss(model, "chunked")
     was_training = model.training
     model.eval()
     total, count = torch.zeros((), device=device), 0
@@ -270,8 +286,7 @@ def evaluate(model: LanguageModel, batches: Iterator[torch.Tensor], device: torc
         batch = batch.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
                             enabled=amp_dtype is not None):
-            logits, _ = model(batch[:, :-1])
-        total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            total += model(batch[:, :-1], batch[:, 1:])
         count += 1
     model.train(was_training)
     return (total / max(count, 1)).item()  # host sync: once per evaluation
@@ -309,6 +324,8 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+
             torch.backends.cudnn.allow_tf32 = True
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
+        # explicit: an asked-for backend that cannot run raises here, before any work
+        self.loss_backend, self.loss_note = resolve_loss_backend(cfg.loss, self.device)
         self.tokens_per_step = (cfg.batch_size * data.cfg.seq_len * cfg.grad_accum
                                 * self.dist.world_size)
         if cfg.max_steps is not None:
@@ -445,6 +462,12 @@ class Trainer:
     def run(self) -> Outcome:
         cfg = self.cfg
         seed_everything(cfg.seed)
+        scan_backend = getattr(self.model_config, "scan_backend", None)
+        if scan_backend is not None:
+            # before any work: a backend that cannot run here raises ScanBackendError
+            note = backend_note(scan_backend, self.device)
+            if self.dist.is_main:
+                self.log(note)
         self.raw_model = build_model(self.model_config).to(self.device)
         self.optimizer = build_optimizer(self.raw_model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -456,7 +479,10 @@ class Trainer:
                                         self.dist.world_size,
                                         pin_memory=self.device.type == "cuda")
         step, tokens = self._resume(loader)
-        model: torch.nn.Module = self.raw_model
+        # The objective (model + loss head) is what DDP and compile wrap: DDP sees every
+        # parameter used in its own forward; the model keeps returning logits elsewhere.
+        self.objective = NextTokenLoss(self.raw_model, self.loss_backend)
+        model: torch.nn.Module = self.objective
         no_sync = any_rank = None
         if self.dist.enabled:
             import torch.distributed as dist
@@ -474,19 +500,28 @@ class Trainer:
 
         metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None
         flops = self.raw_model.flops_per_token(self.data.cfg.seq_len)
+        recompute = self.raw_model.recompute_flops_per_token(self.data.cfg.seq_len)
         peak = peak_flops(self.device)
+        if self.dist.is_main:
+            self.log(self.loss_note)
+            note = peak_note(self.device)  # said once: MFU/HFU are None from here on
+            if note:
+                self.log(note)
         if metrics:
             metrics.write("start", step, {"params": self.raw_model.num_params(),
                                           "tokens_per_step": self.tokens_per_step,
                                           "total_steps": self.total_steps,
                                           "world_size": self.dist.world_size,
-                                          "device": str(self.device), "resumed": step > 0})
+                                          "device": str(self.device), "resumed": step > 0,
+                                          "loss_backend": self.loss_backend,
+                                          "peak_flops": peak})
         if cfg.warmup_steps >= self.total_steps:
             self.log(f"note: warmup_steps={cfg.warmup_steps} >= the {self.total_steps}-step "
                      "budget, so the lr never reaches its peak")
         outcome = Outcome.DONE
         loss_acc = torch.zeros((), device=self.device)  # over the window's unskipped steps
-        window = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "steps": 0}
+        agree = StopAgreement(self.dist, self.device, STOP_AGREE_EVERY)
+        window = _new_window()
         last_loss: float | None = None
         first_step, first_step_s = step, 0.0
         t_start = t_window = time.perf_counter()
@@ -512,13 +547,18 @@ class Trainer:
                 window["steps"] += 1
                 if step == first_step + 1:
                     first_step_s = time.perf_counter() - t_start
-                stopping = broadcast_flag(stop.reason is not None, self.dist, self.device)
+                log_due = step % cfg.log_every == 0 or step == self.total_steps
+                save_due = step % cfg.checkpoint_every == 0 or step == self.total_steps
+                # single process: every step, no sync; DDP: at agreement points only
+                stopping = agree(step, stop.reason is not None, force=log_due or save_due)
 
-                if step % cfg.log_every == 0 or step == self.total_steps or stopping:
+                if log_due or stopping:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()  # host sync: once per logging interval
                     now = time.perf_counter()
-                    elapsed = now - t_window
+                    # The window's wall time less evaluation; checkpoint saves stay in
+                    # (they are part of training's cost; their share is checkpoint_frac).
+                    elapsed = now - t_window - window["eval"]
                     stats = self.nonfinite.read()  # host sync (logging)
                     self._check_divergence(step, stats)
                     all_reduce_mean(loss_acc, self.dist)  # the global batch's loss
@@ -528,6 +568,7 @@ class Trainer:
                     rec = {"loss": last_loss, "lr": lr,
                            "grad_norm": norm.item(), "tokens": tokens, "tokens_per_s": tok_s,
                            "mfu": mfu(flops, tok_s / self.dist.world_size, peak),
+                           "hfu": hfu(flops, recompute, tok_s / self.dist.world_size, peak),
                            "data_wait_frac": window["data"] / elapsed,
                            "compute_frac": window["compute"] / elapsed,
                            "checkpoint_frac": window["checkpoint"] / elapsed,
@@ -551,15 +592,16 @@ class Trainer:
                             self.on_log(rec)
                     loss_acc.zero_()
                     self.nonfinite.new_window()
-                    window = {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "steps": 0}
+                    window = _new_window()
                     t_window = time.perf_counter()
 
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
+                    t_eval = time.perf_counter()
                     self._eval(step, metrics)
-                    t_window = time.perf_counter()
+                    window["eval"] += time.perf_counter() - t_eval  # not in tokens/s
 
                 committed = False
-                if stopping or step % cfg.checkpoint_every == 0 or step == self.total_steps:
+                if stopping or save_due:
                     save_s = self.save_s
                     committed = self._save(step, tokens, loader, last_loss)
                     window["checkpoint"] += self.save_s - save_s
@@ -579,12 +621,18 @@ class Trainer:
 
     def _eval(self, step: int, metrics: MetricsWriter | None) -> float:
         batches = self.data.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
-        loss = evaluate(self.raw_model, batches, self.device, self.amp_dtype)
+        loss = evaluate(self.objective, batches, self.device, self.amp_dtype)
         ppl = math.exp(min(loss, 50.0))
         if metrics:
             metrics.write("eval", step, {"loss": loss, "perplexity": ppl})
             self.log(f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}")
         return loss
+
+
+def _new_window() -> dict[str, Any]:
+    """Seconds the logging window spent waiting for data, computing, checkpointing and
+    evaluating (the last is left out of its elapsed time), and its step count."""
+    return {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "steps": 0}
 
 
 def _first_line(e: BaseException) -> str:

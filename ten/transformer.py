@@ -122,19 +122,21 @@ class TransformerLM(LanguageModel):
                     if lin.bias is not None:
                         lin.bias.zero_()
 
-    def forward(self, ids: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
-        B, T = ids.shape
+    # forward(ids, state) -> (logits, caches) and hidden_states come from LanguageModel:
+    # embed_tokens → run_blocks → norm → the tied head.
+
+    def embed_tokens(self, ids: Tensor, state: KVCache | None) -> Tensor:
+        """Token embeddings, plus the learned position table (RoPE acts in attention)."""
+        T = ids.shape[1]
         past = 0 if state is None else state[0][0].shape[2]
-        x = self.embed(ids)
+        x = self.embed(ids)  # (B, T, d)
         if self.pos_embed is not None:
             if past + T > self.config.seq_len:
                 raise ValueError(
                     f"learned positions cover {self.config.seq_len} tokens, got {past + T}; "
                     "use pos: rope to run longer inputs")
             x = x + self.pos_embed(torch.arange(past, past + T, device=ids.device))
-        x, caches = self.run_blocks(x, state)
-        logits = F.linear(self.norm(x), self.embed.weight)
-        return logits, caches
+        return x
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6 × matmul weights (head included) + causal attention.

@@ -23,7 +23,7 @@ def train_config(job: Job):
         grad_accum=t.grad_accum, lr=t.lr, min_lr_ratio=t.min_lr_ratio,
         warmup_steps=t.warmup_steps, schedule=t.schedule, weight_decay=t.weight_decay,
         betas=tuple(t.betas), precision=t.precision, optimizer=t.optimizer, compile=t.compile,
-        grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps,
+        grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps, loss=t.loss,
         eval_every=t.eval_every, eval_batches=t.eval_batches,
         log_every=t.log_every, seed=t.seed, device=t.device, num_workers=job.data.num_workers,
         checkpoint_every=job.checkpoint.every_steps, keep_last=job.checkpoint.keep_last)

@@ -104,6 +104,9 @@ class TrainSection(Section):
     optimizer: Literal["adamw", "adamw8bit"] = "adamw"
     compile: Bool = Field(False, description="torch.compile the model")
     grad_clip: Float = Field(1.0, ge=0.0, description="max gradient norm; 0 disables")
+    loss: Literal["auto", "chunked", "liger", "reference"] = Field("auto", description=(
+        "the loss kernel: auto (Liger's fused linear cross-entropy on CUDA when installed, "
+        "else chunked), chunked, liger, or reference (materializes B x T x V logits)"))
     max_nonfinite_steps: Int = Field(5, ge=0, description=(
         "steps in a row with a non-finite loss or gradient norm that are skipped before the "
         "run stops with exit 9 (diverged)"))

@@ -225,3 +225,16 @@ def test_a_stop_inside_tokenizer_training_is_a_stop_not_a_data_error(tmp_path, c
     assert p.returncode == ExitCode.PREEMPTED, p.stderr
     assert "stopped by SIGTERM during data preparation: nothing to save yet" in p.stderr
     assert "data error" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_scan_backend_that_cannot_run_here_is_a_config_error(tmp_path, corpus):
+    import os
+
+    job = write_job(tmp_path, corpus, steps=2)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = cli("run", job, "--set", "model.scan_backend=fused", env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.CONFIG, err
+    assert "model.scan_backend" in err and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "model.scan_backend" in line]
+    assert len(lines) == 1

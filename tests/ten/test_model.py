@@ -174,8 +174,10 @@ def test_config_errors_name_the_field():
         TENConfig(n_eigenstates=10, n_heads=4)
     with pytest.raises(ValueError, match="lambda_min"):
         TENConfig(lambda_min=0.999, lambda_max=0.99)
-    with pytest.raises(ScanBackendError, match="fused"):
-        TENConfig(scan_backend="fused")
+    # a laptop validating a GPU job accepts the name; whether it can run is said later
+    assert TENConfig(scan_backend="fused").scan_backend == "fused"
+    with pytest.raises(ScanBackendError, match="unknown scan backend"):
+        TENConfig(scan_backend="fussed")
 
 
 def test_gate_bias_and_selective_init():

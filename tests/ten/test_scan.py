@@ -1,11 +1,13 @@
 """The chunked scan must equal the reference loop, in values and gradients."""
 
 import math
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ten.scan import ScanBackendError, scan
+from ten.scan import ScanBackendError, backend_note, resolve_backend, scan
 
 B, K = 2, 6
 
@@ -94,12 +96,45 @@ def test_autocast_bf16_accumulates_in_fp32():
     assert (c.double() - ref).abs().max() < 1e-4
 
 
-def test_unknown_and_unavailable_backends_raise_with_the_fix():
+def test_unknown_backend_raises_with_the_choices():
     beta, log_lam, _ = _inputs(4, selective=False)
-    with pytest.raises(ScanBackendError, match="not available.*chunked"):
-        scan(beta, log_lam, backend="fused")
-    with pytest.raises(ScanBackendError, match="unknown scan backend 'cuda'.*chunked, ref"):
+    with pytest.raises(ScanBackendError, match="unknown scan backend 'cuda'.*auto, chunked, "
+                       "fused, ref"):
         scan(beta, log_lam, backend="cuda")
+
+
+def test_fused_without_triton_raises_with_the_fix(monkeypatch):
+    """Simulated: triton does not import. One line naming the field, never a fallback."""
+    monkeypatch.delitem(sys.modules, "ten.scan_fused", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    beta, log_lam, _ = _inputs(4, selective=False)
+    with pytest.raises(ScanBackendError, match="needs triton.*model.scan_backend: chunked") as e:
+        scan(beta, log_lam, backend="fused")
+    assert "\n" not in str(e.value)
+    assert resolve_backend("auto", "cuda") == "chunked"
+    assert backend_note("auto", "cuda") == "scan backend: auto -> chunked (triton not installed)"
+
+
+def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
+    """Triton installed but the kernels compiled for a GPU, and the tensors on CPU."""
+    monkeypatch.setitem(sys.modules, "ten.scan_fused", SimpleNamespace(INTERPRETED=False))
+    beta, log_lam, _ = _inputs(4, selective=False)
+    with pytest.raises(ScanBackendError, match="CUDA device.*on cpu: set model.scan_backend: "
+                       "auto or chunked"):
+        scan(beta, log_lam, backend="fused")
+    assert resolve_backend("fused", "cuda") == "fused"
+    assert resolve_backend("auto", "cuda") == "fused"
+    assert backend_note("auto", "cuda") == "scan backend: auto -> fused (CUDA and triton)"
+
+
+def test_auto_picks_chunked_off_cuda_and_says_so():
+    assert resolve_backend("auto", torch.device("cpu")) == "chunked"
+    assert backend_note("auto", "cpu") == "scan backend: auto -> chunked (no CUDA)"
+    assert backend_note("chunked", "cpu") == "scan backend: chunked"
+    beta, log_lam, state = _inputs(9, selective=True)
+    c_auto, _ = scan(beta, log_lam, state, backend="auto", chunk_size=4)
+    c_chk, _ = scan(beta, log_lam, state, backend="chunked", chunk_size=4)
+    assert torch.equal(c_auto, c_chk)
 
 
 def test_shape_errors_are_clear():

@@ -1,6 +1,7 @@
 """The trainer in-process: exact resume after a stop signal, corrupt, malformed and
 tampered checkpoints, refused unsafe changes, retention, gradient accumulation,
-non-finite steps, the ETA."""
+non-finite steps, the ETA, honest throughput (eval left out, HFU beside MFU), the loss
+backend, and when DDP ranks agree on stopping."""
 
 import hashlib
 import json
@@ -17,6 +18,8 @@ import torch
 from ten import checkpoint as ckpt
 from ten import trainer as trainer_mod
 from ten.data import DataConfig, open_data
+from ten.distributed import DistInfo, StopAgreement
+from ten.loss import NextTokenLoss
 from ten.metrics import read_metrics
 from ten.presets import model_config
 from ten.progress import eta_seconds, progress_line
@@ -158,7 +161,7 @@ def test_retention_and_metrics(data, tmp_path):
     assert ckpt.committed_steps(run / "checkpoints") == [8, 12]
     records = read_metrics(run / "metrics.jsonl")
     train = [r for r in records if r["kind"] == "train"]
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_frac",
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "hfu", "data_wait_frac",
                 "checkpoint_frac", "step_time_s"):
         assert key in train[-1]
     evals = [r for r in records if r["kind"] == "eval"]
@@ -366,28 +369,30 @@ class Tiny(torch.nn.Module):
 @pytest.mark.parametrize("poison", ["grad", "loss"])
 def test_a_non_finite_step_leaves_weights_and_optimizer_untouched(fused, poison):
     model = Tiny()
+    objective = NextTokenLoss(model, "reference")  # Tiny has logits, no hidden states
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     batch = torch.randint(0, 50, (2, 9))
-    train_step(model, opt, scaler, [batch], None, 1.0)  # a normal step: the state exists
+    train_step(objective, opt, scaler, [batch], None, 1.0)  # a normal step: the state exists
     params = {k: v.clone() for k, v in model.state_dict().items()}
     state = {k: {n: t.clone() for n, t in v.items()} for k, v in opt.state.items()}
     if poison == "grad":
         handle = model.out.weight.register_hook(lambda g: g * math.nan)
     else:
         handle = model.out.register_forward_hook(lambda m, i, o: o * math.inf)
-    loss, norm, flags = train_step(model, opt, scaler, [batch], None, 1.0)
+    loss, norm, flags = train_step(objective, opt, scaler, [batch], None, 1.0)
     handle.remove()
     assert flags.tolist() == ([0, 1] if poison == "grad" else [1, 1])
     assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())
     assert all(torch.equal(state[k][n], opt.state[k][n]) for k in state for n in state[k])
-    _, _, flags = train_step(model, opt, scaler, [batch], None, 1.0)
+    _, _, flags = train_step(objective, opt, scaler, [batch], None, 1.0)
     assert flags.tolist() == [0, 0]
     assert not torch.equal(params["out.weight"], model.out.weight)  # updates again
 
 
 def poison_steps(monkeypatch, steps):
-    """Make the trainer's model give a non-finite loss at these (1-based) train steps."""
+    """Make the trainer's model give a non-finite loss at these (1-based) train steps: its
+    final norm's output (the hidden states the loss reads) goes NaN."""
     real = trainer_mod.build_model
     calls = {"n": 0}
 
@@ -399,10 +404,9 @@ def poison_steps(monkeypatch, steps):
                 return None
             calls["n"] += 1
             if calls["n"] in steps:
-                logits, rest = output
-                return logits * math.nan, rest
+                return output * math.nan
             return None
-        model.register_forward_hook(hook)
+        model.norm.register_forward_hook(hook)
         return model
     monkeypatch.setattr(trainer_mod, "build_model", build)
 
@@ -486,3 +490,115 @@ def test_progress_line_shows_the_eta():
            "data_wait_frac": 0.01, "eta_s": 3725.0}
     assert progress_line(5, 100, rec).endswith("| ETA 1:02:05")
     assert progress_line(5, 100, {**rec, "eta_s": None}).endswith("| ETA -")
+
+
+# --- honest throughput, HFU, the loss backend, stop agreement ------------------------------
+
+def test_tokens_per_s_leaves_evaluation_out(data, tmp_path, monkeypatch):
+    # The trainer's clock jumps 1000 s during each evaluation (a virtual slow eval, so the
+    # test holds however loaded the machine is). Eval every 3 steps, log every 4: the
+    # evaluations fall inside logging windows.
+    import time as real_time
+    from types import SimpleNamespace
+
+    skew = {"s": 0.0}
+    monkeypatch.setattr(trainer_mod, "time", SimpleNamespace(
+        perf_counter=lambda: real_time.perf_counter() + skew["s"]))
+    real_eval = Trainer._eval
+
+    def slow_eval(self, step, metrics):
+        skew["s"] += 1000.0
+        return real_eval(self, step, metrics)
+
+    monkeypatch.setattr(Trainer, "_eval", slow_eval)
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=8, eval_every=3, log_every=4, checkpoint_every=100).run()
+    train = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [4, 8]
+    for r in train:
+        # the evaluation's 1000 s are not in the window's time per step ...
+        assert r["step_time_s"] < 100, r
+        # ... nor is the window cut short at the evaluation (its fractions would pass 1)
+        busy = r["compute_frac"] + r["data_wait_frac"] + r["checkpoint_frac"]
+        assert busy <= 1.0 + 1e-6, r
+        assert r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_time_s"])
+
+
+def test_hfu_counts_recomputation_and_an_unknown_peak_is_said_once(data, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setattr(trainer_mod, "peak_flops", lambda device: 1e12)
+    notes = []
+    cfg = mcfg(data, grad_checkpointing=True)
+    t = Trainer(cfg, data, tcfg(max_steps=2, eval_every=0), tmp_path / "ckpt", {"model": "m"},
+                {"train": {}}, log=notes.append)
+    t.run()
+    model = t.raw_model
+    flops, recompute = model.flops_per_token(32), model.recompute_flops_per_token(32)
+    assert recompute > 0
+    for r in (r for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
+              if r["kind"] == "train"):
+        assert r["hfu"] / r["mfu"] == pytest.approx((flops + recompute) / flops)
+    assert any("MFU" in n and "(HFU " in n for n in notes)
+
+    monkeypatch.setattr(trainer_mod, "peak_flops", lambda device: None)
+    monkeypatch.setattr(trainer_mod, "peak_note",
+                        lambda device: "MFU omitted: unknown peak for NVIDIA Imaginary")
+    notes.clear()
+    Trainer(mcfg(data), data, tcfg(max_steps=3, eval_every=0), tmp_path / "unknown",
+            {"model": "m"}, {"train": {}}, log=notes.append).run()
+    assert notes.count("MFU omitted: unknown peak for NVIDIA Imaginary") == 1
+    train = [r for r in read_metrics(tmp_path / "unknown" / "metrics.jsonl")
+             if r["kind"] == "train"]
+    assert len(train) == 3 and all(r["mfu"] is None and r["hfu"] is None for r in train)
+
+
+def test_the_loss_backend_is_said_used_and_matches_the_plain_loss(data, tmp_path):
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=3), tmp_path / "auto", {"model": "m"},
+                {"train": {}}, log=notes.append)
+    t.run()
+    assert "loss: chunked linear cross-entropy (auto: cpu)" in notes
+    start = next(r for r in read_metrics(tmp_path / "auto" / "metrics.jsonl")
+                 if r["kind"] == "start")
+    assert start["loss_backend"] == "chunked"
+    trainer(data, tmp_path / "plain", max_steps=3, loss="reference").run()
+    auto, plain = losses(tmp_path / "auto"), losses(tmp_path / "plain")
+    assert auto.keys() == plain.keys() == {1, 2, 3}
+    assert all(abs(auto[s] - plain[s]) < 1e-5 for s in auto)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        trainer(data, tmp_path / "liger", loss="liger")
+
+
+class FakeBroadcast:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, flag, info, device):
+        self.calls.append(flag)
+        return flag
+
+
+@pytest.mark.parametrize("world,every,steps,forced,stop_at,agreed,stopped_at", [
+    # one process: no sync at all, a stop is taken after the step it came in
+    (1, 8, 20, set(), 5, 0, 5),
+    # DDP: agreement every 8 steps (and where forced), so a stop at 5 is taken at 8 ...
+    (2, 8, 20, set(), 5, 1, 8),
+    # ... or earlier at a forced point (a log or checkpoint step)
+    (2, 8, 20, {6}, 5, 1, 6),
+    (2, 8, 20, {3}, 5, 2, 8),
+    (2, 4, 20, set(), 1, 1, 4),
+])
+def test_ddp_ranks_agree_on_stopping_only_at_agreement_points(
+        monkeypatch, world, every, steps, forced, stop_at, agreed, stopped_at):
+    import ten.distributed as dist_mod
+
+    fake = FakeBroadcast()
+    monkeypatch.setattr(dist_mod, "broadcast_flag", fake)
+    agree = StopAgreement(DistInfo(rank=0, world_size=world), torch.device("cpu"), every)
+    for step in range(1, steps + 1):
+        if agree(step, step >= stop_at, force=step in forced):
+            break
+    assert step == stopped_at
+    assert step - stop_at <= every - 1  # the documented bound
+    if world > 1:
+        assert len(fake.calls) == agreed  # host syncs: only at agreement points

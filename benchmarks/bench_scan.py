@@ -1,0 +1,162 @@
+"""Speed of the scan backends alone: forward + backward of ``ten.scan.scan`` per T.
+
+Every backend runs on the same inputs in this one process; the table gives the median
+time of a forward+backward, its throughput, the peak memory (CUDA) and the ratio to
+``chunked`` measured in the same run. ``ref`` is a Python loop over time: it is timed
+only up to --ref-max-T. ``fused`` needs CUDA (on CPU Triton can only interpret it, which
+times numpy, not the kernel): on a machine without CUDA the table says so and skips it.
+
+    python benchmarks/bench_scan.py                                  # CPU: ref vs chunked
+    python benchmarks/bench_scan.py --device cuda --batch 8 --eigenstates 128 \\
+        --lengths 1024 4096 16384 32768 --selective                  # the GPU table
+    python benchmarks/bench_scan.py --device cuda --sweep            # fused launch plans
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+import time
+
+import torch
+
+from ten.scan import ScanBackendError, resolve_backend, scan
+
+
+def make_inputs(B: int, T: int, K: int, selective: bool, device: torch.device):
+    g = torch.Generator().manual_seed(0)
+    shape = (B, T, K) if selective else (K,)
+    # |λ| in [0.9, 0.999] as the model initialises it; angles in [0, π/10].
+    log_mag = torch.log(0.9 + 0.099 * torch.rand(shape, generator=g))
+    angle = math.pi / 10 * torch.rand(shape, generator=g)
+    beta = torch.randn(B, T, 2 * K, generator=g)
+    log_lam = torch.cat([log_mag, angle], dim=-1)
+    state = torch.randn(B, 2 * K, generator=g)
+    return [t.to(device) for t in (beta, log_lam, state)]
+
+
+def time_backend(fn, inputs, dtype: str, device: torch.device, repeat: int) -> dict:
+    beta, log_lam, state = (t.detach().clone().requires_grad_() for t in inputs)
+    amp = dtype == "bf16"
+    x = beta.bfloat16().detach().requires_grad_() if amp else beta
+    weight = torch.randn(beta.shape, device=device)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            c, last = fn(x, log_lam, state)
+        ((c * weight).sum() + last.sum()).backward()
+        return c
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(2):  # warm-up: compiles the kernels, sizes the allocator
+        out = step()
+        x.grad = log_lam.grad = state.grad = None
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeat):
+        x.grad = log_lam.grad = state.grad = None
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
+    return {"sec": statistics.median(times), "peak_mb": peak, "out": out.detach()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--eigenstates", type=int, default=64, help="K, complex lanes")
+    p.add_argument("--selective", action="store_true", help="per-token eigenvalues")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the drive arrives in bf16 under autocast")
+    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument("--backends", nargs="+", default=["ref", "chunked", "fused"])
+    p.add_argument("--ref-max-T", type=int, default=1024)
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--sweep", action="store_true",
+                   help="time fused launch plans (block_t x block_k x groups) instead")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        print(f"device: {torch.cuda.get_device_name(device)}")
+    else:
+        print(f"device: {device.type} ({torch.get_num_threads()} threads)")
+    print(f"B={args.batch} K={args.eigenstates} selective={args.selective} dtype={args.dtype} "
+          f"chunk_size={args.chunk_size}; time = median forward+backward of {args.repeat}")
+
+    usable = []
+    for name in args.backends:
+        try:
+            resolve_backend(name, device)
+            usable.append(name)
+        except ScanBackendError as err:
+            print(f"{name}: skipped ({err})")
+    if args.sweep:
+        return sweep(args, device)
+
+    header = f"{'backend':8} {'T':>6} {'ms':>9} {'Mtok/s':>8} {'peak MB':>8} " \
+             f"{'vs chunked':>10} {'max|c-chunked|':>15}"
+    print(header)
+    print("-" * len(header))
+    for T in args.lengths:
+        inputs = make_inputs(args.batch, T, args.eigenstates, args.selective, device)
+        rows = {}
+        for name in usable:
+            if name == "ref" and T > args.ref_max_T:
+                print(f"{'ref':8} {T:>6} {'(skipped: T > --ref-max-T)':>40}")
+                continue
+
+            def fn(b, ll, s, name=name):
+                return scan(b, ll, s, backend=name, chunk_size=args.chunk_size)
+
+            rows[name] = time_backend(fn, inputs, args.dtype, device, args.repeat)
+        base = rows.get("chunked")
+        for name, r in rows.items():
+            ratio = base["sec"] / r["sec"] if base else float("nan")
+            diff = (r["out"] - base["out"]).abs().max().item() if base else float("nan")
+            toks = args.batch * T / r["sec"] / 1e6
+            print(f"{name:8} {T:>6} {1e3 * r['sec']:>9.3f} {toks:>8.2f} {r['peak_mb']:>8.1f} "
+                  f"{ratio:>9.2f}x {diff:>15.2e}")
+    print("vs chunked: chunked's time / this backend's (above 1 = faster than chunked)")
+
+
+def sweep(args: argparse.Namespace, device: torch.device) -> None:
+    """Fused launch plans, to pick the defaults in ten.scan_fused.plan by measurement."""
+    if device.type != "cuda":
+        print("--sweep times the compiled fused kernels: it needs --device cuda")
+        return
+    from ten.scan_fused import plan, scan_fused
+
+    print(f"{'T':>6} {'block_t':>7} {'block_k':>7} {'groups':>6} {'ms':>9} {'vs default':>10}")
+    for T in args.lengths:
+        inputs = make_inputs(args.batch, T, args.eigenstates, args.selective, device)
+        default = plan(args.batch, T, args.eigenstates, device)
+        base = time_backend(scan_fused, inputs, "fp32", device, args.repeat)["sec"]
+        n_tiles_of = {bt: math.ceil(T / bt) for bt in (16, 32, 64, 128)}
+        print(f"{T:>6} {default.block_t:>7} {default.block_k:>7} "
+              f"{math.ceil(math.ceil(T / default.block_t) / default.group_tiles):>6} "
+              f"{1e3 * base:>9.3f} {'default':>10}")
+        for bt, bk, groups in itertools.product((16, 32, 64, 128), (16, 32, 64), (1, 4, 16, 64)):
+            if groups > n_tiles_of[bt]:
+                continue
+            kw = dict(block_t=bt, block_k=bk, group_tiles=math.ceil(n_tiles_of[bt] / groups))
+
+            def fn(b, ll, s, kw=kw):
+                return scan_fused(b, ll, s, **kw)
+
+            sec = time_backend(fn, inputs, "fp32", device, args.repeat)["sec"]
+            print(f"{T:>6} {bt:>7} {bk:>7} {groups:>6} {1e3 * sec:>9.3f} {base / sec:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

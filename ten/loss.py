@@ -1,0 +1,240 @@
+"""Next-token loss without the B×T×V fp32 logits (DESIGN rule 12).
+
+The LM head is ``logits = h Wᵀ`` with h (N, d) the final hidden states and W (V, d) the
+(tied) embedding. The plain loss materializes all N×V logits in fp32, then their
+log-softmax and its gradient: at T = 32K that was 15 of 18 GB. Three backends, one
+signature ``(hidden (N, d), weight (V, d), targets (N,)) -> mean loss (fp32 scalar)``:
+
+* ``reference``: the plain ``F.cross_entropy(F.linear(h, W).float(), t)``; what the
+  others are tested against.
+* ``chunked``: the N rows in chunks; per chunk the logits in the autocast dtype, the
+  log-softmax in fp32, and — in the same pass — the gradients w.r.t. h and W, kept for
+  backward. Peak memory is one chunk's logits plus grad_h (N×d) and grad_W (V×d, fp32),
+  never N×V. Any device.
+* ``liger``: Liger-Kernel's fused linear cross-entropy (Triton, CUDA only), the same
+  idea in fused kernels. Optional: ``pip install 'ten-runner[gpu]'``.
+
+``auto`` picks liger on CUDA when liger-kernel is importable, else chunked, and says
+which and why; naming ``liger`` where it cannot run raises with the fix, never falls back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+LOSS_BACKENDS = ("auto", "chunked", "liger", "reference")
+IGNORE_INDEX = -100  # as F.cross_entropy; the data never pads, but the loss honours it
+# A chunk's logits hold at most max(N·d, 2**24) elements (64 MiB in fp32): never more
+# than the hidden states themselves once those are large, and big enough chunks that the
+# matmuls stay efficient when they are small.
+MIN_CHUNK_ELEMENTS = 2**24
+
+
+def reference_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                                   ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """The plain loss: all (N, V) logits, fp32 log-softmax. Mean over non-ignored rows."""
+    logits = F.linear(hidden, weight)  # (N, V) in the autocast dtype
+    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+
+
+def default_chunk_rows(n: int, d: int, v: int) -> int:
+    return max(1, min(n, max(n * d, MIN_CHUNK_ELEMENTS) // v))
+
+
+def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                                 ignore_index: int = IGNORE_INDEX,
+                                 chunk_rows: int | None = None) -> Tensor:
+    """The same loss as :func:`reference_linear_cross_entropy`, one chunk of rows at a time.
+
+    Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would),
+    everything after in fp32. No host sync.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"need hidden (N, d), weight (V, d), targets (N,); got "
+                         f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    n, d = hidden.shape
+    rows = chunk_rows or default_chunk_rows(n, d, weight.shape[0])
+    if rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {rows}")
+    dev = hidden.device.type
+    compute = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+               else torch.promote_types(hidden.dtype, weight.dtype))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _ChunkedLinearCE.apply(hidden, weight, targets, ignore_index, rows, compute)
+    with torch.autocast(dev, enabled=False):
+        loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
+                                    None, None)
+    return loss_sum / n_valid
+
+
+def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, rows: int,
+            compute: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None
+            ) -> tuple[Tensor, Tensor]:
+    """(sum of per-row losses, number of non-ignored rows); fills grad_h / grad_w (when
+    given) with d(mean loss)/dh and d(mean loss)/dW."""
+    acc = torch.promote_types(compute, torch.float32)  # fp32 (fp64 in gradient checks)
+    valid = targets != ignore_index  # (N,)
+    n_valid = valid.sum()
+    # 1/n for the gradient of the mean; 0 rows for ignored targets (no 0/0 when all are)
+    row_scale = valid.to(acc) / n_valid.clamp(min=1).to(acc)  # (N,)
+    safe_t = torch.where(valid, targets, 0)
+    w = weight.to(compute)
+    loss_sum = torch.zeros((), dtype=acc, device=hidden.device)
+    for start in range(0, hidden.shape[0], rows):
+        sl = slice(start, start + rows)
+        h = hidden[sl].to(compute)  # (R, d)
+        t = safe_t[sl, None]  # (R, 1)
+        logits = (h @ w.t()).to(acc)  # (R, V) fp32: the only V-wide buffer, one chunk's
+        target_logit = logits.gather(1, t).squeeze(1)  # (R,)
+        # log-sum-exp in place: one (R, V) buffer, which then becomes the softmax
+        top = logits.amax(dim=-1, keepdim=True)  # (R, 1)
+        sum_exp = logits.sub_(top).exp_().sum(dim=-1, keepdim=True)  # (R, 1)
+        lse = (top + sum_exp.log()).squeeze(1)  # (R,)
+        loss_sum += ((lse - target_logit) * valid[sl]).sum()
+        if grad_h is not None or grad_w is not None:
+            _chunk_grads(logits, sum_exp, t, row_scale[sl, None], h, w, compute,
+                         None if grad_h is None else grad_h[sl], grad_w)
+        del logits  # before the next chunk's matmul: one chunk's buffer at a time
+    return loss_sum, n_valid
+
+
+def _chunk_grads(exp_logits: Tensor, sum_exp: Tensor, t: Tensor, row_scale: Tensor,
+                 h: Tensor, w: Tensor, compute: torch.dtype, grad_h: Tensor | None,
+                 grad_w: Tensor | None) -> None:
+    """One chunk's gradients from its exp(logits - max) (R, V), overwritten in place:
+    d loss_row / d logits = softmax - onehot(target), times 1/n."""
+    dlogits = exp_logits.div_(sum_exp)
+    dlogits.scatter_add_(1, t, torch.full_like(t, -1, dtype=dlogits.dtype))
+    dlogits = dlogits.mul_(row_scale).to(compute)  # (R, V)
+    if grad_h is not None:
+        grad_h.copy_(dlogits @ w)  # (R, d), a view of the (N, d) buffer
+    if grad_w is not None:  # (V, d), accumulated in fp32
+        if dlogits.dtype == grad_w.dtype:
+            grad_w.addmm_(dlogits.t(), h)
+        else:
+            grad_w += (dlogits.t() @ h).to(grad_w.dtype)
+
+
+class _ChunkedLinearCE(torch.autograd.Function):
+    """Forward computes the loss and both gradients chunk by chunk (as Liger does): the
+    same three matmuls as a plain forward + backward, and nothing V-wide is saved.
+    Backward only scales the saved gradients by the incoming one."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor,
+                ignore_index: int, rows: int, compute: torch.dtype) -> Tensor:
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        acc = torch.promote_types(compute, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
+                                        grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.save_for_backward(grad_h, grad_w)
+        return loss_sum / n_valid
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
+        gw = None if grad_w is None else (grad_w * grad_out.to(grad_w.dtype)).to(ctx.weight_dtype)
+        return gh, gw, None, None, None, None
+
+
+def liger_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                               ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Liger-Kernel's fused linear cross-entropy (CUDA). Note: it reads the number of
+    non-ignored targets with ``.item()``, one host sync per call."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    loss = liger_fused_linear_cross_entropy(hidden, weight, targets,
+                                            ignore_index=ignore_index, reduction="mean")
+    return loss.float()
+
+
+def liger_available() -> bool:
+    """Whether Liger's kernel imports here (a broken Triton install counts as missing)."""
+    try:
+        import liger_kernel.transformers.functional  # noqa: F401
+    except Exception:  # ImportError, or a Triton/driver error raised while importing
+        return False
+    return True
+
+
+def resolve_loss_backend(name: str, device: torch.device | str) -> tuple[str, str]:
+    """(backend, one line saying which and why). ``auto``: liger on CUDA when importable,
+    else chunked. An explicit ``liger`` that cannot run raises ValueError with the fix."""
+    device = torch.device(device)
+    if name not in LOSS_BACKENDS:
+        raise ValueError(f"loss backend must be one of {LOSS_BACKENDS}, got {name!r}")
+    if name == "liger":
+        if device.type != "cuda":
+            raise ValueError(f"loss backend 'liger' needs a CUDA device, this run is on "
+                             f"{device.type}; use loss 'chunked' (or 'auto')")
+        if not liger_available():
+            raise ValueError("loss backend 'liger' needs liger-kernel: pip install "
+                             "'ten-runner[gpu]' (or pip install liger-kernel), or use loss "
+                             "'chunked'")
+        return "liger", "loss: Liger fused linear cross-entropy (asked for)"
+    if name != "auto":
+        return name, f"loss: {name} linear cross-entropy (asked for)"
+    if device.type == "cuda":
+        if liger_available():
+            return "liger", ("loss: Liger fused linear cross-entropy (auto: CUDA, "
+                             "liger-kernel found)")
+        return "chunked", ("loss: chunked linear cross-entropy (auto: liger-kernel not "
+                           "installed; pip install 'ten-runner[gpu]' for the fused kernel)")
+    return "chunked", f"loss: chunked linear cross-entropy (auto: {device.type})"
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                         ignore_index: int = IGNORE_INDEX, backend: str = "chunked",
+                         chunk_rows: int | None = None) -> Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; hidden (..., d) and
+    targets (...) are flattened. ``backend``: chunked, liger or reference (resolve ``auto``
+    with :func:`resolve_loss_backend` first)."""
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if backend == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_rows)
+    if backend == "liger":
+        return liger_linear_cross_entropy(hidden, weight, targets, ignore_index)
+    if backend == "reference":
+        return reference_linear_cross_entropy(hidden, weight, targets, ignore_index)
+    raise ValueError(f"loss backend must be chunked, liger or reference, got {backend!r}")
+
+
+class NextTokenLoss(nn.Module):
+    """The training objective around a language model: ``forward(inputs (B, T), targets
+    (B, T)) -> mean loss``. What the trainer wraps in DDP / torch.compile, so the head's
+    logits never exist as a whole; the model itself keeps ``model(ids) -> logits``.
+
+    ``reference`` calls the model for its logits (any module returning ``(logits, state)``);
+    the others need ``lm.hidden_states(ids)`` and ``lm.output_weight``.
+    """
+
+    def __init__(self, lm: nn.Module, backend: str = "chunked",
+                 chunk_rows: int | None = None) -> None:
+        super().__init__()
+        if backend not in LOSS_BACKENDS or backend == "auto":
+            raise ValueError(f"backend must be chunked, liger or reference, got {backend!r} "
+                             "(resolve auto with resolve_loss_backend)")
+        if backend != "reference" and not hasattr(lm, "hidden_states"):
+            raise ValueError(f"loss backend {backend!r} needs a model with hidden_states() "
+                             f"and output_weight; {type(lm).__name__} has none: use "
+                             "'reference'")
+        self.lm, self.backend, self.chunk_rows = lm, backend, chunk_rows
+
+    def forward(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        if self.backend == "reference":
+            logits, _ = self.lm(inputs)  # (B, T, V)
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                   ignore_index=IGNORE_INDEX)
+        hidden, _ = self.lm.hidden_states(inputs)  # (B, T, d)
+        return linear_cross_entropy(hidden, self.lm.output_weight, targets,
+                                    backend=self.backend, chunk_rows=self.chunk_rows)
+

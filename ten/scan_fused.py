@@ -1,0 +1,380 @@
+"""The ``fused`` scan backend: Triton kernels for ``c_t = λ_t · c_{t-1} + β_t`` and its
+backward, with the signature and the [re | im] layout of ``ten.scan.scan_ref``.
+
+Imported only when the ``fused`` backend is asked for (``ten.scan`` works without
+triton). Triton picks compiled-for-the-GPU or interpreted once per process: with
+``TRITON_INTERPRET=1`` in the environment before triton is first imported (and still
+there at the first launch), the kernels run on CPU tensors (numpy underneath, float64
+included), which is how the tests check them against ``ref`` without a GPU.
+``INTERPRETED`` says which mode this module's kernels were built in.
+
+Why not a library kernel (flash-linear-attention's element-wise recurrences): those take a
+real decay, so the rotation would move onto inputs and outputs as e^{∓iΘ_t} with the
+running phase Θ_t = θ_0 + … + θ_t, which reaches thousands of radians at T = 32K, where one
+float32 ulp is already ~2e-4 rad before T additions' rounding adds up (and selective θ_t
+needs its own cumulative sum). A complex recurrence needs no such trick. Which is faster
+is for a GPU run of benchmarks/bench_scan.py to say.
+
+The design. The recurrence is diagonal: every eigenstate lane k is independent, so a
+program owns one batch row and a block of BK lanes, and walks time in tiles of BT rows.
+Inside a tile the steps are combined by ``tl.associative_scan`` on pairs (a, b) meaning
+"x -> a·x + b" (complex): (a1, b1) then (a2, b2) is (a2·a1, a2·b1 + b2). That gives for
+every row the decay from the tile's start, A_t, and the state from a zero start, U_t, so
+c_t = U_t + A_t · c_in. Rows past T are the identity step (a = 1, b = 0), so a tile's
+last row always holds its summary.
+
+Parallelism over time, when B·K alone would leave the GPU idle: T is cut into G groups
+of whole tiles. (1) ``_summary_kernel`` gives each group's end state from zero and its
+total decay; (2) ``_carry_kernel`` runs the short G-step recurrence over groups to get
+the state entering each; (3) ``_forward_kernel`` runs each group again from that state
+and writes c. With G = 1 only (3) runs: β and λ read once, c written once.
+
+Backward is the same recurrence run backwards in time (``REVERSE``):
+    g_t = dL/dc_t + conj(λ_{t+1}) · g_{t+1}     (g_{T-1} = dL/dc_{T-1})
+    dL/dβ_t = g_t
+    dL/d log λ_t = conj(λ_t) · g_t · conj(c_{t-1})      (c_{-1}: the carried state)
+    dL/d state = conj(λ_0) · g_0
+"d/d log λ" is [d/d log|λ| | d/d arg λ]: λ = exp(log λ) is holomorphic, so the real-pair
+gradient is conj(λ') · dL/dλ with λ' = λ, and dL/dλ_t = g_t · conj(c_{t-1}). Fixed
+eigenvalues (2K,) sum this over every batch row and step: each program sums its own rows
+and torch adds the (B, G, 2K) partial sums.
+
+All arithmetic is in the dtype it is given (``scan()`` passes float32, or float64).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["INTERPRETED", "Plan", "plan", "scan_fused"]
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+@triton.jit
+def _combine(ar1, ai1, br1, bi1, ar2, ai2, br2, bi2):
+    """(a1, b1) then (a2, b2): x -> a2·(a1·x + b1) + b2, complex."""
+    return (ar2 * ar1 - ai2 * ai1,
+            ar2 * ai1 + ai2 * ar1,
+            ar2 * br1 - ai2 * bi1 + br2,
+            ar2 * bi1 + ai2 * br1 + bi2)
+
+
+@triton.jit
+def _last_row(x, rows, BT: tl.constexpr):
+    """Row BT-1 of a (BT, BK) tile, as (BK,)."""
+    return tl.sum(tl.where(rows[:, None] == BT - 1, x, 0.0), axis=0)
+
+
+@triton.jit
+def _rows(b, r0, T, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Scan rows r0 .. r0+BT-1 of batch row b: (row offset in (B·T), time t, valid)."""
+    i = tl.arange(0, BT)
+    r = r0 + i
+    ok = r < T
+    if REVERSE:
+        t = T - 1 - r
+    else:
+        t = r
+    return b.to(tl.int64) * T + t, t, ok, i
+
+
+@triton.jit
+def _load_lambda(ll_ptr, row, k, m2, K, BT: tl.constexpr, BK: tl.constexpr,
+                 SELECTIVE: tl.constexpr):
+    """λ = exp(log|λ|)·e^{i arg λ} at the given rows (selective) or per lane (fixed)."""
+    if SELECTIVE:
+        off = row[:, None] * (2 * K) + k[None, :]
+        lm = tl.load(ll_ptr + off, mask=m2, other=0.0)
+        la = tl.load(ll_ptr + off + K, mask=m2, other=0.0)
+        mag = tl.exp(lm)
+        lr = mag * tl.cos(la)
+        li = mag * tl.sin(la)
+    else:
+        kmask = k < K
+        lm = tl.load(ll_ptr + k, mask=kmask, other=0.0)
+        la = tl.load(ll_ptr + K + k, mask=kmask, other=0.0)
+        mag = tl.exp(lm)  # once per lane, then the same for every row
+        lr = tl.broadcast_to((mag * tl.cos(la))[None, :], (BT, BK))
+        li = tl.broadcast_to((mag * tl.sin(la))[None, :], (BT, BK))
+    return lr, li
+
+
+@triton.jit
+def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
+          SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
+    """One tile scanned: (A, U) as (Ar, Ai, Ur, Ui), each (BT, BK), plus the rows.
+
+    Forward the step at t is (λ_t, β_t); REVERSE reads rows backwards in time and the
+    step is (conj(λ_{t+1}), x_t) with x = dL/dc. Invalid rows are (1, 0).
+    """
+    row, t, ok, i = _rows(b, r0, T, BT, REVERSE)
+    kmask = k < K
+    m2 = ok[:, None] & kmask[None, :]
+    off = row[:, None] * (2 * K) + k[None, :]
+    xr = tl.load(x_ptr + off, mask=m2, other=0.0)
+    xi = tl.load(x_ptr + off + K, mask=m2, other=0.0)
+    if REVERSE:
+        lam_ok = ok & (t + 1 < T)
+        ar, ai = _load_lambda(ll_ptr, row + 1, k, lam_ok[:, None] & kmask[None, :], K, BT, BK,
+                              SELECTIVE)
+        ai = -ai
+    else:
+        lam_ok = ok
+        ar, ai = _load_lambda(ll_ptr, row, k, m2, K, BT, BK, SELECTIVE)
+    ar = tl.where(lam_ok[:, None], ar, 1.0)
+    ai = tl.where(lam_ok[:, None], ai, 0.0)
+    Ar, Ai, Ur, Ui = tl.associative_scan((ar, ai, xr, xi), 0, _combine)
+    return Ar, Ai, Ur, Ui, row, t, ok, i, m2, off
+
+
+@triton.jit
+def _summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
+                    BT: tl.constexpr, BK: tl.constexpr,
+                    SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
+    """Per (b, lane block, group): the group's end state from zero, and its decay."""
+    b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k = kb * BK + tl.arange(0, BK)
+    kmask = k < K
+    sr = tl.zeros((BK,), x_ptr.dtype.element_ty)
+    si = tl.zeros((BK,), x_ptr.dtype.element_ty)
+    dr = sr + 1.0
+    di = tl.zeros((BK,), x_ptr.dtype.element_ty)
+    for j in range(0, tiles):
+        Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
+            x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, REVERSE)
+        ar, ai = _last_row(Ar, i, BT), _last_row(Ai, i, BT)
+        ur, ui = _last_row(Ur, i, BT), _last_row(Ui, i, BT)
+        sr, si = ar * sr - ai * si + ur, ar * si + ai * sr + ui
+        dr, di = ar * dr - ai * di, ar * di + ai * dr
+    out = (b.to(tl.int64) * G + g) * (2 * K) + k
+    tl.store(end_ptr + out, sr, mask=kmask)
+    tl.store(end_ptr + out + K, si, mask=kmask)
+    tl.store(dec_ptr + out, dr, mask=kmask)
+    tl.store(dec_ptr + out + K, di, mask=kmask)
+
+
+@triton.jit
+def _carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr,
+                  HAS_H0: tl.constexpr):
+    """The state entering each group: S_g = dec_{g-1}·S_{g-1} + end_{g-1}, S_0 = h0."""
+    b, kb = tl.program_id(0), tl.program_id(1)
+    k = kb * BK + tl.arange(0, BK)
+    kmask = k < K
+    if HAS_H0:
+        sr = tl.load(h0_ptr + b.to(tl.int64) * (2 * K) + k, mask=kmask, other=0.0)
+        si = tl.load(h0_ptr + b.to(tl.int64) * (2 * K) + K + k, mask=kmask, other=0.0)
+    else:
+        sr = tl.zeros((BK,), end_ptr.dtype.element_ty)
+        si = tl.zeros((BK,), end_ptr.dtype.element_ty)
+    for g in range(0, G):
+        off = (b.to(tl.int64) * G + g) * (2 * K) + k
+        tl.store(sin_ptr + off, sr, mask=kmask)
+        tl.store(sin_ptr + off + K, si, mask=kmask)
+        ar = tl.load(dec_ptr + off, mask=kmask, other=1.0)
+        ai = tl.load(dec_ptr + off + K, mask=kmask, other=0.0)
+        ur = tl.load(end_ptr + off, mask=kmask, other=0.0)
+        ui = tl.load(end_ptr + off + K, mask=kmask, other=0.0)
+        sr, si = ar * sr - ai * si + ur, ar * si + ai * sr + ui
+
+
+@triton.jit
+def _forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
+                    BT: tl.constexpr, BK: tl.constexpr, SELECTIVE: tl.constexpr):
+    """c for one group of tiles, from the state entering the group."""
+    b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k = kb * BK + tl.arange(0, BK)
+    kmask = k < K
+    s_off = (b.to(tl.int64) * G + g) * (2 * K) + k
+    sr = tl.load(sin_ptr + s_off, mask=kmask, other=0.0)
+    si = tl.load(sin_ptr + s_off + K, mask=kmask, other=0.0)
+    for j in range(0, tiles):
+        Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
+            x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, False)
+        cr = Ur + Ar * sr[None, :] - Ai * si[None, :]
+        ci = Ui + Ar * si[None, :] + Ai * sr[None, :]
+        tl.store(c_ptr + off, cr, mask=m2)
+        tl.store(c_ptr + off + K, ci, mask=m2)
+        sr, si = _last_row(cr, i, BT), _last_row(ci, i, BT)
+
+
+@triton.jit
+def _backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_ptr, T, K, G, tiles,
+                     BT: tl.constexpr, BK: tl.constexpr, SELECTIVE: tl.constexpr,
+                     HAS_H0: tl.constexpr):
+    """g = dL/dβ for one group (backwards in time) and dL/d log λ from it."""
+    b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k = kb * BK + tl.arange(0, BK)
+    kmask = k < K
+    s_off = (b.to(tl.int64) * G + g) * (2 * K) + k
+    sr = tl.load(sin_ptr + s_off, mask=kmask, other=0.0)
+    si = tl.load(sin_ptr + s_off + K, mask=kmask, other=0.0)
+    acc_r = tl.zeros((BK,), dc_ptr.dtype.element_ty)  # fixed λ: this program's sum
+    acc_i = tl.zeros((BK,), dc_ptr.dtype.element_ty)
+    for j in range(0, tiles):
+        Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
+            dc_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, True)
+        gr = Ur + Ar * sr[None, :] - Ai * si[None, :]
+        gi = Ui + Ar * si[None, :] + Ai * sr[None, :]
+        tl.store(dx_ptr + off, gr, mask=m2)
+        tl.store(dx_ptr + off + K, gi, mask=m2)
+        sr, si = _last_row(gr, i, BT), _last_row(gi, i, BT)
+
+        # c_{t-1}: the previous row of c, or the carried state at t = 0.
+        has_prev = m2 & (t > 0)[:, None]
+        pr = tl.load(c_ptr + off - 2 * K, mask=has_prev, other=0.0)
+        pi = tl.load(c_ptr + off - K, mask=has_prev, other=0.0)
+        if HAS_H0:
+            first = m2 & (t == 0)[:, None]
+            h_off = b.to(tl.int64) * (2 * K) + k
+            hr = tl.load(h0_ptr + h_off, mask=kmask, other=0.0)
+            hi = tl.load(h0_ptr + h_off + K, mask=kmask, other=0.0)
+            pr = tl.where(first, hr[None, :], pr)
+            pi = tl.where(first, hi[None, :], pi)
+        lr, li = _load_lambda(ll_ptr, row, k, m2, K, BT, BK, SELECTIVE)
+        qr = gr * pr + gi * pi  # q = g · conj(c_{t-1}) = dL/dλ_t
+        qi = gi * pr - gr * pi
+        dr = tl.where(m2, lr * qr + li * qi, 0.0)  # conj(λ_t) · q
+        di = tl.where(m2, lr * qi - li * qr, 0.0)
+        if SELECTIVE:
+            tl.store(dll_ptr + off, dr, mask=m2)
+            tl.store(dll_ptr + off + K, di, mask=m2)
+        else:
+            acc_r += tl.sum(dr, axis=0)
+            acc_i += tl.sum(di, axis=0)
+    if not SELECTIVE:
+        tl.store(dll_ptr + s_off, acc_r, mask=kmask)
+        tl.store(dll_ptr + s_off + K, acc_i, mask=kmask)
+
+
+# --- launch plan and the autograd function --------------------------------------------------
+
+# True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = type(_forward_kernel).__name__ == "InterpretedFunction"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one scan is cut: BT rows per tile, BK lanes per program, groups of tiles."""
+
+    block_t: int
+    block_k: int
+    group_tiles: int  # tiles per group; the number of groups is ceil(tiles / group_tiles)
+    num_warps: int = 4
+
+
+def plan(B: int, T: int, K: int, device: torch.device, *, block_t: int | None = None,
+         block_k: int | None = None, group_tiles: int | None = None) -> Plan:
+    """The default cut, or the one asked for (tests and benchmarks pass their own).
+
+    Groups exist only to give the GPU enough programs: with B·K/BK programs already
+    filling ~4 per SM the scan runs in one pass (G = 1).
+    """
+    bt = block_t or min(32, max(16, triton.next_power_of_2(T)))  # 16 or 32: two variants
+    bk = block_k or min(32, triton.next_power_of_2(K))
+    for name, v in (("block_t", bt), ("block_k", bk)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    n_tiles = max(1, math.ceil(T / bt))
+    if group_tiles is None:
+        lanes = B * math.ceil(K / bk)
+        want = 1
+        if device.type == "cuda" and not INTERPRETED:
+            want = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+        groups = max(1, min(n_tiles, math.ceil(want / lanes)))
+        group_tiles = math.ceil(n_tiles / groups)
+    if group_tiles < 1:
+        raise ValueError(f"group_tiles must be >= 1, got {group_tiles}")
+    return Plan(bt, bk, group_tiles)
+
+
+def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: bool,
+         c: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Forward (reverse=False): c. Backward (reverse=True, x = dL/dc, c given): (g, dlog_lam
+    raw: (B, T, 2K) selective, (B, G, 2K) partial sums fixed)."""
+    B, T, K2 = x.shape
+    K = K2 // 2
+    selective = log_lam.dim() == 3
+    n_tiles = math.ceil(T / p.block_t)
+    G = math.ceil(n_tiles / p.group_tiles)
+    kb = math.ceil(K / p.block_k)
+    consts = dict(BT=p.block_t, BK=p.block_k, SELECTIVE=selective)
+    h0_in = h0 if h0 is not None else x  # a pointer the kernels never read without HAS_H0
+
+    if G > 1:
+        end, dec = x.new_empty(B, G, K2), x.new_empty(B, G, K2)
+        _summary_kernel[(B, kb, G)](x, log_lam, end, dec, T, K, G, p.group_tiles,
+                                    REVERSE=reverse, num_warps=p.num_warps, **consts)
+        s_in = x.new_empty(B, G, K2)
+        # Backwards in time nothing enters the last step: the carry starts from zero.
+        has_h0 = h0 is not None and not reverse
+        _carry_kernel[(B, kb)](end, dec, h0_in, s_in, K, G, BK=p.block_k, HAS_H0=has_h0,
+                               num_warps=1)
+    elif h0 is not None and not reverse:
+        s_in = h0.reshape(B, 1, K2)
+    else:
+        s_in = x.new_zeros(B, 1, K2)
+
+    out = torch.empty_like(x)
+    if not reverse:
+        _forward_kernel[(B, kb, G)](x, log_lam, s_in, out, T, K, G, p.group_tiles,
+                                    num_warps=p.num_warps, **consts)
+        return out, None
+    assert c is not None
+    dll = torch.empty_like(x) if selective else x.new_empty(B, G, K2)
+    _backward_kernel[(B, kb, G)](x, log_lam, c, h0_in, s_in, out, dll, T, K, G, p.group_tiles,
+                                 HAS_H0=h0 is not None, num_warps=p.num_warps, **consts)
+    return out, dll
+
+
+class _FusedScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, beta: Tensor, log_lam: Tensor, state: Tensor | None, p: Plan) -> Tensor:
+        c, _ = _run(beta, log_lam, state, p, reverse=False)
+        ctx.save_for_backward(log_lam, state, c)
+        ctx.plan = p
+        return c
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dc: Tensor):
+        log_lam, state, c = ctx.saved_tensors
+        g, dll = _run(dc.contiguous(), log_lam, state, ctx.plan, reverse=True, c=c)
+        d_log_lam = None
+        if ctx.needs_input_grad[1]:
+            d_log_lam = dll if log_lam.dim() == 3 else dll.sum(dim=(0, 1))
+        d_state = None
+        if state is not None and ctx.needs_input_grad[2]:
+            half = state.shape[-1] // 2
+            ll0 = log_lam[:, 0] if log_lam.dim() == 3 else log_lam  # λ_0
+            mag = torch.exp(ll0[..., :half])
+            lr, li = mag * torch.cos(ll0[..., half:]), mag * torch.sin(ll0[..., half:])
+            gr, gi = g[:, 0, :half], g[:, 0, half:]
+            d_state = torch.cat([lr * gr + li * gi, lr * gi - li * gr], dim=-1)  # conj(λ_0)·g_0
+        return g, d_log_lam, d_state, None
+
+
+@torch.compiler.disable  # a graph break: dynamo is not asked to trace the launches
+def scan_fused(beta: Tensor, log_lam: Tensor, state: Tensor | None = None, *,
+               block_t: int | None = None, block_k: int | None = None,
+               group_tiles: int | None = None) -> tuple[Tensor, Tensor]:
+    """Fused backend: same signature and result as ``scan_ref`` (see the module doc).
+
+    Expects float32 or float64 inputs on one device (``ten.scan.scan`` casts them);
+    block_t / block_k / group_tiles override the launch plan (tests, benchmarks).
+    """
+    B, T, K2 = beta.shape
+    if T == 0:
+        return beta, beta.new_zeros(B, K2) if state is None else state
+    p = plan(B, T, K2 // 2, beta.device, block_t=block_t, block_k=block_k,
+             group_tiles=group_tiles)
+    c = _FusedScan.apply(beta.contiguous(), log_lam.contiguous(),
+                         None if state is None else state.contiguous(), p)
+    return c, c[:, -1]
