@@ -207,6 +207,9 @@ def test_a_stop_inside_tokenizer_training_is_a_stop_not_a_data_error(tmp_path, c
     import sys
 
     job = write_job(tmp_path, corpus)
+    # a cache of its own: the tokenizer must really be trained in this run
+    job.write_text(job.read_text().replace(f"cache_dir: {corpus / 'cache'}",
+                                           f"cache_dir: {tmp_path / 'cache'}"))
     script = (
         "import os, signal, sys\n"
         "import ten.data.tokenizer as tk\n"

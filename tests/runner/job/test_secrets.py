@@ -101,6 +101,7 @@ STRING_FIELDS = {
     ("train", "schedule"): None,
     ("train", "precision"): None,
     ("train", "optimizer"): None,
+    ("train", "loss"): None,
     ("train", "device"): None,
     ("storage", "url"): "s3://bucket/{}/runs",
     ("storage", "endpoint_url"): "https://{}.example.com",
