@@ -43,12 +43,7 @@ class RunLog:
     def _file_failed(self, e: OSError) -> None:
         from ten.fileio import describe_os_error
 
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-        self._file = None
+        self.close()
         print(self.scrub(f"warning: {describe_os_error(e, self.path)}; this run's lines go "
                          "to stderr only"), file=sys.stderr, flush=True)
 

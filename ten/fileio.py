@@ -74,26 +74,21 @@ def _size(n: float) -> str:
 def atomic_copy(src: Path | str, dst: Path | str) -> None:
     """Copy ``src`` to ``dst`` through a temporary file in ``dst``'s folder, fsynced and
     renamed into place: a reader sees the old file or the whole new one."""
-    dst = Path(dst)
-    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
-    try:
-        with open(src, "rb") as s, open(tmp, "wb") as d:
-            shutil.copyfileobj(s, d, 1 << 20)
-            d.flush()
-            os.fsync(d.fileno())
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(dst.parent, strict=False)
+    with open(src, "rb") as s:
+        _atomic(dst, lambda f: shutil.copyfileobj(s, f, 1 << 20))
 
 
 def atomic_write(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a fsynced temporary file renamed into place."""
+    _atomic(path, lambda f: f.write(data))
+
+
+def _atomic(path: Path | str, write) -> None:
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
