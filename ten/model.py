@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.lm import Block, LanguageModel
@@ -158,12 +157,6 @@ class TENLM(LanguageModel):
                 for lin in (block.mlp.up, block.mlp.down):
                     if lin.bias is not None:
                         lin.bias.zero_()
-
-    def forward(self, ids: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """ids (B, T) → logits (B, T, V) and the per-layer states after the last token."""
-        x, new_state = self.run_blocks(self.embed(ids), state)  # (B, T, d)
-        logits = F.linear(self.norm(x), self.embed.weight)  # tied head
-        return logits, new_state
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6 × matmul weights (head included) + 3 × the scan.
