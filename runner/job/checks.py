@@ -140,7 +140,7 @@ def dataset(section: Any, written: str | None) -> Found:
     if not name:
         return []
     from ten.data import builtin
-    from ten.data.sources import KNOWN, LOCAL_SUFFIXES
+    from ten.data.sources import KNOWN, looks_local
 
     hidden = written is not None
     shown = f"(the value from {shorten(written)})" if hidden else show(name)
@@ -157,7 +157,7 @@ def dataset(section: Any, written: str | None) -> Found:
     if section.get("data_files") is not None:
         found.append((("data", "data_files"), "only applies to a known hub dataset "
                       f"({', '.join(KNOWN)})"))
-    if not _looks_local(name, LOCAL_SUFFIXES):
+    if not looks_local(name):
         close = None if hidden else suggest(name, KNOWN)
         found.append((("data", "dataset"),
                        f"unknown dataset {shown}" + (f" (did you mean {close!r}?)" if close else
@@ -177,23 +177,6 @@ def _shown(value: str, written: str | None) -> str:
     return f"the value from {shorten(written)}" if written is not None else show(value)
 
 
-def _looks_local(name: str, suffixes: tuple[str, ...]) -> bool:
-    """A dataset name that is not builtin or a hub name is read as a local path when it
-    has a '/', a glob character, a leading '.' or a supported suffix, or exists (the
-    rule of ``ten.data.sources.open_source``, which also accepts any existing path)."""
-    return ("/" in name or any(c in name for c in "*?[") or name.startswith(".")
-            or name.endswith(suffixes) or _exists(name))
-
-
-def _exists(name: str) -> bool:
-    """``Path.exists`` that is False, not an OSError, for a name the OS refuses (a 1 MB
-    string is "File name too long")."""
-    try:
-        return Path(name).expanduser().exists()
-    except (OSError, ValueError):  # ValueError: an embedded NUL
-        return False
-
-
 _PATH_HINT = ("a relative path starts from the working directory; if it exists only where "
               "the job runs, validate with --no-path-checks")
 
@@ -207,7 +190,7 @@ def local_paths(section: Any, written: dict[Path_, str]) -> Found:
     ``load_job(check_paths=...)``)."""
     if not isinstance(section, dict):
         return []
-    from ten.data.sources import KNOWN, LOCAL_SUFFIXES
+    from ten.data.sources import KNOWN, LOCAL_SUFFIXES, looks_local
 
     found: Found = []
     name = section.get("dataset")
@@ -217,7 +200,7 @@ def local_paths(section: Any, written: dict[Path_, str]) -> Found:
     elif isinstance(name, str) and len(name) > _PATH_MAX:
         found.append(_too_long_dataset(name, written.get(("data", "dataset"))))
     elif isinstance(name, str) and name and not name.startswith("builtin:") \
-            and _looks_local(name, LOCAL_SUFFIXES):  # else checks.dataset reports it
+            and looks_local(name):  # else checks.dataset reports it
         specs.append((("data", "dataset"), name))
     for path, spec in specs:
         if not isinstance(spec, str) or not spec:

@@ -307,6 +307,20 @@ class HubSource(Source):
 # --- choosing one ---------------------------------------------------------------------
 
 
+def looks_local(dataset: str) -> bool:
+    """Whether a dataset name that is neither builtin nor a known hub name is read as a
+    local path: it has a path separator, a glob character, a leading '.' or a supported
+    suffix, or it exists. A name the OS refuses (a 1 MB string: "File name too long")
+    does not exist, rather than raising."""
+    if (os.sep in dataset or any(c in dataset for c in "*?[") or dataset.startswith(".")
+            or Path(dataset).suffix in LOCAL_SUFFIXES):
+        return True
+    try:
+        return Path(dataset).expanduser().exists()
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        return False
+
+
 def open_source(dataset: str, text_field: str | None, cache_dir: Path,
                 data_files: str | None = None) -> Source:
     """Resolve ``data.dataset`` to a source, or a one-line error listing what is known."""
@@ -318,9 +332,7 @@ def open_source(dataset: str, text_field: str | None, cache_dir: Path,
         spec = KNOWN[dataset]
         return HubSource(name=dataset, spec=spec, text_field=text_field or spec.text_field,
                          data_files=data_files, cache_dir=cache_dir)
-    looks_local = os.sep in dataset or any(c in dataset for c in "*?[") or \
-        Path(dataset).suffix in LOCAL_SUFFIXES or Path(dataset).exists()
-    if not looks_local:
+    if not looks_local(dataset):
         raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(KNOWN)}, "
                         f"{builtin.NAME}, or a local .txt/.jsonl/.parquet path, glob or directory")
     files = resolve_files(dataset)
