@@ -186,23 +186,37 @@ def _carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr,
 
 
 @triton.jit
+def _entering_state(sin_ptr, b, g, G, K, k, kmask):
+    """The state entering group ``g`` of batch row ``b`` (re, im), and its offset."""
+    s_off = (b.to(tl.int64) * G + g) * (2 * K) + k
+    sr = tl.load(sin_ptr + s_off, mask=kmask, other=0.0)
+    si = tl.load(sin_ptr + s_off + K, mask=kmask, other=0.0)
+    return sr, si, s_off
+
+
+@triton.jit
+def _from_state(Ar, Ai, Ur, Ui, sr, si, out_ptr, off, m2, i, K, BT: tl.constexpr):
+    """A tile's values from the state entering it, x = U + A·s (complex), stored at
+    ``out_ptr``; returns them and the tile's last row, the state leaving it."""
+    xr = Ur + Ar * sr[None, :] - Ai * si[None, :]
+    xi = Ui + Ar * si[None, :] + Ai * sr[None, :]
+    tl.store(out_ptr + off, xr, mask=m2)
+    tl.store(out_ptr + off + K, xi, mask=m2)
+    return xr, xi, _last_row(xr, i, BT), _last_row(xi, i, BT)
+
+
+@triton.jit
 def _forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
                     BT: tl.constexpr, BK: tl.constexpr, SELECTIVE: tl.constexpr):
     """c for one group of tiles, from the state entering the group."""
     b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k = kb * BK + tl.arange(0, BK)
     kmask = k < K
-    s_off = (b.to(tl.int64) * G + g) * (2 * K) + k
-    sr = tl.load(sin_ptr + s_off, mask=kmask, other=0.0)
-    si = tl.load(sin_ptr + s_off + K, mask=kmask, other=0.0)
+    sr, si, s_off = _entering_state(sin_ptr, b, g, G, K, k, kmask)
     for j in range(0, tiles):
         Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
             x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, False)
-        cr = Ur + Ar * sr[None, :] - Ai * si[None, :]
-        ci = Ui + Ar * si[None, :] + Ai * sr[None, :]
-        tl.store(c_ptr + off, cr, mask=m2)
-        tl.store(c_ptr + off + K, ci, mask=m2)
-        sr, si = _last_row(cr, i, BT), _last_row(ci, i, BT)
+        _, _, sr, si = _from_state(Ar, Ai, Ur, Ui, sr, si, c_ptr, off, m2, i, K, BT)
 
 
 @triton.jit
@@ -213,19 +227,13 @@ def _backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_ptr, T,
     b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k = kb * BK + tl.arange(0, BK)
     kmask = k < K
-    s_off = (b.to(tl.int64) * G + g) * (2 * K) + k
-    sr = tl.load(sin_ptr + s_off, mask=kmask, other=0.0)
-    si = tl.load(sin_ptr + s_off + K, mask=kmask, other=0.0)
+    sr, si, s_off = _entering_state(sin_ptr, b, g, G, K, k, kmask)
     acc_r = tl.zeros((BK,), dc_ptr.dtype.element_ty)  # fixed λ: this program's sum
     acc_i = tl.zeros((BK,), dc_ptr.dtype.element_ty)
     for j in range(0, tiles):
         Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
             dc_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, True)
-        gr = Ur + Ar * sr[None, :] - Ai * si[None, :]
-        gi = Ui + Ar * si[None, :] + Ai * sr[None, :]
-        tl.store(dx_ptr + off, gr, mask=m2)
-        tl.store(dx_ptr + off + K, gi, mask=m2)
-        sr, si = _last_row(gr, i, BT), _last_row(gi, i, BT)
+        gr, gi, sr, si = _from_state(Ar, Ai, Ur, Ui, sr, si, dx_ptr, off, m2, i, K, BT)
 
         # c_{t-1}: the previous row of c, or the carried state at t = 0.
         has_prev = m2 & (t > 0)[:, None]
