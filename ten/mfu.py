@@ -15,8 +15,6 @@ import torch
 # Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s with fp32 accumulate, keyed by the
 # exact torch.cuda.get_device_name() string. Vendor datasheets quote sparse figures
 # first; the dense one is half.
-# Ordered so a longer name comes before any name it contains: runner.monitor.health
-# still matches by substring, first hit wins (test_table_order_keeps_substring_lookups).
 PEAK_BF16_TFLOPS: dict[str, float] = {
     # Hopper. H100 SXM5 datasheet: BF16 1,979 sparse; PCIe 1,513; NVL 1,671.
     "NVIDIA H100 80GB HBM3": 989.0,  # the SXM5 part reports its memory, not "SXM"

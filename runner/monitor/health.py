@@ -60,12 +60,11 @@ def judge(facts: dict[str, Any], min_peak_fraction: float = MIN_PEAK_FRACTION,
 
 
 def expected_peak_tflops(name: str) -> float | None:
-    from ten.mfu import PEAK_BF16_TFLOPS
+    """The exact device's dense bf16 peak (ten.mfu's table): a MIG slice or an unlisted
+    part has none, so the gate reports the TFLOP/s without judging them."""
+    from ten.mfu import peak_tflops_for
 
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key in name:
-            return tflops
-    return None
+    return peak_tflops_for(name)
 
 
 def preflight(device: str = "auto", matmul_n: int = 8192, seconds: float = 1.0,

@@ -37,6 +37,10 @@ def test_expected_peaks_come_from_the_mfu_table():
     assert expected_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert expected_peak_tflops("NVIDIA L40S") == 362.0
     assert expected_peak_tflops("Tesla T4") is None
+    # by exact name, as MFU: a PCIe H100 is not judged against the SXM part's 989, and a
+    # MIG slice (a fraction of the SMs) against no peak at all
+    assert expected_peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert expected_peak_tflops("NVIDIA H100 80GB HBM3 MIG 1g.10gb") is None
 
 
 def test_preflight_on_cpu_is_skipped():
