@@ -225,8 +225,9 @@ class JobRun:
         from runner.stopping import set_phase
         from ten.checkpoint import CheckpointWriteError
         from ten.data import DataError
+        from ten.memory import DeviceMemoryError
         from ten.scan import ScanBackendError
-        from ten.trainer import DivergedError, Outcome, ResumeError
+        from ten.trainer import CompileError, DivergedError, Outcome, ResumeError
 
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
@@ -255,7 +256,8 @@ class JobRun:
         except ResumeError as e:  # unsafe changes, or no usable checkpoint: fix, not retry
             log(f"resume refused: {e}")
             return ExitCode.CONFIG
-        except ScanBackendError as e:  # e.g. scan_backend: fused on a machine without CUDA
+        except (ScanBackendError, DeviceMemoryError, CompileError) as e:
+            # scan_backend: fused without CUDA, a job the GPU cannot hold, a failed compile
             log(f"config error: {e}")
             return ExitCode.CONFIG
         except DataError as e:

@@ -71,6 +71,12 @@ class LanguageModel(nn.Module):
         """The LM head's (V, d) weight: the embedding table (tied)."""
         return self.embed.weight
 
+    def compile_blocks(self) -> None:
+        """``torch.compile`` every block in place (regional compilation): the blocks share
+        one compiled graph, parameters are its inputs, and state_dict keys do not change."""
+        for block in self.blocks:
+            block.compile()
+
     def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, tuple[Any, ...]]:
         """x (B, T, d) through ``self.blocks``, each with its own carried state; with
         ``config.grad_checkpointing``, each block's activations are recomputed in backward."""

@@ -47,6 +47,7 @@ from ten.distributed import (
 )
 from ten.lm import LanguageModel
 from ten.loss import NextTokenLoss, resolve_loss_backend
+from ten.memory import check_fits
 from ten.metrics import MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats, step_unless
@@ -103,6 +104,11 @@ class Outcome(enum.Enum):
 
 class ResumeError(Exception):
     """The newest checkpoint cannot be resumed with this configuration (one line)."""
+
+
+class CompileError(Exception):
+    """``train.compile: true`` and torch.compile failed (one line with its reason, naming
+    the field to turn off)."""
 
 
 class DivergedError(Exception):
@@ -460,6 +466,16 @@ class Trainer:
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> Outcome:
+        try:
+            return self._run()
+        except torch._dynamo.exc.TorchDynamoException as e:
+            if not self.cfg.compile:
+                raise
+            raise CompileError(f"torch.compile failed ({type(e).__name__}: "
+                               f"{_first_line(e)}); set train.compile: false to train "
+                               "without it") from None
+
+    def _run(self) -> Outcome:
         cfg = self.cfg
         seed_everything(cfg.seed)
         scan_backend = getattr(self.model_config, "scan_backend", None)
@@ -468,6 +484,11 @@ class Trainer:
             note = backend_note(scan_backend, self.device)
             if self.dist.is_main:
                 self.log(note)
+        # before any weight is placed: a job the device cannot hold raises DeviceMemoryError
+        note = check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
+                          self.amp_dtype, cfg.optimizer, self.device)
+        if note and self.dist.is_main:
+            self.log(note)
         self.raw_model = build_model(self.model_config).to(self.device)
         self.optimizer = build_optimizer(self.raw_model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -495,7 +516,12 @@ class Trainer:
             def any_rank(t: torch.Tensor) -> None:  # every rank skips the same steps
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if cfg.compile:
-            model = torch.compile(model)
+            # Regional: each block is compiled in place (its state_dict keys unchanged) and
+            # the blocks share one compiled graph, so compile time does not grow with depth;
+            # the loss head is already fused (ten.loss). Errors surface at the first call.
+            self.raw_model.compile_blocks()
+            if self.dist.is_main:
+                self.log("compile: every block with torch.compile (train.compile)")
         model.train()
 
         metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None

@@ -2,6 +2,7 @@
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -81,8 +82,9 @@ class Launched:
                 proc.communicate()
 
 
-def run_to_end(*args, timeout=300):
-    p = cli(*args)
+def run_to_end(*args, timeout=300, env=None):
+    """``env``: variables added to this process's environment for the run."""
+    p = cli(*args, env=None if env is None else {**os.environ, **env})
     out, err = p.communicate(timeout=timeout)
     return p.returncode, out, err
 

@@ -93,6 +93,18 @@ def test_config_and_data_errors_have_distinct_codes_and_no_traceback(tmp_path, c
     assert "data error" in err and "nothing-here" in err and "Traceback" not in err + out
 
 
+def test_a_compile_failure_is_one_line_naming_train_compile(tmp_path, corpus):
+    """A machine without a working C++ compiler (a slim image): inductor cannot build the
+    CPU kernels. The run ends with exit 2 and the field to turn off, not a traceback."""
+    job = write_job(tmp_path, corpus, steps=2)
+    code, out, err = run_to_end("run", job, "--no-sample", "--set", "train.compile=true",
+                                env={"CXX": str(tmp_path / "no-such-compiler"),
+                                     "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
+    assert code == ExitCode.CONFIG, err
+    assert "torch.compile failed" in err and "set train.compile: false" in err
+    assert "Traceback" not in err + out
+
+
 def test_unsafe_resume_is_refused_with_the_differences(tmp_path, corpus):
     job = write_job(tmp_path, corpus, steps=4)
     assert run_to_end("run", job, "--no-sample")[0] == 0

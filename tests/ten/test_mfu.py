@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ten import mfu as mfu_mod
-from ten.mfu import PEAK_BF16_TFLOPS, hfu, mfu, peak_flops, peak_note, peak_tflops_for
+from ten.mfu import hfu, mfu, peak_flops, peak_note, peak_tflops_for
 from ten.model import TENLM, TENConfig
 from ten.transformer import TransformerConfig, TransformerLM
 

@@ -1,0 +1,155 @@
+"""Will a training job fit the device? An estimate made before training, without memory.
+
+The model is built and run — forward and backward at the job's real batch and sequence
+length — under ``FakeTensorMode``: every tensor has its shape, dtype and storage but no
+data, so a 32K-token step of a 1 GB model is traced in seconds on any CPU. torch's
+``MemTracker`` follows every storage through that step and reports the peak of what was
+live at once (weights, saved activations, gradients, temporaries); the optimizer's state,
+which exists from the first update on, is added by count (AdamW: 8 bytes per parameter,
+8-bit AdamW: 2).
+
+The step runs under CPU autocast in the job's dtype: CUDA does not exist in fake mode
+without a GPU, and the two autocast lists agree on what matters here (matmuls in bf16,
+the scan and the loss in fp32). The scan is traced with the ``chunked`` backend whatever
+the job uses: ``fused`` saves a subset of what ``chunked`` saves, so the estimate is an
+upper bound for it. Not counted: the CUDA context and cuBLAS workspaces (the fit check
+leaves ``RESERVE_BYTES`` for them) and allocator fragmentation.
+
+TEN only: the transformer baseline's attention would be traced with the math kernel,
+whose T×T scores FlashAttention never holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GiB = 2**30
+RESERVE_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces: outside the allocator
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw8bit": 2}  # per parameter: two moments
+
+
+class DeviceMemoryError(ValueError):
+    """The job's estimated training memory exceeds the device's (one line: the estimate,
+    the device, and the settings that lower it)."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes at the training step's peak, by kind."""
+
+    weights: int
+    gradients: int
+    activations: int  # saved for backward, and temporaries, at the peak
+    optimizer: int
+    batch_size: int
+    seq_len: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.activations + self.optimizer
+
+    def describe(self) -> str:
+        return (f"{_size(self.total)} (activations {_size(self.activations)} at batch_size "
+                f"{self.batch_size} x seq_len {self.seq_len}, weights {_size(self.weights)}, "
+                f"gradients {_size(self.gradients)}, optimizer {_size(self.optimizer)})")
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.0f} MiB"
+
+
+def estimate_training_memory(model_config: Any, batch_size: int, seq_len: int,
+                             amp_dtype: torch.dtype | None = None,
+                             optimizer: str = "adamw") -> MemoryEstimate:
+    """The peak memory of one training micro-batch of a TEN model (see the module doc)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from ten.loss import NextTokenLoss
+    from ten.model import TENLM, TENConfig
+
+    if not isinstance(model_config, TENConfig):
+        raise TypeError(f"memory is estimated for TEN models only, not "
+                        f"{type(model_config).__name__}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_BYTES)}, "
+                         f"got {optimizer!r}")
+    config = dataclasses.replace(model_config, scan_backend="chunked")
+    with FakeTensorMode(), torch.device("cpu"):
+        model = TENLM(config)
+        objective = NextTokenLoss(model, "chunked")
+        ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
+        tracker = MemTracker()
+        tracker.track_external(objective)
+        with tracker:
+            with torch.autocast("cpu", dtype=amp_dtype or torch.float32,
+                                enabled=amp_dtype is not None):
+                loss = objective(ids, ids)
+            loss.backward()
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    n_params = sum(p.numel() for p in model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    by_kind = {str(kind.value) if hasattr(kind, "value") else str(kind): n
+               for kind, n in peak.items()}
+    weights = by_kind.get("Parameter", param_bytes) + by_kind.get("Buffer", 0)
+    # Gradients accumulate over micro-batches and exist whole at the optimizer step;
+    # count them whole rather than as much as happened to be live at the peak.
+    activations = by_kind["Total"] - weights - by_kind.get("Gradient", 0)
+    return MemoryEstimate(weights=weights, gradients=param_bytes,
+                          activations=max(activations, 0),
+                          optimizer=n_params * OPTIMIZER_STATE_BYTES[optimizer],
+                          batch_size=batch_size, seq_len=seq_len)
+
+
+def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
+                model_config: Any) -> str | None:
+    """None when the estimate (plus ``RESERVE_BYTES``) fits ``device_bytes``; else one line
+    with the estimate, the device and the settings that lower it."""
+    need = estimate.total + RESERVE_BYTES
+    if need <= device_bytes:
+        return None
+    knobs = []
+    if not getattr(model_config, "grad_checkpointing", False):
+        knobs.append("set model.grad_checkpointing: true")
+    if estimate.batch_size > 1:
+        knobs.append("lower train.batch_size (raise train.grad_accum to keep the tokens "
+                     "per step)")
+    if getattr(model_config, "selective", False) and model_config.chunk_size > 64:
+        knobs.append(f"lower model.chunk_size (now {model_config.chunk_size}; selective "
+                     "mode holds batch x seq_len x chunk_size x n_eigenstates per layer)")
+    knobs.append(f"lower data.seq_len (now {estimate.seq_len})")
+    return (f"the job does not fit the {_size(device_bytes)} {device_name}: training needs "
+            f"an estimated {estimate.describe()} plus {_size(RESERVE_BYTES)} for the CUDA "
+            f"context; " + ", or ".join(knobs))
+
+
+def device_capacity(device: torch.device) -> tuple[str, int] | None:
+    """(name, total bytes) of a CUDA device; None elsewhere (nothing to check against)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.total_memory
+
+
+def check_fits(model_config: Any, batch_size: int, seq_len: int,
+               amp_dtype: torch.dtype | None, optimizer: str,
+               device: torch.device) -> str | None:
+    """Before training: raise :class:`DeviceMemoryError` when a TEN job's estimate exceeds
+    the device; else the line to log (None where nothing is checked: CPU, or not TEN)."""
+    from ten.model import TENConfig
+
+    capacity = device_capacity(device)
+    if capacity is None:
+        return None
+    name, total = capacity
+    if not isinstance(model_config, TENConfig):
+        return "memory: not estimated for the transformer baseline"
+    estimate = estimate_training_memory(model_config, batch_size, seq_len, amp_dtype, optimizer)
+    problem = fit_problem(estimate, total, name, model_config)
+    if problem:
+        raise DeviceMemoryError(problem)
+    return f"memory: an estimated {estimate.describe()} of the {_size(total)} {name}"

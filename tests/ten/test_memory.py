@@ -1,0 +1,104 @@
+"""The memory estimate a job is checked against before training (ten.memory): close to
+what a real step takes, growing where the activations grow, and a refusal that names the
+settings to change."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ten import memory
+from ten.memory import (
+    DeviceMemoryError,
+    GiB,
+    MemoryEstimate,
+    check_fits,
+    estimate_training_memory,
+    fit_problem,
+)
+from ten.model import TENConfig
+from ten.presets import ten_config
+from ten.transformer import TransformerConfig
+
+SMALL = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
+                  seq_len=4096, chunk_size=64)
+
+# A fresh process: its peak RSS grows by what one real forward + backward holds at once.
+REAL_STEP = """
+import resource, torch
+from ten.loss import NextTokenLoss
+from ten.model import TENLM, TENConfig
+cfg = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
+                seq_len=4096, chunk_size=64)
+objective = NextTokenLoss(TENLM(cfg), "chunked")
+ids = torch.randint(0, 1000, (4, 4096))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+objective(ids, ids).backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_the_estimate_is_close_to_a_real_step():
+    real = int(subprocess.run([sys.executable, "-c", REAL_STEP], capture_output=True,
+                              text=True, check=True).stdout)
+    est = estimate_training_memory(SMALL, 4, 4096)
+    assert real > 200 * 2**20  # big enough that the process's own noise does not matter
+    # what a step adds: activations and gradients (the weights existed before)
+    assert 0.75 < (est.activations + est.gradients) / real < 1.25, (est.describe(), real)
+
+
+def test_activations_grow_with_batch_and_with_selective_chunks():
+    one = estimate_training_memory(SMALL, 1, 2048)
+    two = estimate_training_memory(SMALL, 2, 2048)
+    assert two.activations == pytest.approx(2 * one.activations, rel=0.1)
+    assert two.weights == one.weights and two.optimizer == one.optimizer
+    sel = TENConfig(**{**SMALL.__dict__, "selective": True})
+    q64 = estimate_training_memory(sel, 1, 2048)
+    q16 = estimate_training_memory(TENConfig(**{**sel.__dict__, "chunk_size": 16}), 1, 2048)
+    assert q64.activations > 2 * q16.activations > 2 * one.activations
+
+
+def test_optimizer_state_by_count():
+    adamw = estimate_training_memory(SMALL, 1, 256, optimizer="adamw")
+    bnb = estimate_training_memory(SMALL, 1, 256, optimizer="adamw8bit")
+    n = adamw.gradients // 4  # fp32 gradients: 4 bytes per parameter
+    assert adamw.optimizer == 8 * n and bnb.optimizer == 2 * n
+
+
+def test_a_job_that_does_not_fit_is_refused_with_the_knobs():
+    flagship_selective = ten_config("small_32k", selective=True, chunk_size=256,
+                                    grad_checkpointing=False)
+    est = MemoryEstimate(weights=GiB, gradients=GiB, activations=70 * GiB, optimizer=GiB,
+                         batch_size=2, seq_len=32768)
+    line = fit_problem(est, 48 * GiB, "NVIDIA L40S", flagship_selective)
+    assert line.startswith("the job does not fit the 48.0 GiB NVIDIA L40S: training needs "
+                           "an estimated 73.0 GiB (activations 70.0 GiB at batch_size 2 x "
+                           "seq_len 32768")
+    for knob in ("set model.grad_checkpointing: true", "lower train.batch_size",
+                 "lower model.chunk_size (now 256", "lower data.seq_len (now 32768)"):
+        assert knob in line
+    assert "\n" not in line
+    fits = MemoryEstimate(weights=GiB, gradients=GiB, activations=40 * GiB, optimizer=GiB,
+                          batch_size=1, seq_len=32768)
+    assert fit_problem(fits, 48 * GiB, "NVIDIA L40S", flagship_selective) is None
+    # the CUDA context's reserve counts: 46 + 1 GiB of need on a 46.5 GiB device
+    tight = MemoryEstimate(weights=0, gradients=0, activations=46 * GiB, optimizer=0,
+                           batch_size=1, seq_len=32768)
+    assert fit_problem(tight, int(46.5 * GiB), "GPU", flagship_selective) is not None
+
+
+def test_check_fits_on_a_device_too_small(monkeypatch):
+    """What the trainer calls before placing any weight: on CPU nothing is checked; on a
+    GPU the estimate is logged, or the job refused (DeviceMemoryError, exit 2)."""
+    cuda = torch.device("cuda", 0)
+    assert check_fits(SMALL, 4, 4096, None, "adamw", torch.device("cpu")) is None
+    monkeypatch.setattr(memory, "device_capacity", lambda d: ("Tiny GPU", 256 * 2**20))
+    with pytest.raises(DeviceMemoryError, match=r"does not fit the 256 MiB Tiny GPU.*"
+                                                r"lower train.batch_size"):
+        check_fits(SMALL, 4, 4096, None, "adamw", cuda)
+    monkeypatch.setattr(memory, "device_capacity", lambda d: ("Big GPU", 80 * GiB))
+    note = check_fits(SMALL, 4, 4096, None, "adamw", cuda)
+    assert note.startswith("memory: an estimated ") and note.endswith("of the 80.0 GiB Big GPU")
+    assert check_fits(TransformerConfig(), 4, 256, None, "adamw", cuda) == \
+        "memory: not estimated for the transformer baseline"
