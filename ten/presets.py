@@ -19,19 +19,31 @@ from ten.transformer import TransformerConfig, TransformerLM
 
 ARCHS = ("ten", "transformer")
 
+# chunk_size 64 everywhere. Measured (benchmarks/bench_scan.py, chunked forward+backward,
+# 2 CPU cores, fixed eigenvalues, B=1, T=4096, K=128): Q = 16/32/64/128/256 take
+# 32/36/47/101/551 ms; bytes and FLOPs grow with Q and accuracy does not. 64 rather than
+# the CPU's best keeps the (2Q)² tiles tensor-core sized for chunked runs on a GPU; there
+# `auto` picks the fused scan, which has no chunks. Selective mode holds B·T·Q·K decay
+# entries per layer: use 16-32 with it (BENCHMARKS.md). The GPU suite's `chunk` section
+# re-measures Q = 32..256.
 PRESETS: dict[str, TENConfig] = {
     # CPU/CI: a few steps per second on 2 cores.
     "tiny": TENConfig(vocab_size=4096, d_model=128, n_layers=4, n_eigenstates=64, n_heads=4,
                       seq_len=256, chunk_size=64),
     "small": TENConfig(vocab_size=32000, d_model=768, n_layers=12, n_eigenstates=128,
-                       n_heads=4, seq_len=4096, chunk_size=128),
+                       n_heads=4, seq_len=4096, chunk_size=64),
     "small_32k": TENConfig(vocab_size=32000, d_model=1024, n_layers=8, n_eigenstates=128,
-                           n_heads=4, seq_len=32768, chunk_size=256),
+                           n_heads=4, seq_len=32768, chunk_size=64),
     "medium": TENConfig(vocab_size=32000, d_model=1536, n_layers=16, n_eigenstates=192,
-                        n_heads=6, seq_len=16384, chunk_size=256),
+                        n_heads=6, seq_len=16384, chunk_size=64),
     "large": TENConfig(vocab_size=32000, d_model=2048, n_layers=24, n_eigenstates=256,
-                       n_heads=8, seq_len=32768, chunk_size=256),
+                       n_heads=8, seq_len=32768, chunk_size=64),
 }
+
+# Model fields that change how the model computes, not what: the chunked scan is exact for
+# any chunk size, the backends agree, and checkpointing recomputes the same activations. A
+# resume may change them (unlike d_model, say).
+EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing"})
 
 # Fields both architectures have: an override of one of these shapes the TEN reference
 # *and* the transformer matched to it.

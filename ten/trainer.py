@@ -51,7 +51,7 @@ from ten.memory import check_fits
 from ten.metrics import MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats, step_unless
-from ten.presets import build_model
+from ten.presets import EXECUTION_FIELDS, build_model
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
@@ -432,7 +432,7 @@ class Trainer:
     def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
         path = found.path
         saved = read_config(path)
-        unsafe = config_diff(saved["identity"], self.identity)
+        unsafe = config_diff(_model_proper(saved["identity"]), _model_proper(self.identity))
         if unsafe:
             raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
                               f"changes ({'; '.join(unsafe)}); restore those settings or "
@@ -659,6 +659,16 @@ def _new_window() -> dict[str, Any]:
     """Seconds the logging window spent waiting for data, computing, checkpointing and
     evaluating (the last is left out of its elapsed time), and its step count."""
     return {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "steps": 0}
+
+
+def _model_proper(identity: dict[str, Any]) -> dict[str, Any]:
+    """The identity without the model fields that change how it computes, not what
+    (ten.presets.EXECUTION_FIELDS): a resume may turn on checkpointing to fit a smaller
+    GPU, or land where another scan backend runs."""
+    model = identity.get("model")
+    if not isinstance(model, dict):
+        return identity
+    return {**identity, "model": {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}}
 
 
 def _first_line(e: BaseException) -> str:

@@ -155,6 +155,21 @@ def test_unsafe_change_refused_safe_change_allowed(data, tmp_path):
     assert any("changed settings: train.max_steps: 4 -> 8" in n for n in notes)
 
 
+def test_how_the_model_computes_may_change_on_resume(data, tmp_path):
+    """Chunk size, scan backend and checkpointing are not the model's identity: a relaunch
+    on a smaller GPU may turn checkpointing on or lower the chunk size and resume."""
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=4, identity={"model": {"d_model": 32, "chunk_size": 16,
+                                                        "grad_checkpointing": False}}).run()
+    notes = []
+    t = Trainer(mcfg(data, grad_checkpointing=True, scan_backend="ref"), data,
+                tcfg(max_steps=8), run,
+                {"model": {"d_model": 32, "chunk_size": 8, "grad_checkpointing": True,
+                           "scan_backend": "ref"}}, {}, log=notes.append)
+    assert t.run() is Outcome.DONE
+    assert any("resumed from" in n and "step 4" in n for n in notes)
+
+
 def test_retention_and_metrics(data, tmp_path):
     run = tmp_path / "run"
     trainer(data, run, max_steps=12, keep_last=2).run()
