@@ -24,9 +24,9 @@ c_t = U_t + A_t · c_in. Rows past T are the identity step (a = 1, b = 0), so a 
 last row always holds its summary.
 
 Parallelism over time, when B·K alone would leave the GPU idle: T is cut into G groups
-of whole tiles. (1) ``_summary_kernel`` gives each group's end state from zero and its
-total decay; (2) ``_carry_kernel`` runs the short G-step recurrence over groups to get
-the state entering each; (3) ``_forward_kernel`` runs each group again from that state
+of whole tiles. (1) ``_scan_summary_kernel`` gives each group's end state from zero and its
+total decay; (2) ``_scan_carry_kernel`` runs the short G-step recurrence over groups to get
+the state entering each; (3) ``_scan_forward_kernel`` runs each group again from that state
 and writes c. With G = 1 only (3) runs: β and λ read once, c written once.
 
 Backward is the same recurrence run backwards in time (``REVERSE``):
@@ -136,7 +136,7 @@ def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
 
 
 @triton.jit
-def _summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
+def _scan_summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
                     BT: tl.constexpr, BK: tl.constexpr,
                     SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
     """Per (b, lane block, group): the group's end state from zero, and its decay."""
@@ -162,7 +162,7 @@ def _summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
 
 
 @triton.jit
-def _carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr,
+def _scan_carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr,
                   HAS_H0: tl.constexpr):
     """The state entering each group: S_g = dec_{g-1}·S_{g-1} + end_{g-1}, S_0 = h0."""
     b, kb = tl.program_id(0), tl.program_id(1)
@@ -206,7 +206,7 @@ def _from_state(Ar, Ai, Ur, Ui, sr, si, out_ptr, off, m2, i, K, BT: tl.constexpr
 
 
 @triton.jit
-def _forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
+def _scan_forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
                     BT: tl.constexpr, BK: tl.constexpr, SELECTIVE: tl.constexpr):
     """c for one group of tiles, from the state entering the group."""
     b, kb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -220,7 +220,7 @@ def _forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
 
 
 @triton.jit
-def _backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_ptr, T, K, G, tiles,
+def _scan_backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_ptr, T, K, G, tiles,
                      BT: tl.constexpr, BK: tl.constexpr, SELECTIVE: tl.constexpr,
                      HAS_H0: tl.constexpr):
     """g = dL/dβ for one group (backwards in time) and dL/d log λ from it."""
@@ -265,7 +265,7 @@ def _backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_ptr, T,
 # --- launch plan and the autograd function --------------------------------------------------
 
 # True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED = type(_forward_kernel).__name__ == "InterpretedFunction"
+INTERPRETED = type(_scan_forward_kernel).__name__ == "InterpretedFunction"
 
 
 @dataclass(frozen=True)
@@ -318,12 +318,12 @@ def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: boo
 
     if G > 1:
         end, dec = x.new_empty(B, G, K2), x.new_empty(B, G, K2)
-        _summary_kernel[(B, kb, G)](x, log_lam, end, dec, T, K, G, p.group_tiles,
+        _scan_summary_kernel[(B, kb, G)](x, log_lam, end, dec, T, K, G, p.group_tiles,
                                     REVERSE=reverse, num_warps=p.num_warps, **consts)
         s_in = x.new_empty(B, G, K2)
         # Backwards in time nothing enters the last step: the carry starts from zero.
         has_h0 = h0 is not None and not reverse
-        _carry_kernel[(B, kb)](end, dec, h0_in, s_in, K, G, BK=p.block_k, HAS_H0=has_h0,
+        _scan_carry_kernel[(B, kb)](end, dec, h0_in, s_in, K, G, BK=p.block_k, HAS_H0=has_h0,
                                num_warps=1)
     elif h0 is not None and not reverse:
         s_in = h0.reshape(B, 1, K2)
@@ -332,12 +332,12 @@ def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: boo
 
     out = torch.empty_like(x)
     if not reverse:
-        _forward_kernel[(B, kb, G)](x, log_lam, s_in, out, T, K, G, p.group_tiles,
+        _scan_forward_kernel[(B, kb, G)](x, log_lam, s_in, out, T, K, G, p.group_tiles,
                                     num_warps=p.num_warps, **consts)
         return out, None
     assert c is not None
     dll = torch.empty_like(x) if selective else x.new_empty(B, G, K2)
-    _backward_kernel[(B, kb, G)](x, log_lam, c, h0_in, s_in, out, dll, T, K, G, p.group_tiles,
+    _scan_backward_kernel[(B, kb, G)](x, log_lam, c, h0_in, s_in, out, dll, T, K, G, p.group_tiles,
                                  HAS_H0=h0 is not None, num_warps=p.num_warps, **consts)
     return out, dll
 
