@@ -5,15 +5,20 @@
 #   docker run --gpus all --ipc host --stop-timeout 110 -v ten-cache:/cache \
 #       -e AWS_REGION ten-runner run s3://bucket/runs/my-job/submitted/my-job.yaml  # GPU
 #
-# Base: the CUDA 12.8 "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
-# container toolkit reads). The torch cu128 wheel below brings its own cuBLAS, cuDNN,
-# NCCL and Triton as pip packages, so a -runtime or -cudnn base would only add ~3 GB of
-# duplicate libraries that every new spot VM has to pull. Hosts need an NVIDIA driver
-# >= 570 (CUDA 12.8). Change CUDA and torch together: the test checks they match.
-FROM nvidia/cuda:12.8.1-base-ubuntu24.04
+# Base: the CUDA 13.0 "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
+# container toolkit reads). PyPI's torch 2.13.0 Linux wheel is the CUDA 13.0 build (it
+# requires cuda-toolkit 13.0.3, cuDNN, NCCL and Triton 3.7.1 as pip packages), so a
+# -runtime or -cudnn base would only add ~3 GB of duplicate libraries that every new spot
+# VM has to pull. Hosts need an NVIDIA driver >= 580 (CUDA 13.0). Change CUDA and torch
+# together: the test checks they match. torch 2.13.0 and bitsandbytes 0.50.2 are the
+# versions benchmarks/gpu_suite.py and the tests have run with.
+FROM nvidia/cuda:13.0.0-base-ubuntu24.04
 
-ARG TORCH_VERSION=2.8.0
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_CUDA=13.0
+ARG TORCH_INDEX=https://pypi.org/simple
+ARG BITSANDBYTES_VERSION=0.50.2
+ARG LIGER_VERSION=0.8.5
 ARG DEBIAN_FRONTEND=noninteractive
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -40,12 +45,14 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN python3 -m venv "$VIRTUAL_ENV" \
     && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 
-# The dependencies, from pyproject.toml alone (a code change does not rebuild this layer).
-# The constraint keeps the CUDA torch above: a dependency can never swap it for another.
+# The dependencies and the GPU extra (Liger's fused loss), from pyproject.toml alone (a
+# code change does not rebuild this layer). The constraints keep the CUDA torch above (a
+# dependency can never swap it for another) and pin the GPU libraries.
 WORKDIR /app
 COPY pyproject.toml ./
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
-    && echo "torch==${TORCH_VERSION}" > /tmp/constraints.txt \
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["gpu"]))' > /tmp/requirements.txt \
+    && printf '%s\n' "torch==${TORCH_VERSION}" "bitsandbytes==${BITSANDBYTES_VERSION}" \
+        "liger-kernel==${LIGER_VERSION}" > /tmp/constraints.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt \
     && rm /tmp/requirements.txt /tmp/constraints.txt
 
@@ -63,6 +70,9 @@ COPY jobs ./jobs
 ENV TEN_CACHE_DIR=/cache/ten \
     HF_HOME=/cache/hf \
     TORCHINDUCTOR_CACHE_DIR=/cache/torch-compile
+# The CUDA caching allocator grows segments in place instead of stranding odd-sized
+# blocks: long sequences of varying activation sizes fragment less.
+ENV PYTORCH_ALLOC_CONF=expandable_segments:True
 RUN install -d -o ten -g ten /cache /cache/ten /cache/hf /cache/torch-compile /app/runs
 VOLUME ["/cache"]
 

@@ -84,7 +84,11 @@ def test_cuda_base_and_torch_wheel_match():
                      r"(\d\d\.\d\d)", base)
     assert m, f"FROM must pin a CUDA base image tag, got {base!r}"
     arg = args_of("ARG")
-    assert arg["TORCH_INDEX"] == f"https://download.pytorch.org/whl/cu{m[1]}{m[2]}"
+    # PyPI's Linux torch wheel is one CUDA build (2.13.0: CUDA 13.0); the PyTorch index
+    # has one per CUDA version. Either way the base image's CUDA is the wheel's.
+    assert arg["TORCH_CUDA"] == f"{m[1]}.{m[2]}"
+    assert arg["TORCH_INDEX"] in ("https://pypi.org/simple",
+                                  f"https://download.pytorch.org/whl/cu{m[1]}{m[2]}")
     assert re.fullmatch(r"\d+\.\d+\.\d+", arg["TORCH_VERSION"]), "pin torch exactly"
     torch_run = instructions()[index_of(lambda k, a: k == "RUN" and "torch==" in a)][1]
     assert '"torch==${TORCH_VERSION}"' in torch_run
@@ -116,8 +120,21 @@ def test_the_dependency_layer_installs_what_pyproject_declares():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:-1] == pyproject()["project"]["dependencies"]
-    assert "-c /tmp/constraints.txt" in run and 'echo "torch==${TORCH_VERSION}"' in run
+    project = pyproject()["project"]
+    assert out.stdout.split("\n")[:-1] == (project["dependencies"]
+                                           + project["optional-dependencies"]["gpu"])
+    assert "-c /tmp/constraints.txt" in run
+    # torch, bitsandbytes and liger-kernel pinned exactly, within what pyproject allows
+    from packaging.requirements import Requirement
+
+    arg = args_of("ARG")
+    declared = {Requirement(r).name: Requirement(r).specifier
+                for r in project["dependencies"] + project["optional-dependencies"]["gpu"]}
+    for name, var in (("torch", "TORCH_VERSION"), ("bitsandbytes", "BITSANDBYTES_VERSION"),
+                      ("liger-kernel", "LIGER_VERSION")):
+        assert f'"{name}==${{{var}}}"' in run
+        assert re.fullmatch(r"\d+\.\d+\.\d+", arg[var]), var
+        assert arg[var] in declared[name], (name, arg[var])
 
 
 def test_entrypoint_is_tini_then_the_console_script():
@@ -191,7 +208,10 @@ def _read_by(name: str, *modules: str) -> bool:
 def test_every_env_var_the_image_sets_is_read():
     env = args_of("ENV")
     assert set(env) == {"VIRTUAL_ENV", "PATH", "PYTHONUNBUFFERED", "TEN_CACHE_DIR", "HF_HOME",
-                        "TORCHINDUCTOR_CACHE_DIR"}, "a new ENV: say here what reads it"
+                        "TORCHINDUCTOR_CACHE_DIR", "PYTORCH_ALLOC_CONF"}, \
+        "a new ENV: say here what reads it"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert _read_by("PYTORCH_ALLOC_CONF", "torch.cuda.memory")  # and c10's allocator
     assert env["PATH"].startswith("/opt/venv/bin:") and env["VIRTUAL_ENV"] == "/opt/venv"
     assert env["PYTHONUNBUFFERED"] == "1"  # Python itself: logs reach `docker logs` at once
     assert _read_by("TEN_CACHE_DIR", "ten", "runner")

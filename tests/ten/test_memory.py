@@ -24,18 +24,23 @@ from ten.transformer import TransformerConfig
 SMALL = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
                   seq_len=4096, chunk_size=64)
 
-# A fresh process: its peak RSS grows by what one real forward + backward holds at once.
+# A fresh process: its peak resident set grows by what one real forward + backward holds
+# at once. VmHWM, not ru_maxrss: the latter keeps the parent's peak across exec (a big
+# pytest process would hide the step).
 REAL_STEP = """
-import resource, torch
+import torch
 from ten.loss import NextTokenLoss
 from ten.model import TENLM, TENConfig
+def hwm():
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
 cfg = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
                 seq_len=4096, chunk_size=64)
 objective = NextTokenLoss(TENLM(cfg), "chunked")
 ids = torch.randint(0, 1000, (4, 4096))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm()
 objective(ids, ids).backward()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+print(hwm() - before)
 """
 
 
