@@ -68,14 +68,14 @@ def test_repeated_kill_9_new_machine_each_time(tmp_path, corpus, rclone_endpoint
     """kill -9 at random moments (uploads run in the background all the time), the
     local disk deleted each time: every resume starts from a committed checkpoint and
     the end result equals the uninterrupted run."""
-    ref = reference(tmp_path, corpus, steps=60)
+    ref = reference(tmp_path, corpus, steps=30)
     name = f"k9-{uuid.uuid4().hex[:6]}"
-    job, store, local = bucket_job(tmp_path, corpus, rclone_endpoint, name, steps=60, every=2)
+    job, store, local = bucket_job(tmp_path, corpus, rclone_endpoint, name, steps=30, every=2)
     rng = random.Random()
     all_losses = {}
-    for _ in range(10):
+    for _ in range(5):  # five machines killed (the suite's time: ~6 s each)
         start = latest_committed(store, name) or 0
-        if start >= 50:
+        if start >= 24:
             break
         proc = cli("run", job, "--no-sample")
         wait_for_step(local / "metrics.jsonl", proc, start + rng.randint(1, 5))
@@ -89,8 +89,8 @@ def test_repeated_kill_9_new_machine_each_time(tmp_path, corpus, rclone_endpoint
     ref_losses = losses(ref)
     assert all(ref_losses[s] == v for s, v in all_losses.items())
     (s1, w1), (s2, w2) = final_weights(ref), final_weights(local)
-    assert s1 == s2 == 60 and same_weights(w1, w2)
-    assert committed_steps(store, name)[-1] == 60
+    assert s1 == s2 == 30 and same_weights(w1, w2)
+    assert committed_steps(store, name)[-1] == 30
 
 
 def test_spot_notice_commits_the_step_in_the_bucket(tmp_path, corpus, moto_endpoint):
