@@ -6,7 +6,11 @@ same number of tokens. Ratios in the printed table come from this one run.
 
     python benchmarks/bench_model.py                      # CPU: tiny preset, T 256..16384
     python benchmarks/bench_model.py --device cuda --preset small_32k --dtype bf16 \\
-        --lengths 2048 8192 32768 --tokens 65536          # GPU table with MFU
+        --lengths 2048 8192 32768 --tokens 65536          # GPU: plain loss, no checkpointing
+
+The step here is the bare model with the plain fp32-logits loss (the CPU baseline these
+ratios have always used). The flagship as training runs it on a GPU (the fused loss,
+checkpointing, 8-bit AdamW, the largest batch that fits) is benchmarks/gpu_suite.py.
 """
 
 from __future__ import annotations
