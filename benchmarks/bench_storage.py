@@ -404,10 +404,10 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
 
     from runner.storage.checkpoints import Lease
     from runner.sync import CheckpointSync
+    from ten.config import TrainConfig
     from ten.data import DataConfig, open_data
     from ten.model import TENLM
     from ten.presets import count_params, model_config
-    from ten.trainer import TrainConfig
 
     class TimedSync(CheckpointSync):
         """Records when the background thread is busy, and each upload's seconds."""

@@ -76,16 +76,17 @@ SMOKE = Sizes(model={"d_model": 64, "n_layers": 2, "n_eigenstates": 16, "n_heads
 # --- one training step of the real trainer --------------------------------------------------
 
 class Step:
-    """``ten.trainer.train_step`` of a freshly built model on random tokens, as training
+    """``ten.step.train_step`` of a freshly built model on random tokens, as training
     runs it: the job's precision, optimizer, loss backend and (optionally) compile."""
 
     def __init__(self, cfg: Any, batch: int, device: Any, optimizer: str = "adamw8bit",
                  compile: bool = False) -> None:
         import torch
 
+        from ten.config import TrainConfig
         from ten.loss import NextTokenLoss, resolve_loss_backend
         from ten.presets import build_model
-        from ten.trainer import TrainConfig, build_optimizer, resolve_precision
+        from ten.trainer import build_optimizer, resolve_precision
 
         torch.manual_seed(0)
         self.device, self.batch, self.cfg = device, batch, cfg
@@ -93,14 +94,15 @@ class Step:
         self.model = build_model(cfg).to(device)
         if compile:
             self.model.compile_blocks()
-        self.optimizer = build_optimizer(self.model, TrainConfig(optimizer=optimizer), device)
+        self.optimizer = build_optimizer(self.model, TrainConfig(max_steps=1, optimizer=optimizer),
+                                         device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=False)
         self.loss_backend = resolve_loss_backend("auto", device)[0]
         self.objective = NextTokenLoss(self.model, self.loss_backend)
         self.ids = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
 
     def once(self) -> None:
-        from ten.trainer import train_step
+        from ten.step import train_step
 
         train_step(self.objective, self.optimizer, self.scaler, [self.ids], self.amp, 1.0)
 

@@ -252,7 +252,7 @@ class JobRun:
         trainer = self._trainer(data, mcfg)
         set_phase("training")  # the trainer's own handler takes over inside its loop
         try:
-            outcome = trainer.run()
+            result = trainer.run()
         except ResumeError as e:  # unsafe changes, or no usable checkpoint: fix, not retry
             log(f"resume refused: {e}")
             return ExitCode.CONFIG
@@ -274,18 +274,18 @@ class JobRun:
         set_phase("the final upload")
         if not self._finish_uploads():
             return ExitCode.STORAGE
-        if outcome is Outcome.PREEMPTED:
+        if result.outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
         if self.cache is not None:  # done: let the prepared data finish sharing
             set_phase("sharing the prepared data")
             for thread in self.cache.threads:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
-            log(f"done: {trainer.total_steps} steps, held-out loss {trainer.final_loss:.4f}, "
-                f"perplexity {ppl(trainer.final_loss):.2f}")
+            log(f"done: {result.step} steps, held-out loss {result.final_loss:.4f}, "
+                f"perplexity {ppl(result.final_loss):.2f}")
             if self.sample_prompt:
                 set_phase("the final sample")
-                self._sample(trainer.raw_model, data.tokenizer)
+                self._sample(result.model, data.tokenizer)
         return ExitCode.OK
 
     def _sample(self, model: Any, tokenizer: Any) -> None:

@@ -34,7 +34,7 @@ def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature:
     from runner.errors import UserError
     from ten import checkpoint as ckpt
     from ten.data import Tokenizer
-    from ten.trainer import load_model
+    from ten.trainstate import load_model
 
     if "://" in str(where):
         run_dir, name = fetch_remote_run(str(where), job, endpoint_url)

@@ -1,7 +1,7 @@
 """Stop signals outside the training loop: every phase of ``ten-runner run`` answers
 SIGTERM/SIGINT with exit 75 and one line, within seconds.
 
-Inside the loop the trainer's own handler (ten.trainer.StopSignal) turns a signal into
+Inside the loop the trainer's own handler (ten.step.StopSignal) turns a signal into
 "finish this step, commit a checkpoint, exit 75". Everywhere else — start-up, the
 bucket restore, data preparation, the model build, the final evaluation and sample —
 there is nothing new to save (every file written so far was written atomically), so

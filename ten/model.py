@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ten.config import FieldError
 from ten.lm import Block, LanguageModel
 from ten.mlp import MLP_KINDS, mlp_hidden_size
-from ten.scan import check_backend, scan
+from ten.scan import NAMES as BACKEND_NAMES
+from ten.scan import scan
 
 State = tuple[Tensor, ...]  # one (B, 2K) float32 tensor per layer
 
@@ -54,7 +56,7 @@ class TENConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, what: str) -> None:
             if not ok:
-                raise ValueError(f"{field}: {what}, got {getattr(self, field)!r}")
+                raise FieldError(field, what, getattr(self, field))
 
         for f in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "seq_len",
                   "chunk_size"):
@@ -68,7 +70,8 @@ class TENConfig:
         need(self.mlp_ratio > 0, "mlp_ratio", "must be > 0")
         # The name only: whether ``fused`` can run is known where the tensors are (a laptop
         # validating a GPU job must accept it); the first scan, or resolve_backend, says.
-        check_backend(self.scan_backend)
+        need(self.scan_backend in BACKEND_NAMES, "scan_backend",
+             f"must be one of {', '.join(BACKEND_NAMES)}")
 
     @property
     def mlp_hidden(self) -> int:

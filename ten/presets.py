@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 
+from ten.config import ARCHS, PRESET_NAMES, UnknownFieldError
 from ten.lm import LanguageModel
 from ten.model import TENLM, TENConfig
 from ten.transformer import TransformerConfig, TransformerLM
-
-ARCHS = ("ten", "transformer")
 
 # chunk_size 64 everywhere. Measured (benchmarks/bench_scan.py, chunked forward+backward,
 # 2 CPU cores, fixed eigenvalues, B=1, T=4096, K=128): Q = 16/32/64/128/256 take
@@ -40,6 +39,9 @@ PRESETS: dict[str, TENConfig] = {
                        n_heads=8, seq_len=32768, chunk_size=64),
 }
 
+if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema accepts
+    raise ImportError(f"ten.config.PRESET_NAMES {PRESET_NAMES} != ten.presets.PRESETS")
+
 # Model fields that change how the model computes, not what: the chunked scan is exact for
 # any chunk size, the backends agree, and checkpointing recomputes the same activations. A
 # resume may change them (unlike d_model, say).
@@ -56,7 +58,10 @@ _TRANSFORMER_FIELDS = {f.name for f in dataclasses.fields(TransformerConfig)}
 def _unknown(kind: str, name: str, known: set[str] | list[str]) -> ValueError:
     close = difflib.get_close_matches(name, list(known), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ValueError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")
+    message = f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}"
+    if kind.endswith("field"):  # a model override: the job layer points at model.<name>
+        return UnknownFieldError(name, message)
+    return ValueError(message)
 
 
 def ten_config(preset: str, **overrides: Any) -> TENConfig:

@@ -19,24 +19,21 @@ at a checkpoint, end the run with :class:`DivergedError` and nothing non-finite 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import json
 import math
-import random
 import resource
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ten import checkpoint as ckpt
+from ten.config import TrainConfig
 from ten.distributed import (
     DistInfo,
     StopAgreement,
@@ -50,56 +47,44 @@ from ten.loss import NextTokenLoss, resolve_loss_backend
 from ten.memory import check_fits
 from ten.metrics import MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
-from ten.nonfinite import NonFiniteCounter, NonFiniteStats, step_unless
-from ten.presets import EXECUTION_FIELDS, build_model
+from ten.nonfinite import NonFiniteCounter, NonFiniteStats
+from ten.presets import build_model
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
+from ten.step import StopSignal, evaluate, train_step
+from ten.trainstate import (
+    check_trainer_state,
+    config_diff,
+    first_line,
+    model_proper,
+    read_config,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-OPTIMIZERS = ("adamw", "adamw8bit")
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
 # and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in
 # flight when it came, for one host sync per 8 steps instead of one per step.
 STOP_AGREE_EVERY = 8
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    max_steps: int | None = 300
-    max_tokens: int | None = None
-    batch_size: int = 8  # sequences per micro-batch per process
-    grad_accum: int = 1
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 30
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    precision: str = "auto"
-    optimizer: str = "adamw"
-    compile: bool = False
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
-    eval_every: int = 100
-    eval_batches: int = 20
-    log_every: int = 10
-    seed: int = 1234
-    device: str = "auto"
-    num_workers: int = 2
-    checkpoint_every: int = 100
-    keep_last: int = 3
-    # Steps with a non-finite loss or grad norm are skipped; one more than this many in a
-    # row stops the run (DivergedError). Checked at log intervals, so up to log_every
-    # steps more may be skipped first (no per-step host sync).
-    max_nonfinite_steps: int = 5
-    # ten.loss backend: auto (Liger's fused kernel on CUDA when installed, else chunked),
-    # chunked, liger (raises where it cannot run) or reference (the plain B×T×V loss).
-    loss: str = "auto"
-
-
 class Outcome(enum.Enum):
     DONE = "done"
     PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :meth:`Trainer.run` hands back: how it ended, where, the held-out loss at the
+    end (None when stopped early), and the trained model (unwrapped)."""
+
+    outcome: Outcome
+    step: int
+    tokens: int
+    final_loss: float | None
+    model: LanguageModel
 
 
 class ResumeError(Exception):
@@ -146,158 +131,6 @@ def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain containers, so a checkpoint loads with
-    ``weights_only=True`` (numpy's own state holds an ndarray, which would not)."""
-    np_state = np.random.get_state(legacy=False)
-    state = {"python": random.getstate(),
-             "numpy": {"bit_generator": np_state["bit_generator"],
-                       # the MT19937 key is uint32: int64 holds it exactly
-                       "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                       "pos": int(np_state["state"]["pos"]),
-                       "has_gauss": int(np_state["has_gauss"]),
-                       "gauss": float(np_state["gauss"])},
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": n["bit_generator"],
-                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
-                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted-path differences between two JSON-like values, as 'path: old -> new'."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new)):
-            path = f"{prefix}.{key}" if prefix else str(key)
-            out += config_diff(old.get(key), new.get(key), path)
-        return out
-    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
-
-
-class StopSignal:
-    """Turns the first SIGTERM/SIGINT into a flag the loop checks after each step; a
-    second SIGINT interrupts at once (the user insists). ``request`` raises the same
-    flag from another thread (a preemption-notice watcher)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.requested: str | None = None
-        self._old: dict[int, Any] = {}
-
-    @property
-    def reason(self) -> str | None:
-        if self.signum is not None:
-            return signal.Signals(self.signum).name
-        return self.requested
-
-    def request(self, reason: str) -> None:
-        if self.requested is None:
-            self.requested = reason
-
-    def __enter__(self) -> StopSignal:
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-
-# --- the step -------------------------------------------------------------------------------
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, micro_batches: list[torch.Tensor],
-               amp_dtype: torch.dtype | None, grad_clip: float,
-               ddp_no_sync: Callable[[], Any] | None = None,
-               any_rank: Callable[[torch.Tensor], None] | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over ``grad_accum`` micro-batches of (B, T + 1) token ids.
-
-    ``model`` is the objective: ``model(inputs, targets) -> mean loss`` (a
-    :class:`ten.loss.NextTokenLoss`, possibly DDP-wrapped or compiled). Returns (mean
-    loss, grad norm before clipping, non-finite flags) as device tensors: no host sync on
-    the fused-optimizer path (see :func:`step_unless`). The flags are
-    ``[loss not finite, grad norm not finite]`` (int32, 0/1); a flagged step is skipped:
-    the optimizer does not update. ``any_rank`` (an in-place max over ranks) makes every
-    rank skip the same steps.
-    """
-    device_type = micro_batches[0].device.type
-    total = torch.zeros((), device=micro_batches[0].device)
-    n = len(micro_batches)
-    for i, batch in enumerate(micro_batches):
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        sync_ctx = ddp_no_sync() if ddp_no_sync is not None and i < n - 1 \
-            else contextlib.nullcontext()
-        with sync_ctx:
-            with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
-                                enabled=amp_dtype is not None):
-                loss = model(inputs, targets) / n  # fp32: the loss computes in fp32
-            scaler.scale(loss).backward()
-        total += loss.detach()
-    scaler.unscale_(optimizer)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    flags = torch.stack([~torch.isfinite(total), ~torch.isfinite(norm)]).int()
-    if scaler.is_enabled():
-        # fp16: overflowing gradients are the GradScaler's routine (it skips the step and
-        # lowers its scale), not divergence; only a non-finite loss is flagged.
-        flags[1] = 0
-    if any_rank is not None:
-        any_rank(flags)
-    if scaler.is_enabled():
-        scaler.step(optimizer)  # a non-finite loss has non-finite grads: skipped here too
-    else:
-        step_unless(optimizer, flags.any())
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return total, norm, flags
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterator[torch.Tensor], device: torch.device,
-             amp_dtype: torch.dtype | None) -> float:
-    """Mean next-token loss over held-out batches; ``model`` is the objective, as in
-    :func:`train_step` (a bare language model is evaluated with the chunked loss)."""
-    if isinstance(model, LanguageModel):
-        model = NextTokenLoss(model, "chunked")
-    was_training = model.training
-    model.eval()
-    total, count = torch.zeros((), device=device), 0
-    for batch in batches:
-        batch = batch.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
-                            enabled=amp_dtype is not None):
-            total += model(batch[:, :-1], batch[:, 1:])
-        count += 1
-    model.train(was_training)
-    return (total / max(count, 1)).item()  # host sync: once per evaluation
-
-
 # --- the loop --------------------------------------------------------------------------------
 
 class Trainer:
@@ -340,6 +173,9 @@ class Trainer:
             self.total_steps = math.ceil(cfg.max_tokens / self.tokens_per_step)
         self.nonfinite = NonFiniteCounter(self.device)
         self.save_s = 0.0  # seconds spent checkpointing, for the log's checkpoint_frac
+        self.no_sync: Callable[[], Any] | None = None  # DDP: skip the all-reduce
+        self.any_rank: Callable[[torch.Tensor], None] | None = None  # DDP: max over ranks
+        self.metrics: MetricsWriter | None = None  # the main rank's, from run() on
 
     # -- state that survives a restart ----------------------------------------------------
     def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> bool:
@@ -432,7 +268,7 @@ class Trainer:
     def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
         path = found.path
         saved = read_config(path)
-        unsafe = config_diff(_model_proper(saved["identity"]), _model_proper(self.identity))
+        unsafe = config_diff(model_proper(saved["identity"]), model_proper(self.identity))
         if unsafe:
             raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
                               f"changes ({'; '.join(unsafe)}); restore those settings or "
@@ -441,7 +277,7 @@ class Trainer:
         model_state = ckpt.load(path, "model.pt", self.device)
         optim_state = ckpt.load(path, "optimizer.pt", self.device)
         state = ckpt.load(path, "trainer.pt")
-        _check_trainer_state(path, state, found.step)
+        check_trainer_state(path, state, found.step)
         changed = config_diff(saved["resolved"], self.resolved)
         if changed:
             self.log(f"resuming with changed settings: {'; '.join(changed)}")
@@ -453,7 +289,7 @@ class Trainer:
             except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
                     AttributeError) as e:  # a malformed state; DataError (cursor) passes
                 raise ckpt.CheckpointError(f"{path}: {what} does not fit this run "
-                                           f"({type(e).__name__}: {_first_line(e)})") from None
+                                           f"({type(e).__name__}: {first_line(e)})") from None
         self.log(f"resumed from {path} (step {state['step']}, {state['tokens']:,} tokens)")
         return state["step"], state["tokens"]
 
@@ -465,30 +301,42 @@ class Trainer:
         self.nonfinite = NonFiniteCounter(self.device, int(state.get("nonfinite_streak", 0)))
 
     # -- the run --------------------------------------------------------------------------
-    def run(self) -> Outcome:
+    def run(self) -> RunResult:
+        """Train to the budget or a stop request; the result says which, with the model."""
         try:
             return self._run()
         except torch._dynamo.exc.TorchDynamoException as e:
             if not self.cfg.compile:
                 raise
             raise CompileError(f"torch.compile failed ({type(e).__name__}: "
-                               f"{_first_line(e)}); set train.compile: false to train "
+                               f"{first_line(e)}); set train.compile: false to train "
                                "without it") from None
 
-    def _run(self) -> Outcome:
+    def _run(self) -> RunResult:
+        model, loader, step, tokens = self._build()
+        self.metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None
+        self._start_record(step)
+        with self.stop:
+            outcome, step, tokens = self._loop(model, loader, step, tokens)
+        final_loss = self._eval(step) if outcome is Outcome.DONE else None
+        if self.metrics:
+            self.metrics.write("end", step, {"outcome": outcome.value, "tokens": tokens})
+            self.metrics.close()
+        shutdown(self.dist)
+        return RunResult(outcome, step, tokens, final_loss, self.raw_model)
+
+    def _build(self) -> tuple[torch.nn.Module, Any, int, int]:
+        """Model, optimizer, schedule and data, resumed; returns the objective as trained
+        (DDP-wrapped when distributed), the loader, and the step and tokens resumed at."""
         cfg = self.cfg
         seed_everything(cfg.seed)
         scan_backend = getattr(self.model_config, "scan_backend", None)
         if scan_backend is not None:
             # before any work: a backend that cannot run here raises ScanBackendError
-            note = backend_note(scan_backend, self.device)
-            if self.dist.is_main:
-                self.log(note)
+            self._say(backend_note(scan_backend, self.device))
         # before any weight is placed: a job the device cannot hold raises DeviceMemoryError
-        note = check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
-                          self.amp_dtype, cfg.optimizer, self.device)
-        if note and self.dist.is_main:
-            self.log(note)
+        self._say(check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
+                             self.amp_dtype, cfg.optimizer, self.device))
         self.raw_model = build_model(self.model_config).to(self.device)
         self.optimizer = build_optimizer(self.raw_model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -500,227 +348,187 @@ class Trainer:
                                         self.dist.world_size,
                                         pin_memory=self.device.type == "cuda")
         step, tokens = self._resume(loader)
-        # The objective (model + loss head) is what DDP and compile wrap: DDP sees every
-        # parameter used in its own forward; the model keeps returning logits elsewhere.
+        # The objective (model + loss head) is what DDP wraps: DDP sees every parameter
+        # used in its own forward; the model keeps returning logits elsewhere.
         self.objective = NextTokenLoss(self.raw_model, self.loss_backend)
         model: torch.nn.Module = self.objective
-        no_sync = any_rank = None
         if self.dist.enabled:
             import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda"
                         else None)
-            no_sync = model.no_sync
+            self.no_sync = model.no_sync
 
             def any_rank(t: torch.Tensor) -> None:  # every rank skips the same steps
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            self.any_rank = any_rank
         if cfg.compile:
             # Regional: each block is compiled in place (its state_dict keys unchanged) and
             # the blocks share one compiled graph, so compile time does not grow with depth;
             # the loss head is already fused (ten.loss). Errors surface at the first call.
             self.raw_model.compile_blocks()
-            if self.dist.is_main:
-                self.log("compile: every block with torch.compile (train.compile)")
+            self._say("compile: every block with torch.compile (train.compile)")
         model.train()
+        return model, loader, step, tokens
 
-        metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None
-        flops = self.raw_model.flops_per_token(self.data.cfg.seq_len)
-        recompute = self.raw_model.recompute_flops_per_token(self.data.cfg.seq_len)
-        peak = peak_flops(self.device)
-        if self.dist.is_main:
-            self.log(self.loss_note)
-            note = peak_note(self.device)  # said once: MFU/HFU are None from here on
-            if note:
-                self.log(note)
-        if metrics:
-            metrics.write("start", step, {"params": self.raw_model.num_params(),
-                                          "tokens_per_step": self.tokens_per_step,
-                                          "total_steps": self.total_steps,
-                                          "world_size": self.dist.world_size,
-                                          "device": str(self.device), "resumed": step > 0,
-                                          "loss_backend": self.loss_backend,
-                                          "peak_flops": peak})
-        if cfg.warmup_steps >= self.total_steps:
-            self.log(f"note: warmup_steps={cfg.warmup_steps} >= the {self.total_steps}-step "
-                     "budget, so the lr never reaches its peak")
-        outcome = Outcome.DONE
-        loss_acc = torch.zeros((), device=self.device)  # over the window's unskipped steps
+    def _start_record(self, step: int) -> None:
+        """The FLOP counts MFU needs, the start record, and the notes said once."""
+        seq_len = self.data.cfg.seq_len
+        self.flops = self.raw_model.flops_per_token(seq_len)
+        self.recompute = self.raw_model.recompute_flops_per_token(seq_len)
+        self.peak = peak_flops(self.device)
+        self._say(self.loss_note)
+        self._say(peak_note(self.device))  # MFU/HFU are None from here on
+        if self.metrics:
+            self.metrics.write("start", step, {
+                "params": self.raw_model.num_params(), "tokens_per_step": self.tokens_per_step,
+                "total_steps": self.total_steps, "world_size": self.dist.world_size,
+                "device": str(self.device), "resumed": step > 0,
+                "loss_backend": self.loss_backend, "peak_flops": self.peak})
+        if self.cfg.warmup_steps >= self.total_steps:
+            self.log(f"note: warmup_steps={self.cfg.warmup_steps} >= the {self.total_steps}"
+                     "-step budget, so the lr never reaches its peak")
+
+    def _loop(self, model: torch.nn.Module, loader: Any, step: int,
+              tokens: int) -> tuple[Outcome, int, int]:
+        cfg, stop = self.cfg, self.stop
         agree = StopAgreement(self.dist, self.device, STOP_AGREE_EVERY)
-        window = _new_window()
-        last_loss: float | None = None
-        first_step, first_step_s = step, 0.0
-        t_start = t_window = time.perf_counter()
+        window, last_loss = _Window(torch.zeros((), device=self.device)), None
+        self.pace = _Pace(step)
         batches = iter(loader)
-        with self.stop as stop:
-            while step < self.total_steps:
-                t0 = time.perf_counter()
-                micro = [next(batches).to(self.device, non_blocking=True)
-                         for _ in range(cfg.grad_accum)]
-                t1 = time.perf_counter()
-                lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-                loss, norm, flags = train_step(model, self.optimizer, self.scaler, micro,
-                                               self.amp_dtype, cfg.grad_clip, no_sync, any_rank)
-                self.scheduler.step()
-                step += 1
-                tokens += self.tokens_per_step
-                if self.on_step is not None:
-                    self.on_step(step)
-                self.nonfinite.add(flags)
-                loss_acc += loss.masked_fill(flags.any(), 0.0)
-                window["data"] += t1 - t0
-                window["compute"] += time.perf_counter() - t1
-                window["steps"] += 1
-                if step == first_step + 1:
-                    first_step_s = time.perf_counter() - t_start
-                log_due = step % cfg.log_every == 0 or step == self.total_steps
-                save_due = step % cfg.checkpoint_every == 0 or step == self.total_steps
-                # single process: every step, no sync; DDP: at agreement points only
-                stopping = agree(step, stop.reason is not None, force=log_due or save_due)
+        while step < self.total_steps:
+            t0 = time.perf_counter()
+            micro = [next(batches).to(self.device, non_blocking=True)
+                     for _ in range(cfg.grad_accum)]
+            t1 = time.perf_counter()
+            lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+            loss, norm, flags = train_step(model, self.optimizer, self.scaler, micro,
+                                           self.amp_dtype, cfg.grad_clip, self.no_sync,
+                                           self.any_rank)
+            self.scheduler.step()
+            step += 1
+            tokens += self.tokens_per_step
+            if self.on_step is not None:
+                self.on_step(step)
+            self.nonfinite.add(flags)
+            window.add_step(loss.masked_fill(flags.any(), 0.0), t1 - t0,
+                            time.perf_counter() - t1)
+            self.pace.stepped(step)
+            log_due = step % cfg.log_every == 0 or step == self.total_steps
+            save_due = step % cfg.checkpoint_every == 0 or step == self.total_steps
+            # single process: every step, no sync; DDP: at agreement points only
+            stopping = agree(step, stop.reason is not None, force=log_due or save_due)
+            if log_due or stopping:
+                last_loss = self._log_window(step, tokens, lr, norm, window)
+                window = _Window(window.loss.zero_())
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
+                t_eval = time.perf_counter()
+                self._eval(step)
+                window.eval += time.perf_counter() - t_eval  # not in tokens/s
+            committed = False
+            if stopping or save_due:
+                save_s = self.save_s
+                committed = self._save(step, tokens, loader, last_loss)
+                window.checkpoint += self.save_s - save_s
+            if stopping:
+                self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: " + (
+                    "checkpoint committed, run again to resume" if committed else
+                    f"not committed, {self._last_committed()}; run again to resume"))
+                return Outcome.PREEMPTED, step, tokens
+        return Outcome.DONE, step, tokens
 
-                if log_due or stopping:
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize()  # host sync: once per logging interval
-                    now = time.perf_counter()
-                    # The window's wall time less evaluation; checkpoint saves stay in
-                    # (they are part of training's cost; their share is checkpoint_frac).
-                    elapsed = now - t_window - window["eval"]
-                    stats = self.nonfinite.read()  # host sync (logging)
-                    self._check_divergence(step, stats)
-                    all_reduce_mean(loss_acc, self.dist)  # the global batch's loss
-                    good = window["steps"] - stats.skipped
-                    last_loss = (loss_acc / good).item() if good else math.nan  # host sync
-                    tok_s = window["steps"] * self.tokens_per_step / elapsed
-                    rec = {"loss": last_loss, "lr": lr,
-                           "grad_norm": norm.item(), "tokens": tokens, "tokens_per_s": tok_s,
-                           "mfu": mfu(flops, tok_s / self.dist.world_size, peak),
-                           "hfu": hfu(flops, recompute, tok_s / self.dist.world_size, peak),
-                           "data_wait_frac": window["data"] / elapsed,
-                           "compute_frac": window["compute"] / elapsed,
-                           "checkpoint_frac": window["checkpoint"] / elapsed,
-                           "step_time_s": elapsed / window["steps"],
-                           "eta_s": eta_seconds(self.total_steps - step, step - first_step,
-                                                now - t_start, first_step_s),
-                           "skipped_steps": stats.skipped}
-                    if self.device.type == "cuda":
-                        rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-                    else:  # ru_maxrss is in KiB on Linux
-                        rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                        rec["peak_rss_gb"] = rss_kib / 2**20
-                    if metrics:
-                        metrics.write("train", step, rec)
-                        if stats.skipped:
-                            self.log(f"skipped {stats.skipped} of steps "
-                                     f"{step - window['steps'] + 1}-{step}: non-finite "
-                                     f"{stats.what()}, no update applied")
-                        self.log(progress_line(step, self.total_steps, rec))
-                        if self.on_log is not None:
-                            self.on_log(rec)
-                    loss_acc.zero_()
-                    self.nonfinite.new_window()
-                    window = _new_window()
-                    t_window = time.perf_counter()
+    def _log_window(self, step: int, tokens: int, lr: float, norm: torch.Tensor,
+                    window: _Window) -> float:
+        """The logging interval's record (metrics, progress line, on_log); returns the
+        global batch's mean loss over its unskipped steps. Host syncs: here only."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # host sync: once per logging interval
+        now = time.perf_counter()
+        # The window's wall time less evaluation; checkpoint saves stay in (they are part
+        # of training's cost; their share is checkpoint_frac).
+        elapsed = now - window.start - window.eval
+        stats = self.nonfinite.read()  # host sync (logging)
+        self._check_divergence(step, stats)
+        all_reduce_mean(window.loss, self.dist)  # the global batch's loss
+        good = window.steps - stats.skipped
+        last_loss = (window.loss / good).item() if good else math.nan  # host sync
+        tok_s = window.steps * self.tokens_per_step / elapsed
+        per_rank = tok_s / self.dist.world_size
+        rec = {"loss": last_loss, "lr": lr, "grad_norm": norm.item(), "tokens": tokens,
+               "tokens_per_s": tok_s, "mfu": mfu(self.flops, per_rank, self.peak),
+               "hfu": hfu(self.flops, self.recompute, per_rank, self.peak),
+               "data_wait_frac": window.data / elapsed,
+               "compute_frac": window.compute / elapsed,
+               "checkpoint_frac": window.checkpoint / elapsed,
+               "step_time_s": elapsed / window.steps,
+               "eta_s": self.pace.eta(step, self.total_steps, now),
+               "skipped_steps": stats.skipped}
+        if self.device.type == "cuda":
+            rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        else:  # ru_maxrss is in KiB on Linux
+            rec["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if self.metrics:
+            self.metrics.write("train", step, rec)
+            if stats.skipped:
+                self.log(f"skipped {stats.skipped} of steps {step - window.steps + 1}-{step}: "
+                         f"non-finite {stats.what()}, no update applied")
+            self.log(progress_line(step, self.total_steps, rec))
+            if self.on_log is not None:
+                self.on_log(rec)
+        self.nonfinite.new_window()
+        return last_loss
 
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
-                    t_eval = time.perf_counter()
-                    self._eval(step, metrics)
-                    window["eval"] += time.perf_counter() - t_eval  # not in tokens/s
+    def _say(self, note: str | None) -> None:
+        """Log a set-up note once (the main rank), if there is one."""
+        if note and self.dist.is_main:
+            self.log(note)
 
-                committed = False
-                if stopping or save_due:
-                    save_s = self.save_s
-                    committed = self._save(step, tokens, loader, last_loss)
-                    window["checkpoint"] += self.save_s - save_s
-                if stopping:
-                    self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: " + (
-                        "checkpoint committed, run again to resume" if committed else
-                        f"not committed, {self._last_committed()}; run again to resume"))
-                    outcome = Outcome.PREEMPTED
-                    break
-        if outcome is Outcome.DONE:
-            self.final_loss = self._eval(step, metrics)
-        if metrics:
-            metrics.write("end", step, {"outcome": outcome.value, "tokens": tokens})
-            metrics.close()
-        shutdown(self.dist)
-        return outcome
-
-    def _eval(self, step: int, metrics: MetricsWriter | None) -> float:
+    def _eval(self, step: int) -> float:
         batches = self.data.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
         loss = evaluate(self.objective, batches, self.device, self.amp_dtype)
         ppl = math.exp(min(loss, 50.0))
-        if metrics:
-            metrics.write("eval", step, {"loss": loss, "perplexity": ppl})
+        if self.metrics:
+            self.metrics.write("eval", step, {"loss": loss, "perplexity": ppl})
             self.log(f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}")
         return loss
 
 
-def _new_window() -> dict[str, Any]:
-    """Seconds the logging window spent waiting for data, computing, checkpointing and
-    evaluating (the last is left out of its elapsed time), and its step count."""
-    return {"data": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "steps": 0}
+@dataclass
+class _Window:
+    """One logging interval: the loss summed over its unskipped steps (on the device),
+    seconds spent waiting for data, computing, checkpointing and evaluating (the last is
+    left out of its elapsed time), its step count, and when it started."""
+
+    loss: torch.Tensor
+    data: float = 0.0
+    compute: float = 0.0
+    checkpoint: float = 0.0
+    eval: float = 0.0
+    steps: int = 0
+    start: float = dataclasses.field(default_factory=lambda: time.perf_counter())
+
+    def add_step(self, loss: torch.Tensor, data_s: float, compute_s: float) -> None:
+        self.loss += loss
+        self.data += data_s
+        self.compute += compute_s
+        self.steps += 1
 
 
-def _model_proper(identity: dict[str, Any]) -> dict[str, Any]:
-    """The identity without the model fields that change how it computes, not what
-    (ten.presets.EXECUTION_FIELDS): a resume may turn on checkpointing to fit a smaller
-    GPU, or land where another scan backend runs."""
-    model = identity.get("model")
-    if not isinstance(model, dict):
-        return identity
-    return {**identity, "model": {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}}
+class _Pace:
+    """The run's pace for the ETA: steps done since (re)start, and how long the first of
+    them took (compile, allocator warm-up) apart from the rest."""
+
+    def __init__(self, first_step: int) -> None:
+        self.first_step, self.first_step_s = first_step, 0.0
+        self.t_start = time.perf_counter()
+
+    def stepped(self, step: int) -> None:
+        if step == self.first_step + 1:
+            self.first_step_s = time.perf_counter() - self.t_start
+
+    def eta(self, step: int, total: int, now: float) -> float | None:
+        return eta_seconds(total - step, step - self.first_step, now - self.t_start,
+                           self.first_step_s)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """A checkpoint's ``config.json``; CheckpointError (one line) when it is unreadable or
-    lacks a field, so a damaged one counts as a corrupt checkpoint, never a KeyError."""
-    try:
-        saved = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError, RecursionError) as e:
-        raise ckpt.CheckpointError(f"{path}: unreadable config.json "
-                                   f"({type(e).__name__}: {_first_line(e)})") from None
-    fields = (("identity", dict), ("resolved", dict), ("model_config", dict),
-              ("model_class", str))
-    if not isinstance(saved, dict):
-        raise ckpt.CheckpointError(f"{path}: config.json is not a JSON object (corrupt)")
-    bad = [name for name, kind in fields if not isinstance(saved.get(name), kind)]
-    if bad:
-        raise ckpt.CheckpointError(f"{path}: config.json lacks {', '.join(bad)} (corrupt)")
-    return saved
-
-
-def _check_trainer_state(path: Path, state: Any, step: int) -> None:
-    """trainer.pt's fields and types, before any is used (a damaged file is corrupt)."""
-    fields = (("step", int), ("tokens", int), ("scheduler", dict), ("scaler", dict),
-              ("rng", dict), ("data", dict))
-    if not isinstance(state, dict):
-        raise ckpt.CheckpointError(f"{path}: trainer.pt is not a dict (corrupt)")
-    bad = [name for name, kind in fields if not isinstance(state.get(name), kind)]
-    if bad:
-        raise ckpt.CheckpointError(f"{path}: trainer.pt lacks {', '.join(bad)} (corrupt)")
-    if state["step"] != step:
-        raise ckpt.CheckpointError(f"{path}: trainer.pt is for step {state['step']} (corrupt)")
-
-
-
-def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> LanguageModel:
-    """Rebuild the model a checkpoint was saved from and load its weights; a damaged or
-    refused checkpoint raises CheckpointError (one line)."""
-    from ten.model import TENConfig
-    from ten.transformer import TransformerConfig
-
-    path = Path(checkpoint_dir)
-    saved = read_config(path)
-    cls = TENConfig if saved["model_class"] == "TENLM" else TransformerConfig
-    try:
-        model = build_model(cls(**saved["model_config"])).to(device)
-        model.load_state_dict(ckpt.load(path, "model.pt", device))
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ckpt.CheckpointError(f"{path}: the model does not load "
-                                   f"({type(e).__name__}: {_first_line(e)})") from None
-    return model.eval()

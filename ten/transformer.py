@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ten.config import FieldError
 from ten.lm import Block, LanguageModel
 from ten.mlp import MLP_KINDS
 
@@ -42,16 +43,16 @@ class TransformerConfig:
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "mlp_hidden"):
             v = getattr(self, f)
             if not (isinstance(v, int) and v >= 1):
-                raise ValueError(f"{f}: must be a positive integer, got {v!r}")
+                raise FieldError(f, "must be a positive integer", v)
         if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads: must divide d_model={self.d_model}, got {self.n_heads}")
+            raise FieldError("n_heads", f"must divide d_model={self.d_model}", self.n_heads)
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"n_heads: RoPE needs an even head size, got "
-                             f"{self.d_model // self.n_heads}")
+            raise FieldError("n_heads", f"RoPE needs an even head size (d_model/n_heads = "
+                             f"{self.d_model // self.n_heads})", self.n_heads)
         if self.pos not in POSITIONS:
-            raise ValueError(f"pos: must be one of {POSITIONS}, got {self.pos!r}")
+            raise FieldError("pos", f"must be one of {POSITIONS}", self.pos)
         if self.mlp not in MLP_KINDS:
-            raise ValueError(f"mlp: must be one of {MLP_KINDS}, got {self.mlp!r}")
+            raise FieldError("mlp", f"must be one of {MLP_KINDS}", self.mlp)
 
 
 def rope(x: Tensor, offset: int, base: float) -> Tensor:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from runner.job.errors import describe_hidden, shorten, show, suggest
 from runner.job.schema import ARCHS, PRESETS, JobSchema
+from ten.config import FieldError, UnknownFieldError
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]
@@ -108,22 +108,19 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
         return found
     try:
         cfg = presets.model_config(arch, preset, **overrides)
-    except (ValueError, TypeError) as err:
-        message = _cut_values(str(err), overrides.values())
-        unknown = re.match(r"unknown (?:TEN )?model field '([^']+)'", message)
-        if unknown:
-            name = unknown.group(1)
-            return [(("model", name), _unknown_field(name, arch, base))]
-        field = re.match(r"([a-z_][a-z0-9_]*): (.*)", message, re.S)
-        if field and field.group(1) in base:
-            path, why = ("model", field.group(1)), field.group(2)
-            if path in written:
-                value = overrides[field.group(1)]
-                why = re.sub(r", got .*$", f", got {describe_hidden(value, written[path])}", why)
-            return [(path, why)]
-        if "scan backend" in message and "scan_backend" in overrides:
-            return [(("model", "scan_backend"), message)]
-        return [(("model",), message)]
+    except UnknownFieldError as err:
+        return [(("model", err.field), _unknown_field(err.field, arch, base))]
+    except FieldError as err:
+        if err.field not in base:
+            return [(("model",), _cut_values(str(err), overrides.values()))]
+        path, why = ("model", err.field), err.problem
+        if err.has_value:
+            got = (describe_hidden(err.value, written[path]) if path in written
+                   else show(err.value))
+            why += f", got {got}"
+        return [(path, why)]
+    except (ValueError, TypeError) as err:  # e.g. a transformer that cannot match the preset
+        return [(("model",), _cut_values(str(err), overrides.values()))]
     if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
             and data_seq_len > cfg.seq_len:
         found.append((("data", "seq_len"), f"{data_seq_len} is longer than the model's learned "

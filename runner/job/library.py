@@ -1,9 +1,12 @@
 """The job's sections as the library's config objects (ten.data.DataConfig,
-ten.trainer.TrainConfig). Imports torch when called."""
+ten.config.TrainConfig), built by field name: one set of names and defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
+
+from ten.config import FROM_OTHER_SECTIONS, TrainConfig
 
 if TYPE_CHECKING:
     from runner.job import Job
@@ -14,16 +17,11 @@ def data_config(job: Job):
     return job.data_config()
 
 
-def train_config(job: Job):
-    from ten.trainer import TrainConfig
-
-    t = job.train
-    return TrainConfig(
-        max_steps=t.max_steps, max_tokens=t.max_tokens, batch_size=t.batch_size,
-        grad_accum=t.grad_accum, lr=t.lr, min_lr_ratio=t.min_lr_ratio,
-        warmup_steps=t.warmup_steps, schedule=t.schedule, weight_decay=t.weight_decay,
-        betas=tuple(t.betas), precision=t.precision, optimizer=t.optimizer, compile=t.compile,
-        grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps, loss=t.loss,
-        eval_every=t.eval_every, eval_batches=t.eval_batches,
-        log_every=t.log_every, seed=t.seed, device=t.device, num_workers=job.data.num_workers,
-        checkpoint_every=job.checkpoint.every_steps, keep_last=job.checkpoint.keep_last)
+def train_config(job: Job) -> TrainConfig:
+    """Every TrainConfig field from the train section's key of the same name, or from the
+    section ``ten.config.FROM_OTHER_SECTIONS`` names."""
+    values = {}
+    for f in dataclasses.fields(TrainConfig):
+        section, key = FROM_OTHER_SECTIONS.get(f.name, ("train", f.name))
+        values[f.name] = getattr(getattr(job, section), key)
+    return TrainConfig(**{**values, "betas": tuple(values["betas"])})

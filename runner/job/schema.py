@@ -7,6 +7,7 @@ dataset name live in :mod:`runner.job.checks`; this module never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -15,13 +16,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, fiel
 from pydantic_core import PydanticCustomError
 
 from runner.storage.base import check_prefix
+from ten import config as ten_config
 
-Arch = Literal["ten", "transformer"]
-# The names in ten.presets.PRESETS (a test keeps the two in step; importing ten.presets
-# here would import torch).
-Preset = Literal["tiny", "small", "small_32k", "medium", "large"]
+# Names and defaults from the library's torch-free config (ten.config): one source.
+Arch = Literal[ten_config.ARCHS]
+Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
+TRAIN = {f.name: f.default for f in dataclasses.fields(ten_config.TrainConfig)}
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024
 
@@ -84,42 +86,46 @@ class DataSection(Section):
     val_fraction: Float = Field(0.01, ge=0.0, lt=1.0, description="documents held out")
     max_documents: Int | None = Field(None, ge=1, description="read at most this many")
     shuffle: Bool = True
-    num_workers: Int = Field(2, ge=0, description="DataLoader worker processes")
+    num_workers: Int = Field(TRAIN["num_workers"], ge=0,
+                             description="DataLoader worker processes")
     cache_dir: Str | None = Field(None, description="null: $TEN_CACHE_DIR or ~/.cache/ten")
 
 
 class TrainSection(Section):
     max_steps: Int | None = Field(None, ge=1, description="budget in optimizer steps")
     max_tokens: Int | None = Field(None, ge=1, description="budget in training tokens")
-    batch_size: Int = Field(8, ge=1, description="sequences per micro-batch")
-    grad_accum: Int = Field(1, ge=1, description="micro-batches per optimizer step")
-    lr: Float = Field(3e-4, gt=0.0, description="peak learning rate")
-    min_lr_ratio: Float = Field(0.1, ge=0.0, le=1.0, description="final lr = lr * ratio")
-    warmup_steps: Int = Field(100, ge=0)
-    schedule: Literal["cosine", "onecycle", "constant"] = "cosine"
-    weight_decay: Float = Field(0.1, ge=0.0)
+    batch_size: Int = Field(TRAIN["batch_size"], ge=1, description="sequences per micro-batch")
+    grad_accum: Int = Field(TRAIN["grad_accum"], ge=1,
+                            description="micro-batches per optimizer step")
+    lr: Float = Field(TRAIN["lr"], gt=0.0, description="peak learning rate")
+    min_lr_ratio: Float = Field(TRAIN["min_lr_ratio"], ge=0.0, le=1.0,
+                                description="final lr = lr * ratio")
+    warmup_steps: Int = Field(TRAIN["warmup_steps"], ge=0)
+    schedule: Literal[ten_config.SCHEDULES] = TRAIN["schedule"]
+    weight_decay: Float = Field(TRAIN["weight_decay"], ge=0.0)
     betas: tuple[Annotated[float, Strict(), Field(ge=0.0, lt=1.0)],
-                 Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]] = (0.9, 0.95)
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    optimizer: Literal["adamw", "adamw8bit"] = "adamw"
-    compile: Bool = Field(False, description="torch.compile the model")
-    grad_clip: Float = Field(1.0, ge=0.0, description="max gradient norm; 0 disables")
-    loss: Literal["auto", "chunked", "liger", "reference"] = Field("auto", description=(
+                 Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]] = TRAIN["betas"]
+    precision: Literal[ten_config.PRECISIONS] = TRAIN["precision"]
+    optimizer: Literal[ten_config.OPTIMIZERS] = TRAIN["optimizer"]
+    compile: Bool = Field(TRAIN["compile"], description="torch.compile every block")
+    grad_clip: Float = Field(TRAIN["grad_clip"], ge=0.0,
+                             description="max gradient norm; 0 disables")
+    loss: Literal[ten_config.LOSSES] = Field(TRAIN["loss"], description=(
         "the loss kernel: auto (Liger's fused linear cross-entropy on CUDA when installed, "
         "else chunked), chunked, liger, or reference (materializes B x T x V logits)"))
-    max_nonfinite_steps: Int = Field(5, ge=0, description=(
+    max_nonfinite_steps: Int = Field(TRAIN["max_nonfinite_steps"], ge=0, description=(
         "steps in a row with a non-finite loss or gradient norm that are skipped before the "
         "run stops with exit 9 (diverged)"))
-    eval_every: Int = Field(100, ge=1, description="steps between evaluations")
-    eval_batches: Int = Field(20, ge=1)
-    log_every: Int = Field(10, ge=1)
-    seed: Int = Field(1234, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    eval_every: Int = Field(TRAIN["eval_every"], ge=1, description="steps between evaluations")
+    eval_batches: Int = Field(TRAIN["eval_batches"], ge=1)
+    log_every: Int = Field(TRAIN["log_every"], ge=1)
+    seed: Int = Field(TRAIN["seed"], ge=0)
+    device: Literal[ten_config.DEVICES] = TRAIN["device"]
 
 
 class CheckpointSection(Section):
-    every_steps: Int = Field(500, ge=1)
-    keep_last: Int = Field(3, ge=1, description="committed checkpoints kept")
+    every_steps: Int = Field(TRAIN["checkpoint_every"], ge=1)
+    keep_last: Int = Field(TRAIN["keep_last"], ge=1, description="committed checkpoints kept")
     milestone_every: Int | None = Field(
         None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
         "multiple of this")

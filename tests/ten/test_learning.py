@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from ten.config import TrainConfig
 from ten.data import DataConfig, open_data
 from ten.presets import model_config
-from ten.trainer import Outcome, TrainConfig, Trainer
+from ten.trainer import Outcome, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_loss_falls_well_below_unigram_entropy(data, tmp_path, arch):
     cfg = TrainConfig(max_steps=250, batch_size=8, lr=3e-3, warmup_steps=25, eval_every=1000,
                       eval_batches=8, log_every=50, checkpoint_every=1000, num_workers=0)
     trainer = Trainer(mcfg, data, cfg, tmp_path, {"arch": arch}, {}, log=lambda s: None)
-    assert trainer.run() is Outcome.DONE
-    assert math.isfinite(trainer.final_loss)
-    print(f"{arch}: held-out loss {trainer.final_loss:.3f}, unigram entropy {h1:.3f}")
-    assert trainer.final_loss < h1 - 1.0, (trainer.final_loss, h1)  # perplexity 2.7x lower
+    result = trainer.run()
+    assert result.outcome is Outcome.DONE and math.isfinite(result.final_loss)
+    print(f"{arch}: held-out loss {result.final_loss:.3f}, unigram entropy {h1:.3f}")
+    assert result.final_loss < h1 - 1.0, (result.final_loss, h1)  # perplexity 2.7x lower

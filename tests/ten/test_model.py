@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from ten.config import FieldError, UnknownFieldError
 from ten.model import TENLM, TENConfig
-from ten.presets import build_model, model_config
-from ten.scan import ScanBackendError
+from ten.presets import build_model, model_config, ten_config
 
 V = 97
 
@@ -170,14 +170,20 @@ def test_no_weight_decay_group():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="n_heads: must divide n_eigenstates=10"):
+    """Structured: the job layer points at model.<field> from the error's attributes."""
+    with pytest.raises(FieldError, match="n_heads: must divide n_eigenstates=10") as e:
         TENConfig(n_eigenstates=10, n_heads=4)
-    with pytest.raises(ValueError, match="lambda_min"):
+    assert (e.value.field, e.value.value) == ("n_heads", 4)
+    with pytest.raises(FieldError, match="lambda_min"):
         TENConfig(lambda_min=0.999, lambda_max=0.99)
     # a laptop validating a GPU job accepts the name; whether it can run is said later
     assert TENConfig(scan_backend="fused").scan_backend == "fused"
-    with pytest.raises(ScanBackendError, match="unknown scan backend"):
+    with pytest.raises(FieldError, match="must be one of auto, chunked, fused, ref") as e:
         TENConfig(scan_backend="fussed")
+    assert (e.value.field, e.value.value) == ("scan_backend", "fussed")
+    with pytest.raises(UnknownFieldError) as e:
+        ten_config("tiny", d_modle=64)
+    assert e.value.field == "d_modle" and "did you mean 'd_model'?" in str(e.value)
 
 
 def test_gate_bias_and_selective_init():

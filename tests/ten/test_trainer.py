@@ -17,23 +17,16 @@ import torch
 
 from ten import checkpoint as ckpt
 from ten import trainer as trainer_mod
+from ten.config import TrainConfig
 from ten.data import DataConfig, open_data
 from ten.distributed import DistInfo, StopAgreement
 from ten.loss import NextTokenLoss
 from ten.metrics import read_metrics
 from ten.presets import model_config
 from ten.progress import eta_seconds, progress_line
-from ten.trainer import (
-    DivergedError,
-    Outcome,
-    ResumeError,
-    TrainConfig,
-    Trainer,
-    load_model,
-    rng_state,
-    set_rng_state,
-    train_step,
-)
+from ten.step import train_step
+from ten.trainer import DivergedError, Outcome, ResumeError, Trainer
+from ten.trainstate import load_model, rng_state, set_rng_state
 
 WORDS = ("the eigenstate decays and rotates while tokens arrive one after another in a "
          "long sequence of plain english words").split()
@@ -113,13 +106,13 @@ def final_weights(run_dir):
 
 
 def test_sigterm_then_resume_is_bit_exact(data, tmp_path):
-    assert trainer(data, tmp_path / "a").run() is Outcome.DONE
+    assert trainer(data, tmp_path / "a").run().outcome is Outcome.DONE
     t = Trainer(mcfg(data), SignalAt(data, 6), tcfg(), tmp_path / "b", {"model": "m"},
                 {"train": {}}, log=lambda s: None)
-    assert t.run() is Outcome.PREEMPTED
+    assert t.run().outcome is Outcome.PREEMPTED
     # the checkpoint of the step in flight when the signal came is committed
     assert ckpt.committed_steps(tmp_path / "b" / "checkpoints")[-1] == 7
-    assert trainer(data, tmp_path / "b").run() is Outcome.DONE
+    assert trainer(data, tmp_path / "b").run().outcome is Outcome.DONE
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     (sa, wa), (sb, wb) = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert sa == sb == 12
@@ -128,7 +121,7 @@ def test_sigterm_then_resume_is_bit_exact(data, tmp_path):
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(data, tmp_path):
     run = tmp_path / "run"
-    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
     newest = run / "checkpoints" / "step-00000008" / "model.pt"
     raw = bytearray(newest.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -137,7 +130,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(data, tmp_path):
     notes = []
     t = Trainer(mcfg(data), data, tcfg(max_steps=10), run, {"model": "m"}, {"train": {}},
                 log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("corrupt" in n and "step-00000008" in n for n in notes)
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
     assert any("uncommitted" in n and "step-00000009" in n for n in notes)
@@ -151,7 +144,7 @@ def test_unsafe_change_refused_safe_change_allowed(data, tmp_path):
     notes = []
     t = Trainer(mcfg(data), data, tcfg(max_steps=8), run, {"model": {"d_model": 32}},
                 {"train": {"max_steps": 8}}, log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("changed settings: train.max_steps: 4 -> 8" in n for n in notes)
 
 
@@ -166,7 +159,7 @@ def test_how_the_model_computes_may_change_on_resume(data, tmp_path):
                 tcfg(max_steps=8), run,
                 {"model": {"d_model": 32, "chunk_size": 8, "grad_checkpointing": True,
                            "scan_backend": "ref"}}, {}, log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("resumed from" in n and "step 4" in n for n in notes)
 
 
@@ -197,7 +190,7 @@ def test_grad_accumulation_matches_a_bigger_batch(data, tmp_path):
 
 def test_adamw8bit_and_bf16_run(data, tmp_path):
     t = trainer(data, tmp_path / "q", max_steps=3, optimizer="adamw8bit", precision="bf16")
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert all(v == v for v in losses(tmp_path / "q").values())  # finite, not NaN
 
 
@@ -209,7 +202,7 @@ def test_max_tokens_budget(data, tmp_path):
 def test_transformer_trains_with_the_same_trainer(data, tmp_path):
     cfg = model_config("transformer", "tiny", vocab_size=data.tokenizer.vocab_size,
                        d_model=32, n_layers=2, seq_len=32)
-    assert trainer(data, tmp_path / "gpt", model=cfg, max_steps=4).run() is Outcome.DONE
+    assert trainer(data, tmp_path / "gpt", model=cfg, max_steps=4).run().outcome is Outcome.DONE
     assert isinstance(load_model(tmp_path / "gpt" / "checkpoints" / "step-00000004"),
                       torch.nn.Module)
 
@@ -227,14 +220,14 @@ def test_resume_state_is_written_atomically(data, tmp_path):
 
 def test_adamw8bit_checkpoint_loads_with_weights_only_and_resumes(data, tmp_path):
     run = tmp_path / "q8"
-    assert trainer(data, run, max_steps=4, optimizer="adamw8bit").run() is Outcome.DONE
+    assert trainer(data, run, max_steps=4, optimizer="adamw8bit").run().outcome is Outcome.DONE
     path = run / "checkpoints" / "step-00000004"
     for name in ("model.pt", "optimizer.pt", "trainer.pt"):
         ckpt.load(path, name)  # weights_only=True: plain tensors and containers only
     notes = []
     t = Trainer(mcfg(data), data, tcfg(max_steps=6, optimizer="adamw8bit"), run,
                 {"model": "m"}, {"train": {}}, log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
 
 
@@ -281,14 +274,14 @@ def resume_notes(data, run, max_steps=10):
 
 def test_config_json_without_a_key_counts_as_corrupt(data, tmp_path):
     run = tmp_path / "run"
-    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
     newest = run / "checkpoints" / "step-00000008"
     config = json.loads((newest / "config.json").read_text())
     del config["identity"]
     (newest / "config.json").write_text(json.dumps(config))
     reseal(newest)
     t, notes = resume_notes(data, run)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     skipped = [n for n in notes if "step-00000008" in n and "skipping" in n]
     assert len(skipped) == 1 and "config.json lacks identity" in skipped[0]
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
@@ -296,7 +289,7 @@ def test_config_json_without_a_key_counts_as_corrupt(data, tmp_path):
 
 def test_trainer_state_without_a_field_counts_as_corrupt(data, tmp_path):
     run = tmp_path / "run"
-    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
     newest = run / "checkpoints" / "step-00000008"
     state = ckpt.load(newest, "trainer.pt")
     del state["scheduler"]
@@ -304,34 +297,34 @@ def test_trainer_state_without_a_field_counts_as_corrupt(data, tmp_path):
     torch.save(state, newest / "trainer.pt")
     reseal(newest)
     t, notes = resume_notes(data, run)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("trainer.pt lacks scheduler" in n for n in notes)
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
 
 
 def test_a_renamed_files_key_falls_back_to_the_previous_step(data, tmp_path):
     run = tmp_path / "run"
-    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
     manifest_path = run / "checkpoints" / "step-00000008" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["entries"] = manifest.pop("files")
     manifest_path.write_text(json.dumps(manifest))
     t, notes = resume_notes(data, run)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert any("skipping corrupt" in n and 'no "files" object' in n for n in notes)
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
 
 
 def test_a_tampered_pickle_never_runs_and_the_previous_step_is_used(data, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "pwned"
-    assert trainer(data, run, max_steps=8).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
     newest = run / "checkpoints" / "step-00000008"
     weights = ckpt.load(newest, "model.pt")
     weights["_extra"] = Marker(marker)
     torch.save(weights, newest / "model.pt")
     reseal(newest)  # an attacker with write access to the bucket rewrites the manifest too
     t, notes = resume_notes(data, run)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert not marker.exists()
     refused = [n for n in notes if "refuses to load" in n]
     assert len(refused) == 1 and "step-00000008" in refused[0] and "\n" not in refused[0]
@@ -341,7 +334,7 @@ def test_a_tampered_pickle_never_runs_and_the_previous_step_is_used(data, tmp_pa
 
 def test_a_run_whose_only_checkpoint_is_tampered_stops_with_one_line(data, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "pwned"
-    assert trainer(data, run, max_steps=4).run() is Outcome.DONE
+    assert trainer(data, run, max_steps=4).run().outcome is Outcome.DONE
     only = run / "checkpoints" / "step-00000004"
     state = ckpt.load(only, "trainer.pt")
     state["rng"]["evil"] = Marker(marker)
@@ -431,7 +424,7 @@ def test_skipped_steps_are_logged_recorded_and_never_committed(data, tmp_path, m
     run, notes = tmp_path / "run", []
     t = Trainer(mcfg(data), data, tcfg(max_steps=8), run, {"model": "m"}, {"train": {}},
                 log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     train = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"}
     assert {s: r["skipped_steps"] for s, r in train.items() if r["skipped_steps"]} == {3: 1, 4: 1}
     assert all(math.isfinite(r["loss"]) for s, r in train.items() if s not in (3, 4))
@@ -521,9 +514,9 @@ def test_tokens_per_s_leaves_evaluation_out(data, tmp_path, monkeypatch):
         perf_counter=lambda: real_time.perf_counter() + skew["s"]))
     real_eval = Trainer._eval
 
-    def slow_eval(self, step, metrics):
+    def slow_eval(self, step):
         skew["s"] += 1000.0
-        return real_eval(self, step, metrics)
+        return real_eval(self, step)
 
     monkeypatch.setattr(Trainer, "_eval", slow_eval)
     run = tmp_path / "run"
@@ -629,7 +622,7 @@ def test_compile_trains_the_same_model_with_compiled_blocks(data, tmp_path):
     trainer(data, eager, **kw).run()
     t = Trainer(mcfg(data), data, tcfg(compile=True, **kw), compiled, {"model": "m"}, {},
                 log=notes.append)
-    assert t.run() is Outcome.DONE
+    assert t.run().outcome is Outcome.DONE
     assert "compile: every block with torch.compile (train.compile)" in notes
     assert all(b._compiled_call_impl is not None for b in t.raw_model.blocks)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
