@@ -227,7 +227,8 @@ class JobRun:
         from ten.data import DataError
         from ten.memory import DeviceMemoryError
         from ten.scan import ScanBackendError
-        from ten.trainer import CompileError, DivergedError, Outcome, ResumeError
+        from ten.trainer import CompileError, Outcome
+        from ten.trainstate import DivergedError, ResumeError
 
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "

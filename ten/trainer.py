@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import resource
 import time
@@ -32,13 +31,11 @@ from typing import Any
 
 import torch
 
-from ten import checkpoint as ckpt
 from ten.config import TrainConfig
 from ten.distributed import (
     DistInfo,
     StopAgreement,
     all_reduce_mean,
-    barrier,
     init_from_env,
     shutdown,
 )
@@ -47,21 +44,16 @@ from ten.loss import NextTokenLoss, resolve_loss_backend
 from ten.memory import check_fits
 from ten.metrics import MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
-from ten.nonfinite import NonFiniteCounter, NonFiniteStats
+from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
 from ten.step import StopSignal, evaluate, train_step
 from ten.trainstate import (
-    check_trainer_state,
-    config_diff,
+    Checkpointing,
     first_line,
-    model_proper,
-    read_config,
-    rng_state,
     seed_everything,
-    set_rng_state,
 )
 
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
@@ -87,18 +79,9 @@ class RunResult:
     model: LanguageModel
 
 
-class ResumeError(Exception):
-    """The newest checkpoint cannot be resumed with this configuration (one line)."""
-
-
 class CompileError(Exception):
     """``train.compile: true`` and torch.compile failed (one line with its reason, naming
     the field to turn off)."""
-
-
-class DivergedError(Exception):
-    """Training went non-finite and stayed so (one line naming the step, what was not
-    finite, and to lower train.lr). Nothing non-finite was committed."""
 
 
 # --- set-up helpers (pure or nearly so) ---------------------------------------------------
@@ -133,7 +116,7 @@ def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device
 
 # --- the loop --------------------------------------------------------------------------------
 
-class Trainer:
+class Trainer(Checkpointing):
     """Trains one run in ``run_dir``; resumes from its newest usable checkpoint.
 
     ``data`` is an object from ``ten.data.open_data``. ``identity`` holds what must not
@@ -177,128 +160,6 @@ class Trainer:
         self.any_rank: Callable[[torch.Tensor], None] | None = None  # DDP: max over ranks
         self.metrics: MetricsWriter | None = None  # the main rank's, from run() on
 
-    # -- state that survives a restart ----------------------------------------------------
-    def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> bool:
-        """Commit a checkpoint of ``step``; False when it is not committed because the
-        latest step was skipped as non-finite. Adds its seconds to ``self.save_s``."""
-        t0 = time.perf_counter()
-        # Every rank holds the same weights and flags, so every rank decides alike.
-        stats = self.nonfinite.read()  # host sync: once per checkpoint
-        self._check_divergence(step, stats)
-        self._check_weights_finite(step)
-        if stats.streak:
-            # Weights whose latest steps gave a non-finite loss are suspect even when they
-            # are finite: committing them could push good checkpoints out (keep_last) and
-            # a relaunch with a lower lr would resume from them.
-            if self.dist.is_main:
-                self.log(f"not committing a checkpoint at step {step}: its last "
-                         f"{stats.streak} step(s) had a non-finite "
-                         f"{stats.what(streak=True)} "
-                         f"({self._last_committed()})")
-            self.save_s += time.perf_counter() - t0
-            return False
-        if self.dist.is_main:
-            config = {"identity": self.identity, "resolved": self.resolved,
-                      "model_config": dataclasses.asdict(self.model_config),
-                      "model_class": type(self.raw_model).__name__}
-            files = {
-                "model.pt": self.raw_model.state_dict(),
-                "optimizer.pt": self.optimizer.state_dict(),
-                "trainer.pt": {"step": step, "tokens": tokens,
-                               "scheduler": self.scheduler.state_dict(),
-                               "scaler": self.scaler.state_dict(), "rng": rng_state(),
-                               "data": loader.state_dict(),
-                               "world_size": self.dist.world_size,
-                               "nonfinite_streak": stats.streak},
-                "config.json": json.dumps(config, indent=1, default=str).encode(),
-            }
-            path = ckpt.save(self.ckpt_root, step, files,
-                             meta={"step": step, "tokens": tokens, "loss": last_loss})
-            ckpt.prune(self.ckpt_root, self.cfg.keep_last)
-            if self.on_commit is not None:
-                self.on_commit(path, time.perf_counter() - t0)
-        barrier(self.dist)
-        self.save_s += time.perf_counter() - t0
-        return True
-
-    def _check_divergence(self, step: int, stats: NonFiniteStats) -> None:
-        limit = self.cfg.max_nonfinite_steps
-        if stats.worst > limit:
-            raise DivergedError(
-                f"training diverged: {stats.worst} steps in a row had a non-finite "
-                f"{stats.what(streak=stats.streak > 0)} (by step {step}; "
-                f"train.max_nonfinite_steps is {limit}); their updates were skipped and "
-                f"nothing non-finite was committed ({self._last_committed()}); lower "
-                f"train.lr (now {self.cfg.lr:g})")
-
-    def _check_weights_finite(self, step: int) -> None:
-        with torch.no_grad():
-            finite = torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()])
-        if not bool(finite.all()):  # host sync: once per checkpoint
-            raise DivergedError(
-                f"training diverged: the weights are not finite at step {step}, so they are "
-                f"not committed ({self._last_committed()}); lower train.lr "
-                f"(now {self.cfg.lr:g})")
-
-    def _last_committed(self) -> str:
-        steps = ckpt.committed_steps(self.ckpt_root)
-        return f"the last checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
-
-    def _resume(self, loader: Any) -> tuple[int, int]:
-        """Restore the newest checkpoint that verifies and loads; an unusable one (corrupt,
-        malformed, refused by weights_only) is reported in one line and the one before it
-        tried. Committed checkpoints of which none is usable raise ResumeError: a run is
-        never silently restarted from scratch over its own checkpoints."""
-        if self.dist.is_main:
-            ckpt.cleanup(self.ckpt_root, self.log)
-        barrier(self.dist)
-        for found in ckpt.valid_checkpoints(self.ckpt_root, self.log):
-            try:
-                return self._restore(found, loader)
-            except ckpt.CheckpointError as e:
-                self.log(f"skipping unusable checkpoint: {e}")
-        committed = ckpt.committed_steps(self.ckpt_root)
-        if committed:
-            raise ResumeError(f"cannot resume {self.run_dir}: none of its {len(committed)} "
-                              "committed checkpoint(s) is usable (see above); restore one "
-                              f"from a trusted copy, or move {self.ckpt_root} away to start "
-                              "over")
-        return 0, 0
-
-    def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
-        path = found.path
-        saved = read_config(path)
-        unsafe = config_diff(model_proper(saved["identity"]), model_proper(self.identity))
-        if unsafe:
-            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
-                              f"changes ({'; '.join(unsafe)}); restore those settings or "
-                              "use a new job name")
-        # Load everything before changing anything, so a refused file leaves no trace.
-        model_state = ckpt.load(path, "model.pt", self.device)
-        optim_state = ckpt.load(path, "optimizer.pt", self.device)
-        state = ckpt.load(path, "trainer.pt")
-        check_trainer_state(path, state, found.step)
-        changed = config_diff(saved["resolved"], self.resolved)
-        if changed:
-            self.log(f"resuming with changed settings: {'; '.join(changed)}")
-        for what, apply in (("model.pt", lambda: self.raw_model.load_state_dict(model_state)),
-                            ("optimizer.pt", lambda: self.optimizer.load_state_dict(optim_state)),
-                            ("trainer.pt", lambda: self._apply_trainer_state(state, loader))):
-            try:
-                apply()
-            except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
-                    AttributeError) as e:  # a malformed state; DataError (cursor) passes
-                raise ckpt.CheckpointError(f"{path}: {what} does not fit this run "
-                                           f"({type(e).__name__}: {first_line(e)})") from None
-        self.log(f"resumed from {path} (step {state['step']}, {state['tokens']:,} tokens)")
-        return state["step"], state["tokens"]
-
-    def _apply_trainer_state(self, state: dict[str, Any], loader: Any) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
-        self.nonfinite = NonFiniteCounter(self.device, int(state.get("nonfinite_streak", 0)))
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:

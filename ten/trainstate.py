@@ -8,8 +8,10 @@ file raises ``CheckpointError`` in one line, never a KeyError or a pickle that r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,19 @@ import numpy as np
 import torch
 
 from ten import checkpoint as ckpt
+from ten.distributed import barrier
 from ten.lm import LanguageModel
+from ten.nonfinite import NonFiniteCounter, NonFiniteStats
 from ten.presets import EXECUTION_FIELDS, build_model
+
+
+class ResumeError(Exception):
+    """The newest checkpoint cannot be resumed with this configuration (one line)."""
+
+
+class DivergedError(Exception):
+    """Training went non-finite and stayed so (one line naming the step, what was not
+    finite, and to lower train.lr). Nothing non-finite was committed."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -129,3 +142,133 @@ def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> Lang
         raise ckpt.CheckpointError(f"{path}: the model does not load "
                                    f"({type(e).__name__}: {first_line(e)})") from None
     return model.eval()
+
+
+class Checkpointing:
+    """The trainer's checkpoint half, mixed into :class:`ten.trainer.Trainer`: commit a
+    step (``_save``), and resume from the newest usable checkpoint (``_resume``). It uses
+    the trainer's run_dir, ckpt_root, cfg, dist, log, identity, resolved, model_config,
+    device, raw_model, optimizer, scheduler, scaler, nonfinite, on_commit and save_s.
+    """
+
+    def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> bool:
+        """Commit a checkpoint of ``step``; False when it is not committed because the
+        latest step was skipped as non-finite. Adds its seconds to ``self.save_s``."""
+        t0 = time.perf_counter()
+        # Every rank holds the same weights and flags, so every rank decides alike.
+        stats = self.nonfinite.read()  # host sync: once per checkpoint
+        self._check_divergence(step, stats)
+        self._check_weights_finite(step)
+        if stats.streak:
+            # Weights whose latest steps gave a non-finite loss are suspect even when they
+            # are finite: committing them could push good checkpoints out (keep_last) and
+            # a relaunch with a lower lr would resume from them.
+            if self.dist.is_main:
+                self.log(f"not committing a checkpoint at step {step}: its last "
+                         f"{stats.streak} step(s) had a non-finite "
+                         f"{stats.what(streak=True)} "
+                         f"({self._last_committed()})")
+            self.save_s += time.perf_counter() - t0
+            return False
+        if self.dist.is_main:
+            config = {"identity": self.identity, "resolved": self.resolved,
+                      "model_config": dataclasses.asdict(self.model_config),
+                      "model_class": type(self.raw_model).__name__}
+            files = {
+                "model.pt": self.raw_model.state_dict(),
+                "optimizer.pt": self.optimizer.state_dict(),
+                "trainer.pt": {"step": step, "tokens": tokens,
+                               "scheduler": self.scheduler.state_dict(),
+                               "scaler": self.scaler.state_dict(), "rng": rng_state(),
+                               "data": loader.state_dict(),
+                               "world_size": self.dist.world_size,
+                               "nonfinite_streak": stats.streak},
+                "config.json": json.dumps(config, indent=1, default=str).encode(),
+            }
+            path = ckpt.save(self.ckpt_root, step, files,
+                             meta={"step": step, "tokens": tokens, "loss": last_loss})
+            ckpt.prune(self.ckpt_root, self.cfg.keep_last)
+            if self.on_commit is not None:
+                self.on_commit(path, time.perf_counter() - t0)
+        barrier(self.dist)
+        self.save_s += time.perf_counter() - t0
+        return True
+
+    def _check_divergence(self, step: int, stats: NonFiniteStats) -> None:
+        limit = self.cfg.max_nonfinite_steps
+        if stats.worst > limit:
+            raise DivergedError(
+                f"training diverged: {stats.worst} steps in a row had a non-finite "
+                f"{stats.what(streak=stats.streak > 0)} (by step {step}; "
+                f"train.max_nonfinite_steps is {limit}); their updates were skipped and "
+                f"nothing non-finite was committed ({self._last_committed()}); lower "
+                f"train.lr (now {self.cfg.lr:g})")
+
+    def _check_weights_finite(self, step: int) -> None:
+        with torch.no_grad():
+            finite = torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()])
+        if not bool(finite.all()):  # host sync: once per checkpoint
+            raise DivergedError(
+                f"training diverged: the weights are not finite at step {step}, so they are "
+                f"not committed ({self._last_committed()}); lower train.lr "
+                f"(now {self.cfg.lr:g})")
+
+    def _last_committed(self) -> str:
+        steps = ckpt.committed_steps(self.ckpt_root)
+        return f"the last checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
+
+    def _resume(self, loader: Any) -> tuple[int, int]:
+        """Restore the newest checkpoint that verifies and loads; an unusable one (corrupt,
+        malformed, refused by weights_only) is reported in one line and the one before it
+        tried. Committed checkpoints of which none is usable raise ResumeError: a run is
+        never silently restarted from scratch over its own checkpoints."""
+        if self.dist.is_main:
+            ckpt.cleanup(self.ckpt_root, self.log)
+        barrier(self.dist)
+        for found in ckpt.valid_checkpoints(self.ckpt_root, self.log):
+            try:
+                return self._restore(found, loader)
+            except ckpt.CheckpointError as e:
+                self.log(f"skipping unusable checkpoint: {e}")
+        committed = ckpt.committed_steps(self.ckpt_root)
+        if committed:
+            raise ResumeError(f"cannot resume {self.run_dir}: none of its {len(committed)} "
+                              "committed checkpoint(s) is usable (see above); restore one "
+                              f"from a trusted copy, or move {self.ckpt_root} away to start "
+                              "over")
+        return 0, 0
+
+    def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
+        path = found.path
+        saved = read_config(path)
+        unsafe = config_diff(model_proper(saved["identity"]), model_proper(self.identity))
+        if unsafe:
+            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
+                              f"changes ({'; '.join(unsafe)}); restore those settings or "
+                              "use a new job name")
+        # Load everything before changing anything, so a refused file leaves no trace.
+        model_state = ckpt.load(path, "model.pt", self.device)
+        optim_state = ckpt.load(path, "optimizer.pt", self.device)
+        state = ckpt.load(path, "trainer.pt")
+        check_trainer_state(path, state, found.step)
+        changed = config_diff(saved["resolved"], self.resolved)
+        if changed:
+            self.log(f"resuming with changed settings: {'; '.join(changed)}")
+        for what, apply in (("model.pt", lambda: self.raw_model.load_state_dict(model_state)),
+                            ("optimizer.pt", lambda: self.optimizer.load_state_dict(optim_state)),
+                            ("trainer.pt", lambda: self._apply_trainer_state(state, loader))):
+            try:
+                apply()
+            except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
+                    AttributeError) as e:  # a malformed state; DataError (cursor) passes
+                raise ckpt.CheckpointError(f"{path}: {what} does not fit this run "
+                                           f"({type(e).__name__}: {first_line(e)})") from None
+        self.log(f"resumed from {path} (step {state['step']}, {state['tokens']:,} tokens)")
+        return state["step"], state["tokens"]
+
+    def _apply_trainer_state(self, state: dict[str, Any], loader: Any) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
+        self.nonfinite = NonFiniteCounter(self.device, int(state.get("nonfinite_streak", 0)))

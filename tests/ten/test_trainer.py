@@ -25,8 +25,8 @@ from ten.metrics import read_metrics
 from ten.presets import model_config
 from ten.progress import eta_seconds, progress_line
 from ten.step import train_step
-from ten.trainer import DivergedError, Outcome, ResumeError, Trainer
-from ten.trainstate import load_model, rng_state, set_rng_state
+from ten.trainer import Outcome, Trainer
+from ten.trainstate import DivergedError, ResumeError, load_model, rng_state, set_rng_state
 
 WORDS = ("the eigenstate decays and rotates while tokens arrive one after another in a "
          "long sequence of plain english words").split()
