@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from runner.bucket import connect_store, fetch_checkpoint
 from runner.datacache import BucketDataCache, open_data
 from runner.exit_codes import ExitCode
 from runner.job import Job
@@ -25,51 +25,8 @@ from runner.job.layout import run_dir_of
 from runner.job.library import train_config
 from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl
+from runner.spot import start_notice_watcher, step_warning
 from ten.fileio import atomic_copy, atomic_write
-
-
-def connect_store(job: Job, run_dir: Path, log: RunLog):
-    """Open the job's bucket, claim the writer lease, and bring the newest committed
-    checkpoint from the bucket when it is newer than what this machine has."""
-    import socket
-
-    from runner.storage import open_store
-    from runner.storage.checkpoints import Lease, latest_committed, restore_latest
-    from ten import checkpoint as ckpt
-
-    store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                       job.storage.region or None)
-    lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
-    log(f"store {store.url}: writer lease epoch {lease.epoch}")
-    ckpt.cleanup(run_dir / "checkpoints", log)  # puts back a step a crash left aside
-    local = ckpt.latest_valid(run_dir / "checkpoints", log)
-    remote = latest_committed(store, job.name, log)
-    if remote is not None and (local is None or local.step < remote):
-        t0 = time.perf_counter()
-        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
-                              usable=ckpt.load_problem)
-        log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
-    return store, lease
-
-
-def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
-    """On a machine other than rank 0's: make ``step`` (-1: none) the newest checkpoint
-    under ``root``, from the bucket. Newer local ones are stale copies from an earlier
-    life; only rank 0's choice counts, and only rank 0 holds the writer lease."""
-    from runner.storage import open_store
-    from runner.storage.checkpoints import download_checkpoint
-    from ten import checkpoint as ckpt
-
-    for stale in [s for s in ckpt.committed_steps(root) if s > step]:
-        log(f"removing {ckpt.step_name(stale)}: rank 0 resumes from step {step}")
-        shutil.rmtree(root / ckpt.step_name(stale))
-    if step < 0:
-        return
-    store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                       job.storage.region or None)
-    t0 = time.perf_counter()
-    download_checkpoint(store, job.name, step, root)  # nothing to do if it is here
-    log(f"step {step} from {store.url} is here ({time.perf_counter() - t0:.1f}s)")
 
 
 def exit_process(code: int) -> NoReturn:
@@ -462,45 +419,3 @@ class JobRun:
             self.log.close()
         if self.lock is not None:
             self.lock.release()
-
-
-def step_warning(step_s: float, window_s: float) -> str | None:
-    """What to say when one optimizer step outlasts the preemption notice: a stop is
-    taken after the step in flight, so such a step can never be committed in time."""
-    if step_s <= window_s:
-        return None
-    return (f"one optimizer step takes {step_s:.0f} s, longer than the {window_s:.0f} s "
-            "preemption notice: a stop cannot commit the step in progress; lower "
-            "train.batch_size or train.grad_accum")
-
-
-def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = None):
-    """Poll the cloud's preemption notice (resources.spot_notice) and turn a notice into
-    the same stop as SIGTERM: finish the step, commit a checkpoint, exit preempted —
-    before the SIGTERM that follows the notice."""
-    from runner.preemption import PROVIDERS, NoticeWatcher, notice_window_s, resolve_provider
-
-    res = job.resources
-    if res.spot_notice == "none" or (res.spot_notice == "auto" and not res.spot):
-        return None
-    endpoints = ({p: res.metadata_endpoint for p in PROVIDERS}
-                 if res.metadata_endpoint else None)
-    provider = resolve_provider(res.spot_notice, endpoints)
-    if provider is None:
-        log("no cloud metadata service answered: preemption notices are not watched")
-        return None
-
-    def on_notice(notice: Any) -> None:
-        log(f"preemption notice from {provider}: {notice.detail}")
-        trainer.stop.request(f"{provider} preemption notice")
-        if heartbeat is not None:
-            heartbeat.event("preemption_notice", provider=provider, detail=notice.detail)
-
-    watcher = NoticeWatcher(provider, on_notice, interval_s=res.notice_poll_s,
-                            endpoint=res.metadata_endpoint, log=log)
-    watcher.start()
-    log(f"watching for {provider} preemption notices every {res.notice_poll_s:g} s "
-        f"(notice window {notice_window_s(provider):.0f} s)")
-    return watcher
-
-

@@ -159,7 +159,7 @@ def test_a_secret_in_the_dataset_path_appears_nowhere(tmp_path, corpus, monkeypa
 @pytest.mark.parametrize("step_s,window_s,warns", [(0.5, 30, False), (30, 30, False),
                                                    (31, 30, True), (200, 120, True)])
 def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, warns):
-    from runner.run import step_warning
+    from runner.spot import step_warning
 
     warning = step_warning(step_s, window_s)
     assert (warning is not None) == warns

@@ -1,0 +1,60 @@
+"""The job's bucket at the start of a run: open it, take the writer lease, and bring the
+newest committed checkpoint to this machine (rank 0), or the step rank 0 chose (the
+other machines of a multi-node run)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.job import Job
+    from runner.runlog import RunLog
+
+
+def connect_store(job: Job, run_dir: Path, log: RunLog):
+    """Open the job's bucket, claim the writer lease, and bring the newest committed
+    checkpoint from the bucket when it is newer than what this machine has."""
+    import socket
+
+    from runner.storage import open_store
+    from runner.storage.checkpoints import Lease, latest_committed, restore_latest
+    from ten import checkpoint as ckpt
+
+    store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                       job.storage.region or None)
+    lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
+    log(f"store {store.url}: writer lease epoch {lease.epoch}")
+    ckpt.cleanup(run_dir / "checkpoints", log)  # puts back a step a crash left aside
+    local = ckpt.latest_valid(run_dir / "checkpoints", log)
+    remote = latest_committed(store, job.name, log)
+    if remote is not None and (local is None or local.step < remote):
+        t0 = time.perf_counter()
+        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
+                              usable=ckpt.load_problem)
+        log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
+    return store, lease
+
+
+def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
+    """On a machine other than rank 0's: make ``step`` (-1: none) the newest checkpoint
+    under ``root``, from the bucket. Newer local ones are stale copies from an earlier
+    life; only rank 0's choice counts, and only rank 0 holds the writer lease."""
+    from runner.storage import open_store
+    from runner.storage.checkpoints import download_checkpoint
+    from ten import checkpoint as ckpt
+
+    for stale in [s for s in ckpt.committed_steps(root) if s > step]:
+        log(f"removing {ckpt.step_name(stale)}: rank 0 resumes from step {step}")
+        shutil.rmtree(root / ckpt.step_name(stale))
+    if step < 0:
+        return
+    store = open_store(job.storage.url, job.storage.endpoint_url or None,
+                       job.storage.region or None)
+    t0 = time.perf_counter()
+    download_checkpoint(store, job.name, step, root)  # nothing to do if it is here
+    log(f"step {step} from {store.url} is here ({time.perf_counter() - t0:.1f}s)")
+
