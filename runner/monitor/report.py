@@ -83,6 +83,40 @@ def _series(records: list[dict[str, Any]], kind: str | None, key: str, t0: float
     return xs, ys
 
 
+def _gpu_panel(ax: Any, gpu: list[dict[str, Any]], series: Any, plot: Any,
+               drawn: dict[str, int], t0: float) -> None:
+    """Utilisation and memory (%), power (W) on a twin axis; or "no GPU samples"."""
+    if not gpu:
+        drawn["GPU util %"] = 0
+        ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center",
+                transform=ax.transAxes, fontsize=14, color="gray")
+        ax.set_yticks([])
+        return
+    plot(ax, *series(gpu, None, "util", t0), "GPU util %", color="tab:green")
+    mem = [dict(s, mem_pct=100.0 * s["mem_used"] / s["mem_total"]) for s in gpu
+           if s.get("mem_used") is not None and s.get("mem_total")]
+    plot(ax, *series(mem, None, "mem_pct", t0), "GPU memory %", color="tab:blue")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("%")
+    twin = ax.twinx()
+    plot(twin, *series(gpu, None, "power_w", t0), "power W", color="tab:orange", alpha=0.7)
+    twin.set_ylabel("W")
+    watts = [s.get("power_limit_w") or s.get("power_w") or 0.0 for s in gpu]
+    twin.set_ylim(0, 1.05 * max(watts + [1.0]))
+    _legend(ax, twin)
+
+
+def _mark_preemptions(axes: Any, marks: list[tuple[float, str]], t0: float,
+                      unit_s: float) -> None:
+    """A red dotted line on every panel at each preemption/resume, labelled on the top."""
+    for t, label in marks:
+        x = (t - t0) / unit_s
+        for a in axes:
+            a.axvline(x, color="red", linestyle=":", linewidth=1.2)
+        axes[0].annotate(label, (x, 1.0), xycoords=("data", "axes fraction"),
+                         rotation=90, va="top", ha="right", fontsize=8, color="red")
+
+
 def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
                gpu: list[dict[str, Any]], path: Path, title: str = "") -> dict[str, int]:
     """Draw the panels into ``path``; returns the number of points per series drawn
@@ -134,36 +168,11 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     ax.set_ylim(0, 100)
     ax.legend(loc="upper right")
 
-    ax = axes[3]
-    if gpu:
-        plot(ax, *series(gpu, None, "util", t0), "GPU util %", color="tab:green")
-        mem = [dict(s, mem_pct=100.0 * s["mem_used"] / s["mem_total"]) for s in gpu
-               if s.get("mem_used") is not None and s.get("mem_total")]
-        plot(ax, *series(mem, None, "mem_pct", t0), "GPU memory %", color="tab:blue")
-        ax.set_ylim(0, 105)
-        ax.set_ylabel("%")
-        twin = ax.twinx()
-        plot(twin, *series(gpu, None, "power_w", t0), "power W", color="tab:orange",
-             alpha=0.7)
-        twin.set_ylabel("W")
-        watts = [s.get("power_limit_w") or s.get("power_w") or 0.0 for s in gpu]
-        twin.set_ylim(0, 1.05 * max(watts + [1.0]))
-        _legend(ax, twin)
-    else:
-        drawn["GPU util %"] = 0
-        ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center",
-                transform=ax.transAxes, fontsize=14, color="gray")
-        ax.set_yticks([])
-    ax.set_xlabel(f"{unit} since start")
-
+    _gpu_panel(axes[3], gpu, series, plot, drawn, t0)
+    axes[3].set_xlabel(f"{unit} since start")
     marks = preemption_marks(events, metrics)
     drawn["preemptions"] = len(marks)
-    for t, label in marks:
-        x = (t - t0) / unit_s
-        for a in axes:
-            a.axvline(x, color="red", linestyle=":", linewidth=1.2)
-        axes[0].annotate(label, (x, 1.0), xycoords=("data", "axes fraction"),
-                         rotation=90, va="top", ha="right", fontsize=8, color="red")
+    _mark_preemptions(axes, marks, t0, unit_s)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -448,16 +447,3 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
                                 env={"AWS_DEFAULT_REGION": region}, max_restarts=0)
 
     return _provider(job, region, user_data)
-
-
-def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
-    """Put the job YAML, as written, into the job's store and return its ``s3://`` URL
-    (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
-    secrets are never uploaded by us."""
-    require_bucket(job)
-    from runner.storage import open_store
-
-    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
-    key = f"{job.name}/submitted/{job_id}.yaml"
-    store.put_bytes(key, Path(job_file).read_bytes())
-    return f"{store.url}/{key}"

@@ -1,4 +1,5 @@
-"""What a job's container needs from this machine's environment, and how it travels.
+"""What a job's container needs from this machine's environment, and how it travels
+(its variables in an env-file; the job file itself through the bucket: ``upload_job``).
 
 A job submitted to another machine loads the *same job file* there, so every
 ``${VAR}`` the file refers to must be set in the container as it is here; so must the
@@ -90,3 +91,16 @@ def env_file_text(env: Mapping[str, str]) -> bytes:
                                  f"{why} (the value is not shown)")
         lines.append(f"{name}={value}\n")
     return "".join(lines).encode("utf-8")
+
+
+def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
+    """Put the job YAML, as written, into the job's store and return its ``s3://`` URL
+    (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
+    secrets are never uploaded by us."""
+    require_bucket(job)
+    from runner.storage import open_store
+
+    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
+    key = f"{job.name}/submitted/{job_id}.yaml"
+    store.put_bytes(key, Path(job_file).read_bytes())
+    return f"{store.url}/{key}"

@@ -227,14 +227,9 @@ def _heredoc(text: str, path: str) -> list[str]:
 
 # -- Kubernetes --------------------------------------------------------------------------
 
-def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
-                  job_url: str | None = None) -> str:
-    """A ConfigMap with the job file (unless ``job_url``) and a ``batch/v1`` Job."""
-    res = job.resources
-    base = f"ten-{job.name}"[:63].rstrip("-")
-    secret_name = f"ten-{job.name}-secrets"
-    labels = {"app.kubernetes.io/name": "ten-runner", "ten-runner/job": job.name}
-
+def _k8s_env(variables: list[Variable], secret_name: str) -> list[dict[str, Any]]:
+    """The container's env: known non-secret values inline, the rest from the Secret by
+    name (optional where the job file has a default)."""
     env: list[dict[str, Any]] = []
     for v in variables:
         if v.value is not None:  # non-secret, known now
@@ -244,7 +239,18 @@ def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
             if not v.required:
                 ref["optional"] = True
             env.append({"name": v.name, "valueFrom": {"secretKeyRef": ref}})
+    return env
 
+
+def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
+                  job_url: str | None = None) -> str:
+    """A ConfigMap with the job file (unless ``job_url``) and a ``batch/v1`` Job."""
+    res = job.resources
+    base = f"ten-{job.name}"[:63].rstrip("-")
+    secret_name = f"ten-{job.name}-secrets"
+    labels = {"app.kubernetes.io/name": "ten-runner", "ten-runner/job": job.name}
+
+    env = _k8s_env(variables, secret_name)
     mounts = [{"name": "cache", "mountPath": CACHE_DIR},
               {"name": "dshm", "mountPath": "/dev/shm"}]  # DataLoader workers need > 64 MiB
     volumes: list[dict[str, Any]] = [{"name": "cache", "emptyDir": {}},

@@ -81,10 +81,11 @@ def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
     not for a provider the caller built), then put the job YAML into its bucket
     (returns the s3:// URL the instance runs)."""
     from runner.provision import aws
+    from runner.provision.env import upload_job
 
     if check:
         aws.check_submit(job, region)
-    return aws.upload_job(job, job_file, job_id)
+    return upload_job(job, job_file, job_id)
 
 
 def load_job_copy(record: JobRecord) -> Any:

@@ -29,6 +29,7 @@ from runner.provision.base import (
     ProvisionError,
 )
 from runner.provision.ec2_rules import Step, classify, launch_step, plan_attempts
+from runner.provision.env import upload_job
 from runner.provision.registry import JobRecord
 
 from .conftest import ACCESS_KEY, REGION, SECRET_KEY
@@ -387,14 +388,14 @@ def test_upload_job_puts_the_yaml_in_the_bucket(moto_aws, tmp_path):
     job = load_job(path)
     job_with_endpoint = job.model_copy(update={"storage": job.storage.model_copy(
         update={"endpoint_url": moto_aws})})
-    url = aws.upload_job(job_with_endpoint, path, "tiny-aws-1a2b3c")
+    url = upload_job(job_with_endpoint, path, "tiny-aws-1a2b3c")
     assert url == "s3://ten-jobs/runs/tiny-aws/submitted/tiny-aws-1a2b3c.yaml"
     body = s3.get_object(Bucket="ten-jobs", Key="runs/tiny-aws/submitted/tiny-aws-1a2b3c.yaml")
     assert body["Body"].read() == path.read_bytes()
 
     local = load_job(write_job(tmp_path, str(tmp_path / "runs")))
     with pytest.raises(ProvisionError) as err:
-        aws.upload_job(local, path, "tiny-aws-1a2b3c")
+        upload_job(local, path, "tiny-aws-1a2b3c")
     assert "storage.url" in str(err.value) and "s3://" in str(err.value)
 
 
