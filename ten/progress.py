@@ -1,4 +1,5 @@
-"""The progress line and its ETA: pure functions of the figures the loop measures."""
+"""The progress line and its ETA: pure functions of the figures the loop measures; and the
+project's two ways to write a duration (``clock`` for an ETA, ``duration`` in prose)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,24 @@ def progress_line(step: int, total: int, rec: dict[str, Any]) -> str:
         util += f" (HFU {_pct(rec['hfu'])})"
     return (f"step {step:>{len(str(total))}}/{total} | loss {rec['loss']:.4f} | "
             f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | MFU {util} | "
-            f"data {100 * rec['data_wait_frac']:.1f}% | ETA {'-' if eta is None else _hms(eta)}")
+            f"data {100 * rec['data_wait_frac']:.1f}% | ETA {'-' if eta is None else clock(eta)}")
 
 
 def _pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
 
-def _hms(seconds: float) -> str:
-    s = int(seconds)
+def clock(seconds: float) -> str:
+    """h:mm:ss, for an ETA: 3725 -> '1:02:05'."""
+    s = max(0, int(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def duration(seconds: float) -> str:
+    """A duration in prose, as precise as it needs to be: '42 s', '17 min', '3.5 h'."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runner.monitor.nvml import POWER_REASONS, THERMAL_REASONS
+from ten.progress import duration
 
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 _ORDER = {CRITICAL: 0, WARNING: 1, INFO: 2}
@@ -117,7 +118,7 @@ def _stalled(records, recent, now, stall_after_s, last_step=None) -> list[Diagno
         idle = now - max([at] + [r["time"] for r in records[-1:]])
         if idle <= stall_threshold(records, stall_after_s, per_step=True):
             return []
-        what = f"no step for {_duration(idle)}"
+        what = f"no step for {duration(idle)}"
         where = f" (last step {step} at {_clock(at)})"
     else:
         if not records:
@@ -127,7 +128,7 @@ def _stalled(records, recent, now, stall_after_s, last_step=None) -> list[Diagno
         if idle <= stall_threshold(records, stall_after_s):
             return []
         # Only records are known here: say so, a slow run logs rarely.
-        what = f"nothing logged for {_duration(idle)}"
+        what = f"nothing logged for {duration(idle)}"
         where = f" (last record: step {last.get('step', '?')} at {_clock(last['time'])})"
     util = _mean(s.get("util") for s in recent)
     gpu = "" if util is None else f", GPU util {util:.0f}%"
@@ -249,10 +250,3 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M", time.gmtime(t)) + " UTC"
 
 
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

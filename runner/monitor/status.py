@@ -9,6 +9,7 @@ from typing import Any
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.monitor.source import RunFiles, list_jobs, open_run
+from ten.progress import clock, duration
 
 STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)
 
@@ -84,11 +85,11 @@ def format_status_table(statuses: list[dict[str, Any]], now: float | None = None
             str(s.get("job", "?")), state, step, _num(s.get("loss"), "{:.4f}"),
             _num(s.get("tokens_per_s"), "{:,.0f}"),
             _num(None if s.get("mfu") is None else 100 * s["mfu"], "{:.1f}%"),
-            "-" if s.get("eta_s") is None or state != "running" else _hms(s["eta_s"]),
-            _num(cost, "${:,.2f}"), _age(now - float(s.get("time") or now)),
+            "-" if s.get("eta_s") is None or state != "running" else clock(s["eta_s"]),
+            _num(cost, "${:,.2f}"), duration(now - float(s.get("time") or now)),
             s.get("gpu_summary") or "-"))
         if state == "stale":
-            notes.append(f"{s.get('job')}: stale — last heartbeat {_age(now - s['time'])} "
+            notes.append(f"{s.get('job')}: stale — last heartbeat {duration(now - s['time'])} "
                          "ago; the machine may be gone or the runner hung")
         for d in s.get("diagnoses") or ():
             notes.append(f"{s.get('job')}: [{d.get('severity')}] {d.get('message')}")
@@ -107,15 +108,5 @@ def _num(value: Any, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _hms(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"

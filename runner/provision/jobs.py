@@ -35,6 +35,7 @@ from runner.provision.managed import (
 )
 from runner.provision.policy import Limits, State
 from runner.provision.registry import JobRecord, job_dir, load_record, new_job_id
+from ten.progress import duration
 
 CONTROLLER_LOG = "controller.log"
 JOB_COPY = "job.yaml"
@@ -305,7 +306,7 @@ def describe(record: JobRecord, heartbeat: dict[str, Any] | None = None,
     if inst:
         zone = f" in {inst.get('zone')}" if inst.get("zone") else ""
         lines.append(f"instance   {inst.get('provider')} {inst.get('id')}{zone}, up "
-                     f"{_age(now - float(inst.get('launched_at') or now))}")
+                     f"{duration(now - float(inst.get('launched_at') or now))}")
     if record.blocked:
         lines.append(f"blocked    {', '.join(record.blocked)}")
     if State(record.state).terminal and inst:
@@ -321,7 +322,7 @@ def describe(record: JobRecord, heartbeat: dict[str, Any] | None = None,
         loss = heartbeat.get("loss")
         lines.append(f"progress   step {step}" + (f", loss {loss:.4f}" if loss else "") +
                      f" (heartbeat {heartbeat.get('state', '?')}, "
-                     f"{_age(now - float(heartbeat.get('time') or now))} ago)")
+                     f"{duration(now - float(heartbeat.get('time') or now))} ago)")
     lines.append(f"files      {record.dir}")
     lines.append("history")
     for h in record.history[-10:]:
@@ -341,9 +342,6 @@ def describe_data(record: JobRecord, heartbeat: dict[str, Any] | None = None
             "heartbeat": heartbeat}
 
 
-def _age(seconds: float) -> str:
-    s = max(0, int(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 @contextlib.contextmanager

@@ -108,7 +108,7 @@ def test_stale_heartbeat():
     assert not is_stale({**s, "state": "done"}, now + 10_000)
     table = format_status_table([{**s, "step": 5}], now + 3600)
     assert table.splitlines()[1].split()[:3] == ["j", "stale", "5"]
-    assert "j: stale — last heartbeat 62m ago" in table
+    assert "j: stale — last heartbeat 62 min ago" in table
 
 
 def test_resume_after_preemption_records_lost_work(tmp_path):

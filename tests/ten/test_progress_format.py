@@ -1,0 +1,17 @@
+"""The two ways the project writes a duration (ten.progress): an ETA clock, and prose."""
+
+import pytest
+
+from ten.progress import clock, duration
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (3725.9, "1:02:05"),
+                                           (-5, "0:00:00"), (90000, "25:00:00")])
+def test_clock(seconds, text):
+    assert clock(seconds) == text
+
+
+@pytest.mark.parametrize("seconds, text", [(42, "42 s"), (119, "119 s"), (120, "2 min"),
+                                           (3720, "62 min"), (7200, "2.0 h"), (-3, "0 s")])
+def test_duration(seconds, text):
+    assert duration(seconds) == text
