@@ -343,10 +343,12 @@ def jobs(as_json: bool) -> None:
     if not records:
         click.echo(f"no submitted jobs under {home()}/jobs")
         return
-    click.echo(f"{'JOB ID':<30} {'TARGET':<24} {'STATE':<11} {'ATTEMPTS':>8}  UPDATED")
-    for r in records:
-        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated))
-        click.echo(f"{r.job_id:<30} {r.target:<24} {r.state:<11} {r.attempt:>8}  {stamp}")
+    from ten.progress import table
+
+    click.echo(table(("JOB ID", "TARGET", "STATE", "ATTEMPTS", "UPDATED"), [
+        (r.job_id, r.target, r.state, str(r.attempt),
+         time.strftime("%Y-%m-%d %H:%M", time.localtime(r.updated))) for r in records],
+        right={3}))
 
 
 @cli.command()

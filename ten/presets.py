@@ -16,6 +16,7 @@ import torch
 from ten.config import ARCHS, PRESET_NAMES, UnknownFieldError
 from ten.lm import LanguageModel
 from ten.model import TENLM, TENConfig
+from ten.progress import table
 from ten.transformer import TransformerConfig, TransformerLM
 
 # chunk_size 64 everywhere. Measured (benchmarks/bench_scan.py, chunked forward+backward,
@@ -157,22 +158,13 @@ def _human(n: float) -> str:
 def format_preset_table(arch: str = "ten") -> str:
     header = ["name", "d_model", "layers", "eigenstates", "heads", "seq_len", "params",
               "non-emb params", "train FLOPs/token"]
-    lines = [header]
-    for r in preset_table(arch):
-        lines.append([
-            r["name"], str(r["d_model"]), str(r["layers"]),
-            "-" if r["eigenstates"] is None else str(r["eigenstates"]),
-            str(r["heads"]), str(r["seq_len"]), _human(r["params"]),
-            _human(r["params_non_embedding"]), _human(r["flops_per_token"]),
-        ])
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    out = [f"{arch} presets (heads: TEN coupling blocks / transformer attention heads)"]
-    for j, row in enumerate(lines):
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    rows = [[r["name"], str(r["d_model"]), str(r["layers"]),
+             "-" if r["eigenstates"] is None else str(r["eigenstates"]),
+             str(r["heads"]), str(r["seq_len"]), _human(r["params"]),
+             _human(r["params_non_embedding"]), _human(r["flops_per_token"])]
+            for r in preset_table(arch)]
+    return (f"{arch} presets (heads: TEN coupling blocks / transformer attention heads)\n"
+            + table(header, rows, right=range(1, len(header)), rule=True))
 
 
 def main(argv: list[str] | None = None) -> None:

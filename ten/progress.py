@@ -1,8 +1,10 @@
-"""The progress line and its ETA: pure functions of the figures the loop measures; and the
-project's two ways to write a duration (``clock`` for an ETA, ``duration`` in prose)."""
+"""The progress line and its ETA: pure functions of the figures the loop measures; and how
+the project writes what it prints: durations (``clock`` for an ETA, ``duration`` in
+prose) and aligned tables (``table``)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -48,3 +50,21 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = (),
+          rule: bool = False) -> str:
+    """Columns as wide as their widest cell, two spaces apart, trailing spaces trimmed;
+    ``right``: the indexes of right-aligned (numeric) columns; ``rule``: a dashed line
+    under the header."""
+    lines = [list(header), *(list(r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+
+    def row(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    out = [row(lines[0])]
+    if rule:
+        out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out + [row(cells) for cells in lines[1:]])

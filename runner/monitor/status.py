@@ -9,7 +9,7 @@ from typing import Any
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.monitor.source import RunFiles, list_jobs, open_run
-from ten.progress import clock, duration
+from ten.progress import clock, duration, table
 
 STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)
 
@@ -74,7 +74,7 @@ def format_status_table(statuses: list[dict[str, Any]], now: float | None = None
     if not statuses:
         return "no jobs with a heartbeat"
     header = ("JOB", "STATE", "STEP", "LOSS", "TOK/S", "MFU", "ETA", "COST", "AGE", "GPU")
-    rows = [header]
+    rows = []
     notes = []
     for s in statuses:
         state = "stale" if is_stale(s, now) else str(s.get("state", "?"))
@@ -93,9 +93,7 @@ def format_status_table(statuses: list[dict[str, Any]], now: float | None = None
                          "ago; the machine may be gone or the runner hung")
         for d in s.get("diagnoses") or ():
             notes.append(f"{s.get('job')}: [{d.get('severity')}] {d.get('message')}")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join([table(header, rows)] + ([""] + notes if notes else []))
 
 
 def _path(where: str):

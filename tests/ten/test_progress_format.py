@@ -1,4 +1,5 @@
-"""The two ways the project writes a duration (ten.progress): an ETA clock, and prose."""
+"""How the project writes what it prints (ten.progress): an ETA clock, a duration in prose,
+and an aligned table."""
 
 import pytest
 
@@ -15,3 +16,14 @@ def test_clock(seconds, text):
                                            (3720, "62 min"), (7200, "2.0 h"), (-3, "0 s")])
 def test_duration(seconds, text):
     assert duration(seconds) == text
+
+
+def test_table_aligns_columns_and_trims():
+    from ten.progress import table
+
+    text = table(("NAME", "N"), [("a", "1"), ("long-name", "12345")], right={1}, rule=True)
+    assert text.splitlines() == ["NAME           N",
+                                 "---------  -----",
+                                 "a              1",
+                                 "long-name  12345"]
+    assert table(("A", "B"), [("x", "")]).splitlines()[1] == "x"  # no trailing spaces
