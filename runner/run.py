@@ -8,6 +8,7 @@ one exit code (runner.exit_codes) so a supervisor knows whether to retry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -80,6 +81,10 @@ class JobRun:
         self._warned = self._step_warned = False
         self.trainer: Any = None
         self.stop_reason: str | None = None  # SIGINT (a user's Ctrl-C), SIGTERM, a notice
+        # Every resource the run opens registers its closing here as it opens, so they
+        # close in reverse order, each once, however the run ends (see _close).
+        self.resources = contextlib.ExitStack()
+        self.exit_code = ExitCode.CRASH  # what the heartbeat's last beat reports
 
     def run(self) -> ExitCode:
         from runner import stopping
@@ -94,7 +99,9 @@ class JobRun:
             try:
                 if self.is_main:  # before anything is written: one writer per run directory
                     self.lock = RunLock.acquire(self.run_dir)
+                    self.resources.callback(self.lock.release)
                 self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
+                self.resources.callback(self.log.close)
                 stopping.set_phase("start-up", self.log)
                 if self.is_main:
                     self._point_healthcheck()
@@ -300,6 +307,7 @@ class JobRun:
         mon, log = self.job.monitor, self.log
         self.sampler = GpuSampler(period_s=mon.gpu_sample_s, log=log)
         self.sampler.start()
+        self.resources.callback(self.sampler.stop)
 
         def on_stall(diagnosis: Any) -> None:
             if mon.exit_on_stall:
@@ -313,6 +321,7 @@ class JobRun:
             gpus=max(self.job.resources.gpus, 1), stall_after_s=mon.stall_after_s,
             on_stall=on_stall)
         self.heartbeat.start()
+        self.resources.callback(self._last_beat)
 
     def _open_data(self):
         from ten.presets import model_config
@@ -352,6 +361,7 @@ class JobRun:
             self.sync = CheckpointSync(self.store, job.name, job.checkpoint.keep_last,
                                        job.checkpoint.milestone_every, self.lease, self.log,
                                        on_lease_lost=trainer.stop.request)
+            self.resources.callback(self.sync.close)
         self.watcher = start_notice_watcher(job, trainer, self.log, self.heartbeat)
         self.trainer = trainer
         return trainer
@@ -407,15 +417,13 @@ class JobRun:
         return True
 
     def _close(self, code: ExitCode) -> None:
-        if self.sync is not None:
-            self.sync.close()
-        if self.heartbeat is not None:
-            state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
-            reason = self.stop_reason or (self.trainer.stop.reason if self.trainer else None)
-            self.heartbeat.stop(state, exit_code=int(code), reason=reason)
-        if self.sampler is not None:
-            self.sampler.stop()
-        if isinstance(self.log, RunLog):
-            self.log.close()
-        if self.lock is not None:
-            self.lock.release()
+        """Close what the run opened, newest first: uploads finish, the heartbeat's last
+        beat says how it ended, the sampler stops, the log closes, the lock goes."""
+        self.exit_code = code
+        self.resources.close()
+
+    def _last_beat(self) -> None:
+        code = self.exit_code
+        state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
+        reason = self.stop_reason or (self.trainer.stop.reason if self.trainer else None)
+        self.heartbeat.stop(state, exit_code=int(code), reason=reason)

@@ -25,6 +25,7 @@ def smoke(tmp_path_factory):
     return out, json.loads(path.read_text())
 
 
+@pytest.mark.slow  # the smoke run: ~40 s
 def test_smoke_runs_every_section_without_error(smoke):
     out, r = smoke
     assert r["device"] == "cpu" and r["smoke"] is True and r["torch"] and r["triton"]
@@ -33,6 +34,7 @@ def test_smoke_runs_every_section_without_error(smoke):
     assert (out / f"cpu-{r['date']}.md").read_text().startswith("### GPU suite: cpu")
 
 
+@pytest.mark.slow
 def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
     fl = r["flagship"]

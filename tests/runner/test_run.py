@@ -23,6 +23,9 @@ from runhelpers import (
 from runner.exit_codes import ExitCode
 from ten import checkpoint as ckpt
 
+# whole runs in subprocesses (seconds each): skipped by the inner loop, -m "not slow"
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("mode", ["pretokenized", "streaming"])
 def test_kill_9_at_a_random_step_then_resume_is_bit_exact(tmp_path, corpus, mode):

@@ -7,6 +7,7 @@ import signal
 import time
 import uuid
 
+import pytest
 from runhelpers import (
     FakeIMDS,
     cli,
@@ -21,6 +22,9 @@ from runhelpers import (
 from runner.exit_codes import ExitCode
 from runner.storage import open_store
 from runner.storage.checkpoints import committed_steps, latest_committed
+
+# whole runs in subprocesses (seconds each): skipped by the inner loop, -m "not slow"
+pytestmark = pytest.mark.slow
 
 BUCKET = "ten-test"
 
