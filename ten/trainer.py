@@ -1,9 +1,10 @@
-"""The training loop: a plain step function and a loop that fits on a screen.
+"""The training loop: build, a loop that fits on a screen, and its logging window.
 
 Everything that must survive a restart — model, optimizer, scheduler, scaler, RNG
 states, the data cursor, step and tokens seen — is saved together in one atomic
-checkpoint (ten.checkpoint), and restoring it continues the run exactly: the same
-batches, the same per-step losses, bit-identical weights.
+checkpoint (ten.trainstate, ten.checkpoint), and restoring it continues the run exactly:
+the same batches, the same per-step losses, bit-identical weights. The step itself is
+ten.step; the configuration, ten.config.
 
 Host syncs are deliberate: the loss is accumulated on the device and read (``.item()``)
 only at the logging interval, evaluation and checkpoints; under DDP the ranks agree on
@@ -50,11 +51,7 @@ from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
 from ten.step import StopSignal, evaluate, train_step
-from ten.trainstate import (
-    Checkpointing,
-    first_line,
-    seed_everything,
-)
+from ten.trainstate import Checkpointing, first_line, seed_everything
 
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
 # and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in

@@ -107,3 +107,25 @@ def test_check_fits_on_a_device_too_small(monkeypatch):
     assert note.startswith("memory: an estimated ") and note.endswith("of the 80.0 GiB Big GPU")
     assert check_fits(TransformerConfig(), 4, 256, None, "adamw", cuda) == \
         "memory: not estimated for the transformer baseline"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_estimate_bounds_a_real_cuda_step():
+    """On the GPU, with the fused scan and bf16: the estimate (made with the chunked scan,
+    an upper bound) is above what the step allocates, and not wildly so."""
+    from ten.loss import NextTokenLoss
+    from ten.model import TENLM
+
+    cfg = TENConfig(**{**SMALL.__dict__, "scan_backend": "auto"})
+    est = estimate_training_memory(cfg, 4, 4096, torch.bfloat16)
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    objective = NextTokenLoss(TENLM(cfg).cuda(), "chunked")
+    ids = torch.randint(0, 1000, (4, 4096), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = objective(ids, ids)
+    loss.backward()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert 0.8 < (est.weights + est.activations + est.gradients) / peak < 3.0, \
+        (est.describe(), peak)
