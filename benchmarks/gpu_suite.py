@@ -66,8 +66,8 @@ class Sizes:
 
 FULL = Sizes()
 SMOKE = Sizes(model={"d_model": 64, "n_layers": 2, "n_eigenstates": 16, "n_heads": 2},
-              vocab=512, seq_len=128, batches=(1, 2), lengths=(64, 128),
-              tokens_per_step=256, chunks=(16, 32), ref_T=32, selective_chunk=16,
+              vocab=512, seq_len=64, batches=(1, 2), lengths=(32, 64),
+              tokens_per_step=128, chunks=(16, 32), ref_T=32, selective_chunk=16,
               warmup=1, steps=1,
               monitor={"dataset": "generated", "vocab": 300, "steps": 3, "sample_s": 1.0},
               gpu_tests=False)
