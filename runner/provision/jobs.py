@@ -32,6 +32,7 @@ from runner.provision.managed import (
     ManagedJob,
     controller_lock,
     controller_pid,
+    sweep_leftovers,
 )
 from runner.provision.policy import Limits, State
 from runner.provision.registry import JobRecord, job_dir, load_record, new_job_id
@@ -274,15 +275,17 @@ def _cancel_here(job_id: str, provider: Provider | None) -> JobRecord:
     """Cancel without a controller, holding the controller lock so none starts."""
     with controller_lock(job_id):
         record = load_record(job_id)
+        provider = provider or make_provider(record)
         if record.instance:
-            (provider or make_provider(record)).terminate(Instance.from_dict(record.instance))
+            provider.terminate(Instance.from_dict(record.instance))
             record.instance = None
+        swept = "".join(f"; {line}" for line in sweep_leftovers(provider, job_id))
         if State(record.state).terminal:
-            record.transition(record.state, "leftover attempt torn down by cancel")
+            record.transition(record.state, "leftover attempt torn down by cancel" + swept)
         else:
             record.exit_code = None
             record.transition(State.CANCELLED.value,
-                              "cancelled by the user (no controller was running)")
+                              "cancelled by the user (no controller was running)" + swept)
         record.save()
         return record
 

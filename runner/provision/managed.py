@@ -205,6 +205,9 @@ class ManagedJob:
                 if not d.state.terminal:
                     raise  # never relaunch beside an attempt that may still run
                 d = dataclasses.replace(d, reason=f"{d.reason}; but {self._teardown_failed(e)}")
+        if d.state.terminal:  # the job is over: nothing of it may keep running
+            swept = "".join(f"; {line}" for line in sweep_leftovers(self.provider, rec.job_id))
+            d = dataclasses.replace(d, reason=d.reason + swept)
         rec.restarts += d.charge
         rec.preemptions += d.preempted
         if d.block and d.block not in rec.blocked:
@@ -279,6 +282,22 @@ class ManagedJob:
         if key not in self._warned:
             self._warned.add(key)
             self.log(f"{self.record.job_id}: {message}")
+
+
+def sweep_leftovers(provider: Any, job_id: str) -> list[str]:
+    """Once a job has ended: terminate whatever the cloud still runs under its tag that the
+    record does not know (a controller killed between the launch call and saving the
+    record). Only providers that tag what they create can (aws: ``teardown_job``); a
+    failure is reported, not raised: the job's own attempt is already down."""
+    sweep = getattr(provider, "teardown_job", None)
+    if sweep is None:
+        return []
+    try:
+        ids = sweep(job_id)
+    except Exception as e:  # noqa: BLE001
+        return [f"could not look for leftover instances ({e}); check the console for "
+                f"instances tagged {job_id}"]
+    return [f"terminated leftover instance {i} (launched, never recorded)" for i in ids]
 
 
 # -- one controller per job ----------------------------------------------------------------

@@ -134,6 +134,16 @@ def test_submit_to_aws_launches_a_tagged_spot_instance_and_cancel_removes_it(
     status = cli("status", job_id)
     assert inst["InstanceId"] in status.stdout, status.stdout
 
+    # An instance the record never learned of (a controller killed between the launch
+    # call and saving the record): tagged with the job, so the end of the job finds it.
+    orphan = ec2.run_instances(ImageId=image, InstanceType="g6e.xlarge", MinCount=1,
+                               MaxCount=1, TagSpecifications=[{
+                                   "ResourceType": "instance",
+                                   "Tags": [{"Key": "ten-runner:job-id", "Value": job_id}]}])
+    orphan_id = orphan["Instances"][0]["InstanceId"]
+
     done = cli("cancel", job_id)
     assert done.stdout.strip() == f"{job_id}: CANCELLED", done.stderr
-    assert [i["State"]["Name"] for i in instances()] in (["terminated"], ["shutting-down"])
+    states = {i["InstanceId"]: i["State"]["Name"] for i in instances()}
+    assert states.keys() == {inst["InstanceId"], orphan_id}
+    assert set(states.values()) <= {"terminated", "shutting-down"}, states
