@@ -46,13 +46,14 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
     """Check job files without running them: every problem, with file:line.
 
     Exit codes: 0 all valid, 2 any invalid (also with --json)."""
-    from runner.job import JobError, load_job
+    from runner.job import JobError
+    from runner.jobfile import load_any
 
     bad = 0
     results = []
     for path in files:
         try:
-            job = load_job(path, sets=sets, check_paths=not no_path_checks)
+            job = load_any(path, sets=sets, check_paths=not no_path_checks)
         except JobError as err:
             bad += 1
             results.append({"file": path, "ok": False, "errors": err.errors, "summary": None})
@@ -156,10 +157,11 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
 
 
 def _load(job_file: str, sets: tuple[str, ...] = ()):
-    from runner.job import JobError, load_job
+    from runner.job import JobError
+    from runner.jobfile import load_any
 
     try:
-        return load_job(job_file, sets=sets)
+        return load_any(job_file, sets=sets)
     except JobError as err:
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
 
@@ -182,10 +184,11 @@ def _resolve(target: str, job: str | None, endpoint_url: str | None):
         where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
         return where, spec.name, endpoint_url or spec.storage.endpoint_url or None
     if target.endswith((".yaml", ".yml")):
-        from runner.job import JobError, load_job
+        from runner.job import JobError
+        from runner.jobfile import load_any
 
         try:
-            spec = load_job(target, check_model=False)
+            spec = load_any(target, check_model=False)
         except JobError as err:
             raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
         where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())

@@ -8,7 +8,7 @@ level; the model and dataset checks import it when they run.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,18 +110,23 @@ class Job(JobSchema):
 
 def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
              env: Mapping[str, str] | None = None, check_model: bool = True,
-             check_paths: bool = False) -> Job:
+             check_paths: bool = False,
+             fetch: Callable[[str], bytes | None] | None = None) -> Job:
     """Read, override, substitute and validate a job file. Raises :class:`JobError`
     listing every problem, one per line.
 
     ``check_paths``: also require a local ``data.dataset`` and ``data.tokenizer.path`` to
     exist here. Off by default: a job submitted to another machine or a container
     names paths that exist only there; ``validate`` and ``run`` (on the machine that
-    trains) turn it on."""
+    trains) turn it on.
+
+    ``fetch(url)``: how an ``s3://`` job file is read — its bytes, None when there is no
+    such object, ValueError (one line) when it cannot be read. The job layer does not
+    open stores: the CLI passes ``runner.jobfile.fetch_job_file``."""
     source = str(path)
     problems = Problems(source)
     remote = source.lower().startswith("s3://")
-    text = _fetch(source, problems) if remote else _read(Path(path), problems)
+    text = _fetch(source, fetch, problems) if remote else _read(Path(path), problems)
     if text is None:
         raise problems.error()
     job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model,
@@ -286,28 +291,18 @@ def _read(path: Path, problems: Problems) -> str | None:
     return _decode(raw, fail)
 
 
-def _fetch(url: str, problems: Problems) -> str | None:
-    """A job file in a bucket (``s3://bucket/key.yaml``), e.g. the one ``submit --to aws``
-    uploaded for the instance to run. The endpoint comes from AWS_ENDPOINT_URL_S3 /
-    AWS_ENDPOINT_URL (a job's own endpoint_url is inside the file), credentials from the
-    AWS chain."""
-    from runner.storage import StorageError, open_store
-    from runner.storage.base import split_s3_url
-
+def _fetch(url: str, fetch: Callable[[str], bytes | None] | None,
+           problems: Problems) -> str | None:
     def fail(message: str) -> None:
         problems.add_line(0, f"{shorten(url, 200)}: {message}")
 
-    parent, _, key = url.rpartition("/")
-    if "/" not in url[len("s3://"):] or not key:
-        return fail("expected s3://bucket/path/job.yaml")
+    if fetch is None:
+        return fail("a job file in a bucket is read by ten-runner itself (run or validate "
+                    "it with the CLI), not by load_job alone")
     try:
-        split_s3_url(parent)
+        raw = fetch(url)
     except ValueError as e:
         return fail(str(e))
-    try:
-        raw = open_store(parent).get_bytes(key)
-    except StorageError as e:
-        return fail(f"cannot fetch: {e}")
     if raw is None:
         return fail("no such object")
     if len(raw) > MAX_BYTES:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.job import JobError, load_job, parse_job
+from runner.job import JobError, parse_job
+from runner.jobfile import load_any
 from runner.storage import StorageError, open_store
 from runner.storage.base import check_prefix, split_s3_url
 
@@ -86,7 +87,7 @@ def test_the_value_is_never_echoed():
 
 def test_a_job_file_url_with_dot_dot_is_refused():
     with pytest.raises(JobError) as info:
-        load_job("s3://bucket/jobs/../../etc/job.yaml")
+        load_any("s3://bucket/jobs/../../etc/job.yaml")
     assert info.value.errors == ["s3://bucket/jobs/../../etc/job.yaml: the s3 prefix has a "
                                  "'..' segment; write s3://bucket/a/b with plain names between "
                                  "the slashes"]
