@@ -142,6 +142,7 @@ def render_user_data(*, image: str, job_url: str, job_id: str, stop_timeout_s: i
     if size > USER_DATA_LIMIT:
         raise ProvisionError(f"the user data is {size} bytes; EC2 allows {USER_DATA_LIMIT}: "
                              "shorten the image name, the job URL or the environment")
+    parse_user_data(text)  # what leaves is what cloud-init will read as ours (a bug if not)
     return text
 
 

@@ -159,11 +159,6 @@ def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
         return None
 
 
-def store_final_status(job: Any) -> dict[str, Any] | None:
-    """The job's final heartbeat status (see :func:`final_status_reader`), read once."""
-    return final_status_reader(job)()
-
-
 def controller_for(record: JobRecord, provider: Provider | None = None, *,
                    log: Callable[[str], None] = print, **kw: Any) -> ManagedJob:
     job = load_job_copy(record)

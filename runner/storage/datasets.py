@@ -57,7 +57,7 @@ def upload_dataset(store: Store, fingerprint: str, local_dir: Path, workers: int
     this fingerprint first."""
     base, local_dir = _base(fingerprint), Path(local_dir)
     marker_key = f"{base}/{COMMITTED}"
-    if store.head(marker_key) is not None:
+    if is_committed(store, fingerprint):
         return False
     files = _local_files(local_dir)
     if not files:
