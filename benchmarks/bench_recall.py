@@ -1,0 +1,255 @@
+"""Can the model recall a token it has seen? Synthetic diagnostics from the literature,
+fixed TEN vs selective TEN vs the transformer at equal size, budget and data.
+
+Tasks (each a stream of fresh random sequences; loss and accuracy only where an answer
+is due, every other position is ignored):
+
+    copy_first      x0, then T-2 noise tokens, then a query marker: answer x0.
+    selective_copy  k data tokens scattered among blanks, then k query markers: the data
+                    tokens in order (Jing et al.; Mamba's selective copying).
+    mqar            n key-value pairs, then the keys again in random order: each key's
+                    value (multi-query associative recall, Zoology).
+    induction       random tokens with one pair "A B" inside; A again at the end: answer B.
+
+Every model trains on the same batches (per seed) for the same steps, then is scored on
+held-out sequences at the training length and, for copy_first and induction, at longer
+ones (does recall survive lengths it never saw?). Chance is printed beside each score.
+
+    python benchmarks/bench_recall.py                          # CPU: every task, 2 seeds
+    python benchmarks/bench_recall.py --tasks copy_first --lengths 256 1024 4096
+    python benchmarks/bench_recall.py --device cuda --steps 2000 --d-model 128
+
+The tables print accuracies measured in this one run; --out writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ten.loss import IGNORE_INDEX, NextTokenLoss
+from ten.presets import build_model, ten_config, transformer_config
+
+# Token layout shared by the tasks: 0 blank/noise filler, 1 query marker, 2 separator,
+# then the value tokens (VALUES of them), then the key tokens (KEYS of them).
+BLANK, QUERY, SEP, FIRST_VALUE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Task:
+    """``make(batch, T, generator) -> (inputs (B, T), targets (B, T))``: targets hold
+    IGNORE_INDEX except where an answer is due; ``chance`` is random guessing's accuracy."""
+
+    name: str
+    make: Callable[[int, int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    chance: float
+    vocab: int
+    extrapolates: bool  # meaningful at lengths other than the training one
+
+
+def copy_first(values: int = 32) -> Task:
+    vocab = FIRST_VALUE + values
+
+    def make(b: int, T: int, g: torch.Generator):
+        x = torch.randint(FIRST_VALUE, vocab, (b, T), generator=g)  # noise: any value
+        x[:, -1] = QUERY
+        y = torch.full((b, T), IGNORE_INDEX)
+        y[:, -1] = x[:, 0]
+        return x, y
+
+    return Task("copy_first", make, 1 / values, vocab, True)
+
+
+def selective_copy(values: int = 16, k: int = 8) -> Task:
+    vocab = FIRST_VALUE + values
+
+    def make(b: int, T: int, g: torch.Generator):
+        if T < 2 * k + 1:
+            raise ValueError(f"selective_copy needs T >= {2 * k + 1}")
+        x = torch.full((b, T), BLANK)
+        y = torch.full((b, T), IGNORE_INDEX)
+        data = torch.randint(FIRST_VALUE, vocab, (b, k), generator=g)
+        for i in range(b):
+            pos = torch.randperm(T - k - 1, generator=g)[:k].sort().values
+            x[i, pos] = data[i]
+        x[:, T - k - 1] = SEP
+        x[:, T - k:] = QUERY
+        y[:, T - k - 1:T - 1] = data  # predicted at the separator and the first k-1 queries
+        return x, y
+
+    return Task(f"selective_copy_{k}", make, 1 / values, vocab, False)
+
+
+def mqar(pairs: int = 8, values: int = 32, keys: int = 32) -> Task:
+    first_key = FIRST_VALUE + values
+    vocab = first_key + keys
+
+    def make(b: int, T: int, g: torch.Generator):
+        if T < 4 * pairs + 1:
+            raise ValueError(f"mqar with {pairs} pairs needs T >= {4 * pairs + 1}")
+        x = torch.full((b, T), BLANK)
+        y = torch.full((b, T), IGNORE_INDEX)
+        for i in range(b):
+            k = first_key + torch.randperm(keys, generator=g)[:pairs]
+            v = torch.randint(FIRST_VALUE, first_key, (pairs,), generator=g)
+            x[i, 0:2 * pairs:2], x[i, 1:2 * pairs:2] = k, v
+            order = torch.randperm(pairs, generator=g)
+            start = T - 2 * pairs  # queries at the end: blanks between (the gap grows with T)
+            x[i, start::2] = k[order]
+            x[i, start + 1::2] = QUERY
+            y[i, start::2] = v[order]  # predicted right after seeing the key
+        return x, y
+
+    return Task(f"mqar_{pairs}", make, 1 / values, vocab, False)
+
+
+def induction(values: int = 32) -> Task:
+    vocab = FIRST_VALUE + values
+
+    def make(b: int, T: int, g: torch.Generator):
+        x = torch.randint(FIRST_VALUE, vocab, (b, T), generator=g)
+        y = torch.full((b, T), IGNORE_INDEX)
+        for i in range(b):
+            a = x[i, -1].item()
+            # the trigger occurs once before the end, followed by its answer
+            x[i, :-1][x[i, :-1] == a] = FIRST_VALUE + (a - FIRST_VALUE + 1) % values
+            p = int(torch.randint(0, T - 3, (1,), generator=g))
+            x[i, p] = a
+            y[i, -1] = x[i, p + 1]
+        return x, y
+
+    return Task("induction", make, 1 / values, vocab, True)
+
+
+TASKS = {"copy_first": copy_first, "selective_copy": selective_copy, "mqar": mqar,
+         "induction": induction}
+
+
+# --- models, training, scoring --------------------------------------------------------------
+
+def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, object]:
+    """Fixed TEN, selective TEN and the transformer matched to the fixed TEN's parameters."""
+    shape = dict(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, seq_len=T)
+    ten = dict(shape, n_eigenstates=args.eigenstates, n_heads=2, chunk_size=min(64, T))
+    # Selective mode at Q = 16: its CPU cost grows with Q (BENCHMARKS.md), results do not.
+    return {"ten": ten_config("tiny", **ten),
+            "ten_selective": ten_config("tiny", **{**ten, "chunk_size": min(16, T)},
+                                        selective=True),
+            "transformer": transformer_config("tiny", **ten)}
+
+
+def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int,
+                    device: torch.device) -> dict[str, object]:
+    torch.manual_seed(seed)
+    model = build_model(cfg).to(device)
+    objective = NextTokenLoss(model, "chunked")
+    opt = torch.optim.AdamW(model.optimizer_groups(0.0), lr=args.lr)
+    data = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        for group in opt.param_groups:  # linear warm-up over the first 10%
+            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.steps // 10))
+        x, y = task.make(args.batch, args.T, data)
+        loss = objective(x.to(device), y.to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    train_s = time.perf_counter() - t0
+    held_out = torch.Generator().manual_seed(10_000 + seed)
+    lengths = args.lengths if task.extrapolates else [args.T]
+    acc = {str(T): accuracy(model, task, T, args.eval_batches, args.batch, held_out, device)
+           for T in lengths}
+    return {"accuracy": acc, "final_loss": float(loss), "train_s": train_s,
+            "params": model.num_params()}
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, task: Task, T: int, batches: int, batch: int,
+             g: torch.Generator, device: torch.device) -> float:
+    model.eval()
+    right = total = 0
+    for _ in range(batches):
+        x, y = task.make(batch, T, g)
+        logits, _ = model(x.to(device))
+        due = y != IGNORE_INDEX
+        right += int((logits.argmax(-1).cpu()[due] == y[due]).sum())
+        total += int(due.sum())
+    model.train()
+    return right / max(total, 1)
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    device = torch.device(args.device)
+    results: dict[str, object] = {"args": vars(args), "tasks": {}}
+    for name in args.tasks:
+        task = TASKS[name]()
+        rows: dict[str, object] = {"chance": task.chance}
+        for model_name, cfg in model_configs(args, task.vocab, args.T).items():
+            if model_name not in args.models:
+                continue
+            runs = [train_and_score(cfg, task, args, seed, device) for seed in args.seeds]
+            rows[model_name] = {"seeds": args.seeds, "runs": runs,
+                                "mean": {T: statistics.fmean(r["accuracy"][T] for r in runs)
+                                         for T in runs[0]["accuracy"]}}
+            print(f"  {task.name} {model_name}: " + ", ".join(
+                f"T={T} {100 * a:.1f}%" for T, a in rows[model_name]["mean"].items()),
+                file=sys.stderr)
+        results["tasks"][task.name] = rows
+    return results
+
+
+def table(results: dict[str, object]) -> str:
+    lines = []
+    for task, rows in results["tasks"].items():
+        models = [m for m in rows if m != "chance"]
+        lengths = list(rows[models[0]]["mean"]) if models else []
+        lines.append(f"{task} (chance {100 * rows['chance']:.1f}%)")
+        lines.append("  model            " + "  ".join(f"T={T:>6}" for T in lengths)
+                     + "   per seed (training T)")
+        for m in models:
+            r = rows[m]
+            per_seed = ", ".join(f"{100 * run['accuracy'][lengths[0]]:.1f}"
+                                 for run in r["runs"])
+            lines.append(f"  {m:<16} " + "  ".join(f"{100 * r['mean'][T]:7.1f}%"
+                                                   for T in lengths) + f"   [{per_seed}]")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    p.add_argument("--models", nargs="+", default=["ten", "ten_selective", "transformer"],
+                   choices=["ten", "ten_selective", "transformer"])
+    p.add_argument("--T", type=int, default=256, help="training length")
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024],
+                   help="scoring lengths for the tasks that extrapolate")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--eigenstates", type=int, default=32)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.T not in args.lengths:
+        args.lengths = [args.T, *args.lengths]
+    results = run(args)
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
