@@ -9,6 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import bench_recall as br  # noqa: E402
+
 from ten.loss import IGNORE_INDEX  # noqa: E402
 
 
