@@ -168,7 +168,7 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
     lengths = args.lengths if task.extrapolates else [args.T]
     acc = {str(T): accuracy(model, task, T, args.eval_batches, args.batch, held_out, device)
            for T in lengths}
-    return {"accuracy": acc, "final_loss": float(loss), "train_s": train_s,
+    return {"accuracy": acc, "final_loss": loss.item(), "train_s": train_s,
             "params": model.num_params()}
 
 
