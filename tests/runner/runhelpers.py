@@ -17,6 +17,14 @@ from ten.metrics import read_metrics
 WORDS = ("a checkpoint is committed only when its manifest is written last and every file "
          "has been verified against its size and checksum before the pointer moves").split()
 
+# The smallest valid job file: what the job-layer tests change one key of.
+MINIMAL_JOB = """\
+name: t
+model: {arch: ten, preset: tiny}
+data: {dataset: builtin:botocore-docs}
+train: {max_steps: 10}
+"""
+
 JOB = """\
 name: {name}
 model: {{arch: {arch}, preset: tiny, d_model: 32, n_layers: 2{ten_extra}}}

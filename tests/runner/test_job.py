@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
 from runner.exit_codes import ExitCode
@@ -20,12 +21,7 @@ from runner.job import PRESETS, JobError, json_schema, load_job, parse_job
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 
 
 def validate(*args: str, env: dict[str, str] | None = None):

@@ -3,17 +3,14 @@ and the library's configs built from a job by field name."""
 
 import dataclasses
 
+from runhelpers import MINIMAL_JOB
+
 from runner.job import parse_job
 from runner.job.library import train_config
 from runner.job.schema import JobSchema
 from ten.config import FROM_OTHER_SECTIONS, TrainConfig
 
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 
 
 def test_a_job_that_sets_nothing_trains_with_the_library_defaults():

@@ -9,18 +9,14 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.job import JobError, parse_job
 from runner.job.errors import MAX_PROBLEMS
 
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 BIG = "a" * 1_000_000  # the file stays under the 1 MiB limit
 BIG_FILES = {
     "data.dataset": MINIMAL.replace("builtin:botocore-docs", BIG),

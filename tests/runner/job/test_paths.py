@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.job import JobError, load_job, parse_job
 
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 HINT = ("(hint: a relative path starts from the working directory; if it exists only where "
         "the job runs, validate with --no-path-checks)")
 

@@ -5,18 +5,14 @@ line that never echoes the URL."""
 from __future__ import annotations
 
 import pytest
+from runhelpers import MINIMAL_JOB
 
 from runner.job import JobError, parse_job
 from runner.jobfile import load_any
 from runner.storage import StorageError, open_store
 from runner.storage.base import check_prefix, split_s3_url
 
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 BAD = {
     "s3://bucket/../../etc": "a '..' segment",
     "s3://bucket/runs/..": "a '..' segment",

@@ -12,6 +12,7 @@ from typing import Literal, get_args, get_origin
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
+from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
 from runner.job import JobError, parse_job
@@ -19,12 +20,7 @@ from runner.job.schema import JobSchema
 from runner.job.secrets import MIN_SECRET_CHARS, literal_secrets, scrub, secret_forms
 
 SECRET = "zq9-s3cr3t-pw7"  # a valid slug, so it can sit in `name` too
-MINIMAL = """\
-name: t
-model: {arch: ten, preset: tiny}
-data: {dataset: builtin:botocore-docs}
-train: {max_steps: 10}
-"""
+MINIMAL = MINIMAL_JOB
 
 
 def test_secret_embedded_in_dataset_is_listed_and_scrubbed():
