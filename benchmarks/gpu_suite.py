@@ -22,11 +22,11 @@ A section that fails records ``{"error": ...}`` and the others still run; the ex
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import gc
 import json
+import math
 import os
 import re
 import statistics
@@ -260,7 +260,7 @@ class Suite:
         finally:
             _free()
         return {"T": T, "ms": 1e3 * r["sec"],
-                "peak_mem_gb": None if r["peak_mb"] != r["peak_mb"] else r["peak_mb"] * 2**20 / GB}
+                "peak_mem_gb": None if math.isnan(r["peak_mb"]) else r["peak_mb"] * 2**20 / GB}
 
     def chunk(self) -> dict[str, Any]:
         """The chunked scan's forward + backward at the flagship's T and K per chunk size."""
@@ -379,8 +379,8 @@ class Suite:
                                   cwd=ROOT, timeout=480)
             run_dir = tmp / "runs" / "gpu-suite-monitor"
             log = (run_dir / "run.log").read_text() if (run_dir / "run.log").exists() else ""
-            samples = _read_jsonl(run_dir / "gpu.jsonl")
-            metrics = read_metrics(run_dir / "metrics.jsonl") if run_dir.exists() else []
+            samples = read_metrics(run_dir / "gpu.jsonl")  # any JSONL, torn lines skipped
+            metrics = read_metrics(run_dir / "metrics.jsonl")
             report = subprocess.run([sys.executable, "-m", "runner.cli", "report",
                                      str(run_dir), "--out", str(tmp / "report")],
                                     capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -509,16 +509,6 @@ def _model_fields(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg).items()
             if k in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "seq_len",
                      "chunk_size", "scan_backend", "selective", "grad_checkpointing")}
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            rows.append(json.loads(line))
-    return rows
 
 
 def _write_corpus(path: Path) -> Path:
