@@ -403,7 +403,10 @@ class Suite:
     def _monitor_job(self, tmp: Path, m: dict[str, Any]) -> Path:
         dataset = m["dataset"]
         if dataset == "generated":  # smoke: a small local corpus, no tokenizer wait
-            dataset = str(_write_corpus(tmp / "corpus.jsonl"))
+            from bench_storage import make_corpus
+
+            make_corpus(tmp / "corpus.jsonl", docs=300)
+            dataset = str(tmp / "corpus.jsonl")
         overrides = ", ".join(f"{k}: {v}" for k, v in self.sizes.model.items())
         text = f"""\
 name: gpu-suite-monitor
@@ -509,19 +512,6 @@ def _model_fields(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg).items()
             if k in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "seq_len",
                      "chunk_size", "scan_backend", "selective", "grad_checkpointing")}
-
-
-def _write_corpus(path: Path) -> Path:
-    import random
-
-    words = ("the state decays and turns while each token arrives in a long run of plain "
-             "words that the model reads once").split()
-    rng = random.Random(0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for _ in range(300):
-            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(200))}) + "\n")
-    return path
 
 
 def device_slug(name: str) -> str:
