@@ -607,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU path, even on a GPU host
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scan's helpers
+    # the sibling scripts it borrows from: bench_scan, bench_storage
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
 
     device = torch.device("cpu" if args.smoke else "cuda")
