@@ -244,12 +244,6 @@ def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bo
     from runner.monitor.logs import follow_log, read_log
     from runner.monitor.source import open_run
 
-    record = _submitted(target)
-    if record is not None and record.target.startswith("ssh://"):
-        from runner.provision.ssh import ssh_logs
-
-        click.echo(ssh_logs(record), nl=False)  # the container's output, via docker logs
-        return
     where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
     if not follow:
         click.echo(read_log(where, job_name, endpoint_url), nl=False)
@@ -290,40 +284,27 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
               help="Where the job runs: this machine, an EC2 spot instance, or an ssh host "
                    "with docker.")
 @click.option("--wait", is_flag=True,
-              help="local/aws: supervise in the foreground until the job ends (Ctrl-C "
-                   "hands it to a background controller; it never stops the training).")
+              help="Supervise in the foreground until the job ends (Ctrl-C hands it to "
+                   "a background controller; it never stops the training).")
 @click.option("--region", default=None, help="aws: override resources.region.")
 def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
     """Send a job to a machine and print its job id (for status, logs, cancel).
 
-    --to local and --to aws are managed: a controller relaunches the job after a
-    preemption (always) or a crash (up to resources.max_restarts) until it is done, and
-    tears everything down at the end. --to ssh://... starts the container on that host
-    under docker's own restart policy. Secrets travel only in the environment (ssh: a
-    0600 env file removed after start; aws: the instance profile), never on a command
-    line or in a file we upload."""
+    Every target is managed: a controller relaunches the job after a preemption (always)
+    or a crash (up to resources.max_restarts) until it is done, and tears everything
+    down at the end. --to ssh://... checks the host first (ssh, nvidia-smi, docker) and
+    runs the job's container there. Secrets travel only in the environment (ssh: a 0600
+    env file removed after start; aws: the instance profile), never on a command line or
+    in a file we upload."""
     job = _load(job_file)
 
     def say(line: str) -> None:
         click.echo(line, err=True)  # stdout carries only the job id
 
-    if target.startswith("ssh://"):
-        from runner.provision.env import credential_warning, job_env
-        from runner.provision.ssh import submit_ssh
+    from runner.provision.jobs import submit_managed
 
-        warning = credential_warning(job_env(job, job_file=Path(job_file)))
-        if warning:
-            say(warning)
-        record = submit_ssh(job, Path(job_file), target)
-        say(f"{record.job_id}: started on {target} (docker container "
-            f"{record.details.get('container')})")
-    elif target in ("local", "aws"):
-        from runner.provision.jobs import submit_managed
-
-        record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
-                                details={"region": region} if region else None)
-    else:
-        raise UserError(f"--to {target!r}: use local, aws or ssh://user@host[:port]")
+    record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
+                            details={"region": region} if region else None)
     click.echo(record.job_id)
     if wait and record.state in ("FAILED", "CANCELLED"):
         raise SystemExit(record.exit_code or int(ExitCode.CRASH))
@@ -359,29 +340,13 @@ def jobs(as_json: bool) -> None:
 def cancel(job_id: str) -> None:
     """Stop a submitted job: the trainer gets SIGTERM, commits a checkpoint of its
     current step, and everything launched for the job is torn down."""
-    from runner.provision.registry import load_record
+    from runner.provision.jobs import request_cancel
 
-    record = load_record(job_id)
-    if record.target.startswith("ssh://"):
-        from runner.provision.ssh import ssh_cancel
-
-        ssh_cancel(record)
-        record = load_record(job_id)
-    else:
-        from runner.provision.jobs import request_cancel
-
-        record = request_cancel(job_id)
+    record = request_cancel(job_id)
     click.echo(f"{job_id}: {record.state}")
 
 
 def _describe_submitted(record) -> str:
-    if record.target.startswith("ssh://"):
-        from runner.provision.ssh import ssh_status
-
-        state, code = ssh_status(record)
-        return (f"job      {record.job_id} ({record.job_name}) --to {record.target}\n"
-                f"state    {state}" + (f", exit code {code}" if code is not None else "") +
-                f"\ncontainer {record.details.get('container')}")
     from runner.provision.jobs import describe, read_heartbeat
 
     return describe(record, read_heartbeat(record))
@@ -389,13 +354,6 @@ def _describe_submitted(record) -> str:
 
 def _submitted_data(record) -> dict:
     """``status JOB_ID --json``: what :func:`_describe_submitted` prints, as data."""
-    if record.target.startswith("ssh://"):
-        from dataclasses import asdict
-
-        from runner.provision.ssh import ssh_status
-
-        state, code = ssh_status(record)
-        return {**asdict(record), "container_state": state, "container_exit_code": code}
     from runner.provision.jobs import describe_data, read_heartbeat
 
     return describe_data(record, read_heartbeat(record))

@@ -2,12 +2,10 @@
 ``docker run -d --name ten-<job id>-<attempt> ... <resources.image> run /job/job.yaml``,
 the same image ``--to ssh`` and ``--to aws`` run, so a job that works here works there.
 
-The command line is the one ``--to ssh`` uses (:mod:`runner.provision.docker_run`).
-Differences from ``--to ssh``:
+The command line, the container names and the reading of ``docker inspect`` are the ones
+``--to ssh`` uses (:mod:`runner.provision.docker_run`). Each attempt is removed at
+teardown after its output is saved to ``<job dir>/attempt-<n>.log``. Here:
 
-* no ``--restart``: the managed loop owns relaunches (and counts them), so each attempt
-  is its own container, removed at teardown after its output is saved to
-  ``<job dir>/attempt-<n>.log``;
 * the job file is ``<job dir>/container-job.yaml``, a 0644 copy (the image's user,
   uid 10001, is not its owner) in the job's directory, which is made 0700 so nobody
   else on this machine can read it; the record's own copy stays 0600;
@@ -21,11 +19,6 @@ the run directory, heartbeat and dataset paths would differ between the containe
 this machine; a plain process (:mod:`runner.provision.local`) does local stores right,
 so :func:`choose_mode` picks it for them (and for a loopback ``endpoint_url``, which a
 container cannot reach). ``TEN_LOCAL_MODE=process|container`` forces the mode.
-
-Phases from ``docker inspect``: created -> PENDING; running, paused, restarting ->
-RUNNING; exited/dead -> EXITED(code), except 128+N for a reclaim-like signal N (137:
-SIGKILL, also what the kernel's OOM killer sends; 143: SIGTERM), which reads as
-PREEMPTED like a plain process killed by that signal; no such container -> GONE.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ import contextlib
 import ipaddress
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping
@@ -53,12 +45,15 @@ from runner.provision.base import (
 )
 from runner.provision.docker_run import (
     HOST_FAULT,
+    INSPECT,
     RUN_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    container_name,
     docker_run_argv,
+    inspected,
+    no_such,
 )
 from runner.provision.env import env_file_text, job_env
-from runner.provision.policy import PREEMPT_SIGNALS, signal_of
 from runner.provision.registry import job_dir
 
 PROCESS, CONTAINER = "process", "container"
@@ -67,7 +62,7 @@ CALL_TIMEOUT_S = 60
 INFO_TIMEOUT_S = 20
 ZONE = "local"  # what a failed health gate blocks: this machine
 JOB_COPY = "container-job.yaml"
-_INSPECT = "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}"
+
 
 # -- which mode ---------------------------------------------------------------------------
 def docker_usable(docker: str = "docker") -> str | None:
@@ -119,10 +114,6 @@ def choose_mode(job: Any, environ: Mapping[str, str] | None = None) -> tuple[str
 
 
 # -- the provider ---------------------------------------------------------------------------
-def container_name(job_id: str, attempt: int) -> str:
-    return f"ten-{job_id}-{attempt}"
-
-
 class ContainerAttempts:
     """launch/poll/terminate/logs of container attempts (see the module doc). ``job``
     (the loaded job) is needed to launch only; ``environ``: where the job's variables
@@ -177,23 +168,12 @@ class ContainerAttempts:
 
     def poll(self, instance: Instance) -> InstanceStatus:
         name = instance.details["container"]
-        code, out = _docker(["docker", "inspect", "--type", "container", "--format",
-                             _INSPECT, name], CALL_TIMEOUT_S)
+        code, out = _docker(["docker", *INSPECT, name], CALL_TIMEOUT_S)
         if code:
-            if _no_such(out):
+            if no_such(out):
                 return InstanceStatus(Phase.GONE, None, f"container {name} is gone")
             raise ProvisionError(f"docker cannot inspect {name}: {_last_line(out)}")
-        status, exit_code, oom = (out.split() + ["", "", ""])[:3]
-        if status in ("created",):
-            return InstanceStatus(Phase.PENDING)
-        if status in ("running", "paused", "restarting"):
-            return InstanceStatus(Phase.RUNNING)
-        if status in ("exited", "dead") and exit_code.lstrip("-").isdigit():
-            return _ended(int(exit_code), oom.lower() == "true")
-        if status == "removing":
-            return InstanceStatus(Phase.GONE, None, f"container {name} is being removed")
-        raise ProvisionError(f"unexpected answer from docker inspect {name}: "
-                             f"{_last_line(out)!r}")
+        return inspected(out, name)
 
     def terminate(self, instance: Instance) -> None:
         """``docker stop -t 110`` (SIGTERM: the runner commits a checkpoint and exits
@@ -201,7 +181,7 @@ class ContainerAttempts:
         name = instance.details["container"]
         code, out = _docker(["docker", "stop", "-t", str(STOP_TIMEOUT_S), name],
                             STOP_TIMEOUT_S + 60)
-        if code and _no_such(out):
+        if code and no_such(out):
             return  # already removed (by an earlier teardown)
         if code:
             raise ProvisionError(f"docker cannot stop {name}: {_last_line(out)}")
@@ -209,7 +189,7 @@ class ContainerAttempts:
         if code == 0 and instance.details.get("log"):
             Path(instance.details["log"]).write_text(out)
         code, out = _docker(["docker", "rm", "-f", name], CALL_TIMEOUT_S)
-        if code and not _no_such(out):
+        if code and not no_such(out):
             raise ProvisionError(f"docker cannot remove {name}: {_last_line(out)}")
 
     def logs(self, instance: Instance) -> str:
@@ -222,16 +202,6 @@ class ContainerAttempts:
             return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
         except (OSError, KeyError):
             return ""
-
-
-def _ended(code: int, oom: bool) -> InstanceStatus:
-    sig = signal_of(code)
-    if sig is not None and sig in PREEMPT_SIGNALS:
-        why = f"killed by {signal.Signals(sig).name}"
-        if oom:
-            why += " (out of memory: the kernel's OOM killer)"
-        return InstanceStatus(Phase.PREEMPTED, code, why)
-    return InstanceStatus(Phase.EXITED, code, "out of memory" if oom else "")
 
 
 def _docker(argv: list[str], timeout: float) -> tuple[int, str]:
@@ -247,10 +217,6 @@ def _docker(argv: list[str], timeout: float) -> tuple[int, str]:
         raise ProvisionError(f"`docker {argv[1]}` gave no answer within {timeout:.0f} s") \
             from None
     return proc.returncode, proc.stdout.decode(errors="replace")
-
-
-def _no_such(output: str) -> bool:
-    return "no such" in output.lower()
 
 
 def _last_line(text: str) -> str:

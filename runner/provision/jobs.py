@@ -46,7 +46,8 @@ JOB_COPY = "job.yaml"
 def make_provider(record: JobRecord, job: Any = None,
                   log: Callable[[str], None] = print) -> Provider:
     """The provider of ``record.target``: ``local`` here, ``aws`` through
-    ``runner.provision.aws.provider_for(job, record)`` (imported only then).
+    ``runner.provision.aws.provider_for(job, record)`` (imported only then), an
+    ``ssh://`` host through :class:`runner.provision.ssh.SshProvider`.
 
     ``local`` runs the job's container when Docker is usable, else a plain process
     (:func:`runner.provision.container.choose_mode`; ``TEN_LOCAL_MODE`` forces it). The
@@ -74,7 +75,34 @@ def make_provider(record: JobRecord, job: Any = None,
         from runner.provision import aws  # boto3: only for aws jobs
 
         return aws.provider_for(job if job is not None else load_job_copy(record), record)
-    raise ProvisionError(f"managed jobs run --to local or --to aws, not {record.target!r}")
+    if _is_ssh(record.target):
+        from runner.provision.ssh import SshProvider
+
+        return SshProvider(record.target, job if job is not None else load_job_copy(record))
+    raise ProvisionError(f"no provider for target {record.target!r}")
+
+
+def _is_ssh(target: str) -> bool:
+    return target.lower().startswith("ssh://")
+
+
+def _preflight(job: Any, job_file: Path, target: str, *, check: bool,
+               log: Callable[[str], None]) -> str:
+    """Refuse what can be refused before a job is recorded; returns the target as the
+    record keeps it (an ssh URL in its normal form). ``check``: also ask the host, not
+    for a provider the caller built."""
+    if target in ("local", "aws"):
+        return target
+    if not _is_ssh(target):
+        raise ProvisionError(f"--to {target!r}: use local, aws or ssh://user@host[:port]")
+    from runner.provision.env import credential_warning, job_env
+    from runner.provision.ssh import check_submit
+
+    normal = str(check_submit(job, target, check_host_too=check))
+    warning = credential_warning(job_env(job, job_file=job_file))
+    if warning:
+        log(warning)
+    return normal
 
 
 def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
@@ -176,11 +204,11 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     """Create the job's record (state PENDING, a copy of the job YAML beside it; for
     ``aws`` the YAML also goes to the job's bucket, where the instance reads it) and
     supervise it: in a background controller (``detach``, the default; returns at once)
-    or here until it ends. A Ctrl-C in the foreground hands the job over to a
+    or here until it ends. ``target``: ``local``, ``aws`` or ``ssh://user@host[:port]``
+    (the host is checked first). A Ctrl-C in the foreground hands the job over to a
     background controller instead of stopping it. ``details``: more for the record
     (e.g. a region override), never secrets."""
-    if target not in ("local", "aws"):
-        raise ProvisionError(f"managed jobs run --to local or --to aws, not {target!r}")
+    target = _preflight(job, Path(job_file), target, check=provider is None, log=log)
     if limits is None and job.resources.max_preemptions is not None:
         limits = Limits(max_preemptions=job.resources.max_preemptions)
     job_id = new_job_id(job.name)

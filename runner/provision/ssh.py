@@ -1,5 +1,7 @@
 """``ten-runner submit JOB --to ssh://user@host[:port]``: the job's container on a GPU
 machine you can ssh into, through the system ``ssh`` (your keys, agent and ssh config).
+It is a provider like the others (:class:`SshProvider`): the managed loop launches each
+attempt, watches it, relaunches after a crash or a kill, and tears it down at the end.
 
 Every remote command is ONE string in which each word comes from :func:`sh`
 (``shlex.join`` of an argv list) and the only raw text is fixed shell syntax (``&&``,
@@ -11,25 +13,24 @@ On the host (``~`` is the ssh user's home; ``~/.ten-runner`` and below are 0700)
 
     ~/.ten-runner/jobs/<job id>/job.yaml   the job file, byte for byte, 0644 so that the
                                            image's non-root user (uid 10001) can read it
-                                           at /job/job.yaml
+                                           at /job/job.yaml; removed at each teardown
     ~/.ten-runner/jobs/<job id>/env        KEY=VALUE lines, 0600, removed after the start
     docker volume ten-cache                /cache of every job (datasets, shards, HF and
                                            compile caches, the run's working copy): kept
-                                           across restarts; a named volume takes the
+                                           across attempts; a named volume takes the
                                            image's ownership of /cache, a host folder
                                            would need root to chown
 
-The container is ``ten-<job id>``; docker restarts it after a crash (``--restart
-on-failure:<resources.max_restarts>``) and gives it 110 s between SIGTERM and SIGKILL,
-time for the runner to commit a checkpoint. States (:func:`ssh_status`), from
-``docker inspect``:
-
-    created -> STARTING    running, paused -> RUNNING    restarting -> RECOVERING
-    exited/dead with 0 -> SUCCEEDED, other -> FAILED     no container -> FAILED
-    CANCELLED (set by :func:`ssh_cancel`) is never changed by a later status.
+Each attempt is the container ``ten-<job id>-<attempt>``, run, read and stopped as a
+local container is (:mod:`runner.provision.docker_run`): ``docker stop`` gives it 110 s
+between SIGTERM and SIGKILL, time for the runner to commit a checkpoint; its output is
+saved to ``<job dir>/attempt-<n>.log`` on this machine before it is removed. The store
+must be a bucket: the heartbeat, the log and the checkpoints are read from there.
 
 Exit codes: ssh cannot connect (ssh exits 255, or no answer in time) -> HostUnreachable
-(7); connected, but no GPU or no usable docker -> UnhealthyHost (5).
+(7); connected, but no GPU or no usable docker -> UnhealthyHost (5). At submit both end
+the command (:func:`check_submit`); later the loop reads them as an unobservable
+attempt (bounded by ``unreachable_timeout_s``) or a host to avoid.
 """
 
 from __future__ import annotations
@@ -37,39 +38,42 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner.job.secrets import scrub
-from runner.provision.base import HostUnreachable, Instance, ProvisionError, UnhealthyHost
+from runner.provision.base import (
+    HostUnreachable,
+    Instance,
+    InstanceStatus,
+    LaunchSpec,
+    Phase,
+    ProvisionError,
+    UnhealthyHost,
+)
 from runner.provision.docker_run import (
-    CACHE_VOLUME,
     HOST_FAULT,
+    INSPECT,
     RUN_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    container_name,
     docker_run_argv,
     image_of,
+    inspected,
+    no_such,
 )
 from runner.provision.env import env_file_text, job_env
-from runner.provision.registry import JobRecord, new_job_id
+from runner.provision.registry import job_dir
 
 FORM = "ssh://user@host[:port]"
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 REMOTE_ROOT = ".ten-runner"  # relative to the remote home, where ssh commands start
-LOG_KEEP_LINES = 100_000  # saved locally on cancel, before the container is removed
-
-STARTING, RUNNING, RECOVERING = "STARTING", "RUNNING", "RECOVERING"
-SUCCEEDED, FAILED, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLED"
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-_DOCKER_STATES = {"created": STARTING, "running": RUNNING, "paused": RUNNING,
-                  "restarting": RECOVERING}
-_ENDED = ("exited", "dead")
-_INSPECT = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
+LOG_KEEP_LINES = 100_000  # saved locally at teardown, before the container is removed
 
 _URL = re.compile(r"^ssh://(?P<user>[^@/?#]*)@(?P<host>\[[^\]/]*\]|[^:/?#@\[\]]*)"
                   r"(?::(?P<port>[^/?#]*))?/?$", re.IGNORECASE)
@@ -209,11 +213,126 @@ def check_host(target: SshTarget, gpu: bool = True) -> list[str]:
 # -- submit ------------------------------------------------------------------------------
 
 
-def restart_policy(job: Any) -> str:
-    """On an ssh host nothing but docker restarts a crashed container (on-failure:0
-    would mean "no limit" to docker, hence "no")."""
-    restarts = job.resources.max_restarts
-    return f"on-failure:{restarts}" if restarts > 0 else "no"
+def check_submit(job: Any, target: str, environ: Mapping[str, str] | None = None, *,
+                 check_host_too: bool = True) -> SshTarget:
+    """Everything that can be refused before a job is recorded: the target, a bucket
+    for storage, the image reference, the environment (a value docker cannot read from
+    an env file), and the host itself (:func:`check_host`)."""
+    t = parse_target(target)
+    if not job.storage.is_remote:
+        raise ProvisionError("storage.url is a local path, which a container on another "
+                             "machine cannot share with this one: use an s3:// storage.url")
+    image_of(job)
+    env_file_text(job_env(job, environ))
+    if check_host_too:
+        check_host(t, gpu=job.train.device != "cpu")
+    return t
+
+
+class SshProvider:
+    """launch/poll/terminate/logs of container attempts on one ssh host (see the module
+    doc). ``job`` (the loaded job) is needed to launch only; ``environ``: where the
+    job's variables are taken from (default ``os.environ``: a background controller
+    inherits the submitting shell's)."""
+
+    name = "ssh"
+
+    def __init__(self, target: SshTarget | str, job: Any = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.target = parse_target(target) if isinstance(target, str) else target
+        self.job, self.environ = job, environ
+
+    def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
+        """Upload the job file, start the attempt's container. Leaves nothing running
+        and no env file behind when it raises."""
+        t, job = self.target, self.job
+        if t.host in avoid:
+            raise UnhealthyHost(f"{t.host} failed the job's GPU health gate and the job is "
+                                "bound to it; fix the host or submit to another one")
+        values = {**job_env(job, self.environ, spec.job_file), **spec.env}
+        env_text = env_file_text(values)
+        rel = f"{REMOTE_ROOT}/jobs/{spec.job_id}"
+        upload = " && ".join([sh("umask", "077"), sh("mkdir", "-p", "--", rel),
+                              sh("umask", "022"),  # no secret in it; the container reads it
+                              sh("cat") + " > " + shlex.quote(f"{rel}/job.yaml"), sh("pwd")])
+        r = run_remote(t, upload, stdin=Path(spec.job_file).read_bytes(),
+                       doing="uploading the job")
+        if r.returncode:
+            _remove_files(t, rel, None)  # relative to the home, where ssh commands start
+            raise UnhealthyHost(f"cannot write the job to ~/{rel} on {t.host}: {r.last_line}")
+        remote_dir = f"{_remote_home(r, t)}/{rel}"
+        env_path, name = f"{remote_dir}/env", container_name(spec.job_id, spec.attempt)
+        docker = docker_run_argv(job, name, env_path, f"{remote_dir}/job.yaml")
+        # The env file is removed whatever docker run did; its status is the command's.
+        start = (f"{sh('umask', '077')} && {sh('cat')} > {shlex.quote(env_path)} && "
+                 f"{sh(*docker)}; s=$?; {sh('rm', '-f', '--', env_path)}; exit $s")
+        launched_at = time.time()  # before the start: any status it writes is newer
+        try:
+            r = run_remote(t, start, stdin=env_text, doing="starting the container",
+                           timeout=RUN_TIMEOUT_S)
+        except ProvisionError:
+            _remove_files(t, remote_dir, name)
+            raise
+        if r.returncode:
+            _remove_files(t, remote_dir, name)
+            why = scrub(r.last_line, list(values.values()))
+            if HOST_FAULT.search(why):
+                raise UnhealthyHost(f"docker on {t.host} cannot start the container: {why} "
+                                    "(hint: install the NVIDIA container toolkit and "
+                                    "restart docker)")
+            raise ProvisionError(f"docker on {t.host} cannot start the container: {why} "
+                                 "(hint: check resources.image)")
+        log = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
+        return Instance(provider=self.name, id=name, zone=t.host, launched_at=launched_at,
+                        details={"container": name, "container_id": r.stdout.strip()[:64],
+                                 "remote_dir": remote_dir, "log": str(log)})
+
+    def poll(self, instance: Instance) -> InstanceStatus:
+        name = instance.details["container"]
+        r = run_remote(self.target, sh("docker", *INSPECT, name),
+                       doing="asking docker about the job")
+        if r.returncode:
+            if _no_such(r):
+                return InstanceStatus(Phase.GONE, None,
+                                      f"container {name} is gone from {self.target.host}")
+            raise UnhealthyHost(f"docker on {self.target.host} cannot inspect {name}: "
+                                f"{r.last_line}")
+        return inspected(r.stdout, name)
+
+    def terminate(self, instance: Instance) -> None:
+        """``docker stop -t 110`` (SIGTERM: the runner commits a checkpoint and exits
+        75), keep the output in the attempt's log file here, ``docker rm -f``, remove
+        the job's files on the host. Idempotent."""
+        t, name = self.target, instance.details["container"]
+        r = run_remote(t, sh("docker", "stop", "-t", str(STOP_TIMEOUT_S), name),
+                       doing="stopping the container", timeout=STOP_TIMEOUT_S + 60)
+        if r.returncode and not _no_such(r):
+            raise UnhealthyHost(f"docker on {t.host} cannot stop {name}: {r.last_line}")
+        if not r.returncode:
+            r = run_remote(t, sh("docker", "logs", "--tail", str(LOG_KEEP_LINES), name)
+                           + " 2>&1", doing="saving the logs", timeout=300)
+            if r.returncode == 0 and instance.details.get("log"):
+                Path(instance.details["log"]).parent.mkdir(parents=True, exist_ok=True)
+                Path(instance.details["log"]).write_text(r.stdout)
+            r = run_remote(t, sh("docker", "rm", "-f", name), doing="removing the container")
+            if r.returncode and not _no_such(r):
+                raise UnhealthyHost(f"docker on {t.host} cannot remove {name}: "
+                                    f"{r.last_line}")
+        if instance.details.get("remote_dir"):
+            _remove_files(t, str(instance.details["remote_dir"]), None)
+
+    def logs(self, instance: Instance) -> str:
+        """What the container printed (stdout and stderr together); once it is removed,
+        the copy saved then."""
+        name = instance.details["container"]
+        r = run_remote(self.target, sh("docker", "logs", name) + " 2>&1",
+                       doing="reading the logs", timeout=300)
+        if r.returncode == 0:
+            return r.stdout
+        try:
+            return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
+        except (OSError, KeyError):
+            return ""
 
 
 def _remote_home(result: Result, target: SshTarget) -> str:
@@ -239,147 +358,5 @@ def _remove_files(target: SshTarget, remote_dir: str, container: str | None) -> 
         pass
 
 
-def submit_ssh(job: Any, job_file: Path, target: str | SshTarget, *,
-               env: dict[str, str] | None = None, check: bool = True) -> JobRecord:
-    """Check the host, upload the job file, start the container, record the job.
-
-    ``env`` is the environment to take the job's variables from (default ``os.environ``;
-    see :func:`runner.provision.env.job_env`); ``check=False`` skips :func:`check_host`.
-    Leaves nothing running and no env file behind when it raises."""
-    t = parse_target(target) if isinstance(target, str) else target
-    gpu = job.train.device != "cpu"
-    image_of(job)
-    values = job_env(job, env, Path(job_file))
-    env_text = env_file_text(values)
-    secrets = list(values.values())
-    body = Path(job_file).read_bytes()
-    if check:
-        check_host(t, gpu=gpu)
-
-    job_id = new_job_id(job.name)
-    rel = f"{REMOTE_ROOT}/jobs/{job_id}"
-    upload = " && ".join([sh("umask", "077"), sh("mkdir", "-p", "--", rel),
-                          sh("umask", "022"),  # no secret in it; the container reads it
-                          sh("cat") + " > " + shlex.quote(f"{rel}/job.yaml"), sh("pwd")])
-    r = run_remote(t, upload, stdin=body, doing="uploading the job")
-    if r.returncode:
-        _remove_files(t, rel, None)  # relative to the home, where ssh commands start
-        raise UnhealthyHost(f"cannot write the job to ~/{rel} on {t.host}: {r.last_line}")
-    home = _remote_home(r, t)
-    remote_dir = f"{home}/{rel}"
-    env_path, container = f"{remote_dir}/env", f"ten-{job_id}"
-    docker = docker_run_argv(job, container, env_path, f"{remote_dir}/job.yaml",
-                             restart=restart_policy(job))
-    # The env file is removed whatever docker run did; its status is the command's.
-    start = (f"{sh('umask', '077')} && {sh('cat')} > {shlex.quote(env_path)} && {sh(*docker)}"
-             f"; s=$?; {sh('rm', '-f', '--', env_path)}; exit $s")
-    try:
-        r = run_remote(t, start, stdin=env_text, doing="starting the container",
-                       timeout=RUN_TIMEOUT_S)
-    except ProvisionError:
-        _remove_files(t, remote_dir, container)
-        raise
-    if r.returncode:
-        _remove_files(t, remote_dir, container)
-        why = scrub(r.last_line, secrets)
-        if HOST_FAULT.search(why):
-            raise UnhealthyHost(f"docker on {t.host} cannot start the container: {why} (hint: "
-                                "install the NVIDIA container toolkit and restart docker)")
-        raise ProvisionError(f"docker on {t.host} cannot start the container: {why} (hint: "
-                             "check resources.image)")
-
-    now = time.time()
-    record = JobRecord(job_id=job_id, job_name=job.name, target=str(t), state=STARTING,
-                       attempt=1)
-    record.instance = Instance(provider="ssh", id=container, zone=t.host, launched_at=now,
-                               details={"container_id": r.stdout.strip()[:64]}).to_dict()
-    record.details = {"host": t.host, "port": t.port, "user": t.user, "container": container,
-                      "remote_dir": remote_dir, "image": job.resources.image, "gpu": gpu,
-                      "cache_volume": CACHE_VOLUME}
-    record.transition(RUNNING, f"container {container} started on {t.host}")
-    record.save()
-    shutil.copyfile(job_file, record.dir / "job.yaml")
-    return record
-
-
-# -- status, logs, cancel ------------------------------------------------------------------
-
-
-def _where(record: JobRecord) -> tuple[SshTarget, str]:
-    if not record.target.startswith("ssh://") or "container" not in record.details:
-        raise ProvisionError(f"job {record.job_id} was not submitted over ssh "
-                             f"(target {record.target})")
-    return parse_target(record.target), str(record.details["container"])
-
-
 def _no_such(result: Result) -> bool:
-    return "no such" in (result.stderr + result.stdout).lower()
-
-
-def ssh_status(record: JobRecord) -> tuple[str, int | None]:
-    """Ask docker on the host; update and save the record; (state, exit code or None
-    while the job has not ended)."""
-    t, name = _where(record)
-    r = run_remote(t, sh("docker", "inspect", "--type", "container", "--format", _INSPECT,
-                         name), doing="asking docker about the job")
-    if r.returncode:
-        if not _no_such(r):
-            raise UnhealthyHost(f"docker on {t.host} cannot inspect {name}: {r.last_line}")
-        if record.state not in TERMINAL:
-            record.transition(FAILED, f"container {name} is gone from {t.host}")
-    else:
-        status, code, restarts = (r.stdout.split() + ["", "", ""])[:3]
-        if not code.lstrip("-").isdigit() or not restarts.isdigit():
-            raise UnhealthyHost(f"unexpected answer from docker inspect on {t.host}: "
-                                f"{last_line(r.stdout)!r}")
-        record.restarts = int(restarts)
-        state = _DOCKER_STATES.get(status, record.state)  # "removing": as it was
-        if status in _ENDED:
-            record.exit_code = int(code)
-            state = SUCCEEDED if record.exit_code == 0 else FAILED
-        if record.state != CANCELLED and state != record.state:
-            ended = f" with exit code {code}" if state in TERMINAL else ""
-            record.transition(state, f"docker: {status}{ended}")
-    record.save()
-    return record.state, record.exit_code if record.state in TERMINAL else None
-
-
-def ssh_logs(record: JobRecord, tail: int | None = None) -> str:
-    """What the container printed (stdout and stderr together); once it is removed
-    (cancel), the copy saved then."""
-    t, name = _where(record)
-    argv = ["docker", "logs", *(["--tail", str(tail)] if tail is not None else []), name]
-    r = run_remote(t, sh(*argv) + " 2>&1", doing="reading the logs", timeout=300)
-    if r.returncode == 0:
-        return r.stdout
-    saved = record.dir / "container.log"
-    if _no_such(r) and saved.is_file():
-        lines = saved.read_text().splitlines(keepends=True)
-        if tail is not None:
-            lines = lines[len(lines) - tail:] if tail > 0 else []
-        return "".join(lines)
-    raise ProvisionError(f"no logs for {record.job_id} on {t.host}: {r.last_line}")
-
-
-def ssh_cancel(record: JobRecord) -> None:
-    """Stop the container (SIGTERM, 110 s to checkpoint, then SIGKILL), keep its logs
-    next to the record, remove it and the job's files on the host. Idempotent; a job that
-    already ended keeps its state and is only cleaned up."""
-    t, name = _where(record)
-    ssh_status(record)
-    if record.state not in TERMINAL:
-        r = run_remote(t, sh("docker", "stop", "-t", str(STOP_TIMEOUT_S), name),
-                       doing="stopping the container", timeout=STOP_TIMEOUT_S + 60)
-        if r.returncode and not _no_such(r):
-            raise UnhealthyHost(f"docker on {t.host} cannot stop {name}: {r.last_line}")
-        record.transition(CANCELLED, "cancelled")
-        ssh_status(record)  # the exit code: 75 when the runner committed a checkpoint
-    r = run_remote(t, sh("docker", "logs", "--tail", str(LOG_KEEP_LINES), name) + " 2>&1",
-                   doing="saving the logs", timeout=300)
-    if r.returncode == 0:
-        (record.dir / "container.log").write_text(r.stdout)
-    r = run_remote(t, sh("docker", "rm", "-f", name), doing="removing the container")
-    if r.returncode and not _no_such(r):
-        raise UnhealthyHost(f"docker on {t.host} cannot remove {name}: {r.last_line}")
-    if record.details.get("remote_dir"):
-        _remove_files(t, str(record.details["remote_dir"]), None)
+    return no_such(result.stderr + result.stdout)

@@ -1,8 +1,8 @@
-"""``submit --to ssh://...`` against a sandbox host: a fake ``ssh`` that runs each remote
-command string with a real shell (bash, and dash as a stricter POSIX sh) in a sandbox
-home, and fake ``docker`` / ``nvidia-smi`` that record their argv. The remote PATH holds
-only those fakes and a few real tools (``touch`` among them, so an injected
-``$(touch pwned)`` would really leave a file)."""
+"""``submit --to ssh://...`` (the ssh provider, under the managed loop) against a sandbox
+host: a fake ``ssh`` that runs each remote command string with a real shell (bash, and
+dash as a stricter POSIX sh) in a sandbox home, and fake ``docker`` / ``nvidia-smi``
+that record their argv. The remote PATH holds only those fakes and a few real tools
+(``touch`` among them, so an injected ``$(touch pwned)`` would really leave a file)."""
 
 import json
 import os
@@ -10,29 +10,27 @@ import shlex
 import shutil
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from runner.exit_codes import ExitCode
 from runner.job import load_job
-from runner.provision.base import HostUnreachable, ProvisionError, UnhealthyHost
-from runner.provision.env import env_file_text, job_env
-from runner.provision.registry import load_record
-from runner.provision.ssh import (
-    CANCELLED,
-    FAILED,
-    RECOVERING,
-    RUNNING,
-    SUCCEEDED,
-    TERMINAL,
-    SshTarget,
-    parse_target,
-    ssh_cancel,
-    ssh_logs,
-    ssh_status,
-    submit_ssh,
+from runner.provision.base import (
+    HostUnreachable,
+    Instance,
+    LaunchSpec,
+    Phase,
+    ProvisionError,
+    UnhealthyHost,
 )
+from runner.provision.env import env_file_text, job_env
+from runner.provision.jobs import spec_factory
+from runner.provision.managed import ManagedJob
+from runner.provision.policy import State
+from runner.provision.registry import JobRecord, load_record
+from runner.provision.ssh import SshProvider, SshTarget, check_submit, parse_target
 
 FAKES = Path(__file__).parent / "fake_bin"
 TOOLS = ("cat", "mkdir", "rm", "rmdir", "touch", "echo", "ls", "true", "pwd", "env", "sh",
@@ -211,10 +209,25 @@ def test_env_file_is_verbatim_and_refuses_what_docker_cannot_read():
         assert "MY_TOKEN" in e.value.message and "secretvalue" not in e.value.message
 
 
+def spec(path: Path, attempt: int = 1, job_id: str = "tiny-ssh-0a1b2c") -> LaunchSpec:
+    return LaunchSpec(job_id=job_id, job_name="tiny-ssh", job_file=path, job_url=None,
+                      image="ghcr.io/ten-runner/ten-runner:0.1", attempt=attempt,
+                      env={"TEN_RUNNER_JOB_ID": job_id, "TEN_RUNNER_ATTEMPT": str(attempt)})
+
+
+def launched(tmp_path: Path, device: str = "cuda") -> tuple[SshProvider, Instance]:
+    path = write_job(tmp_path, device=device)
+    provider = SshProvider(TARGET, load(path), ENV)
+    return provider, provider.launch(spec(path))
+
+
+# -- before anything is recorded ----------------------------------------------------------
+
+
 def test_local_storage_is_refused_before_anything_runs(tmp_path, host):
     path = write_job(tmp_path, **{"url: 's3://${TEN_BUCKET}/runs'": "url: ./runs"})
     with pytest.raises(ProvisionError) as e:
-        submit_ssh(load(path), path, TARGET, env=ENV)
+        check_submit(load(path), TARGET, ENV)
     assert "s3://" in e.value.message and e.value.exit_code == ExitCode.CONFIG
     assert host.calls("ssh") == []
 
@@ -222,78 +235,31 @@ def test_local_storage_is_refused_before_anything_runs(tmp_path, host):
 def test_unsendable_value_is_refused_before_anything_runs(tmp_path, host):
     path = write_job(tmp_path)
     with pytest.raises(ProvisionError) as e:
-        submit_ssh(load(path), path, TARGET, env={**ENV, "HF_TOKEN": "two\nlines-secret"})
+        check_submit(load(path), TARGET, {**ENV, "HF_TOKEN": "two\nlines-secret"})
     assert "HF_TOKEN" in e.value.message and "lines-secret" not in e.value.message
     assert host.calls("ssh") == []
 
 
-# -- submit -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("shell", ["bash", "dash"])
-def test_submit_starts_the_container_without_exposing_secrets(tmp_path, host, shell):
-    if shutil.which(shell) is None:
-        pytest.skip(f"no {shell}")
-    host.mp.setenv("FAKE_SSH_SHELL", shutil.which(shell))
-    path = write_job(tmp_path)
-    record = submit_ssh(load(path), path, TARGET, env=ENV)
-
-    job_id, container = record.job_id, f"ten-{record.job_id}"
-    remote_dir = host.home / ".ten-runner" / "jobs" / job_id
-    assert record.target == TARGET and record.state == RUNNING and record.attempt == 1
-    assert record.details == {"host": "gpu-box", "port": 2222, "user": "ubuntu",
-                              "container": container, "remote_dir": str(remote_dir),
-                              "image": "ghcr.io/ten-runner/ten-runner:0.1", "gpu": True,
-                              "cache_volume": "ten-cache"}
-    assert load_record(job_id).details == record.details
-
-    # The job file arrived byte for byte, readable by the image's user, in folders only
-    # the ssh user can enter; the env file is gone.
-    assert (remote_dir / "job.yaml").read_bytes() == path.read_bytes()
-    for folder in (host.home / ".ten-runner", remote_dir.parent, remote_dir):
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert not (remote_dir / "env").exists()
-
+def test_the_host_check_passes_a_healthy_host(tmp_path, host):
+    assert check_submit(load(write_job(tmp_path)), TARGET, ENV) == parse_target(TARGET)
     assert [c["argv"] for c in host.calls("nvidia-smi")] == [["-L"]]
-    run = host.docker("run")
-    assert len(run) == 1 and run[0]["job_yaml_mode"] == 0o644
-    assert run[0]["argv"] == [
-        "run", "-d", "--name", container, "--gpus", "all", "--restart", "on-failure:2",
-        "--stop-timeout", "110", "--shm-size", "16g", "--env-file", f"{remote_dir}/env",
-        "-v", "ten-cache:/cache", "-v", f"{remote_dir}/job.yaml:/job/job.yaml:ro",
-        "ghcr.io/ten-runner/ten-runner:0.1", "run", "/job/job.yaml"]
-    # While docker read it, the env file was 0600 and held the values verbatim.
-    assert run[0]["env_file_mode"] == 0o600
-    assert run[0]["env_file"] == "".join(f"{k}={ENV[k]}\n" for k in (
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "TEN_BUCKET"))
-
-    # No secret on any command line (ssh's, and everything the host ran) or in the record.
-    ssh_calls = host.calls("ssh")
-    assert ssh_calls and all(c["argv"][:2] == ["-o", "BatchMode=yes"] for c in ssh_calls)
-    no_secret_in(*(json.dumps(c["argv"]) for tool in ("ssh", "docker", "nvidia-smi")
-                   for c in host.calls(tool)))
-    no_secret_in(*(p.read_text() for p in record.dir.iterdir()))
-    assert host.pwned() == []
+    assert host.docker("info") and host.docker("run") == []
 
 
 def test_cpu_job_needs_no_gpu(tmp_path, host):
     host.fail("nvidia")
-    path = write_job(tmp_path, device="cpu", **{"max_restarts: 2": "max_restarts: 0"})
-    record = submit_ssh(load(path), path, TARGET, env=ENV)
-    assert record.state == RUNNING and host.calls("nvidia-smi") == []
-    argv = host.docker("run")[0]["argv"]
-    assert "--gpus" not in argv
-    assert argv[argv.index("--restart") + 1] == "no"  # on-failure:0 would be unlimited
+    check_submit(load(write_job(tmp_path, device="cpu")), TARGET, ENV)
+    assert host.calls("nvidia-smi") == []
+    launched(tmp_path, device="cpu")
+    assert "--gpus" not in host.docker("run")[0]["argv"]
 
 
 def test_unreachable_host(tmp_path, host):
     host.mp.setenv("FAKE_SSH_DOWN", "1")
-    path = write_job(tmp_path)
     with pytest.raises(HostUnreachable) as e:
-        submit_ssh(load(path), path, TARGET, env=ENV)
+        check_submit(load(write_job(tmp_path)), TARGET, ENV)
     assert e.value.exit_code == ExitCode.HOST_UNREACHABLE == 7
     assert "No route to host" in e.value.message and "\n" not in e.value.message
-    assert not (host.root / "local ten-runner").exists()
 
 
 @pytest.mark.parametrize("broken, says", [
@@ -308,14 +274,59 @@ def test_unhealthy_host(tmp_path, host, broken, says):
         (host.bin / broken[3:]).unlink()
     else:
         host.fail(broken)
-    path = write_job(tmp_path)
     with pytest.raises(UnhealthyHost) as e:
-        submit_ssh(load(path), path, TARGET, env=ENV)
+        check_submit(load(write_job(tmp_path)), TARGET, ENV)
     assert e.value.exit_code == ExitCode.UNHEALTHY_HOST == 5
     assert all(s in e.value.message for s in says) and "\n" not in e.value.message
     if "docker" in broken:
         assert "NVIDIA container toolkit" in e.value.message
     assert not (host.home / ".ten-runner").exists() and host.docker("run") == []
+
+
+# -- one attempt ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash"])
+def test_launch_starts_the_container_without_exposing_secrets(tmp_path, host, shell):
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell}")
+    host.mp.setenv("FAKE_SSH_SHELL", shutil.which(shell))
+    path = write_job(tmp_path)
+    _, instance = launched(tmp_path)
+
+    container = "ten-tiny-ssh-0a1b2c-1"
+    remote_dir = host.home / ".ten-runner" / "jobs" / "tiny-ssh-0a1b2c"
+    assert (instance.provider, instance.id, instance.zone) == ("ssh", container, "gpu-box")
+    assert instance.details["remote_dir"] == str(remote_dir)
+
+    # The job file arrived byte for byte, readable by the image's user, in folders only
+    # the ssh user can enter; the env file is gone.
+    assert (remote_dir / "job.yaml").read_bytes() == path.read_bytes()
+    for folder in (host.home / ".ten-runner", remote_dir.parent, remote_dir):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert not (remote_dir / "env").exists()
+
+    run = host.docker("run")
+    assert len(run) == 1 and run[0]["job_yaml_mode"] == 0o644
+    assert run[0]["argv"] == [
+        "run", "-d", "--name", container, "--gpus", "all",
+        "--stop-timeout", "110", "--shm-size", "16g", "--env-file", f"{remote_dir}/env",
+        "-v", "ten-cache:/cache", "-v", f"{remote_dir}/job.yaml:/job/job.yaml:ro",
+        "ghcr.io/ten-runner/ten-runner:0.1", "run", "/job/job.yaml"]
+    # While docker read it, the env file was 0600 and held the values verbatim.
+    assert run[0]["env_file_mode"] == 0o600
+    assert run[0]["env_file"] == "".join(f"{k}={v}\n" for k, v in (
+        *((k, ENV[k]) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN",
+                                "TEN_BUCKET")),
+        ("TEN_RUNNER_JOB_ID", "tiny-ssh-0a1b2c"), ("TEN_RUNNER_ATTEMPT", "1")))
+
+    # No secret on any command line (ssh's, and everything the host ran) or in the
+    # instance the record keeps.
+    ssh_calls = host.calls("ssh")
+    assert ssh_calls and all(c["argv"][:2] == ["-o", "BatchMode=yes"] for c in ssh_calls)
+    no_secret_in(*(json.dumps(c["argv"]) for tool in ("ssh", "docker", "nvidia-smi")
+                   for c in host.calls(tool)), json.dumps(instance.to_dict()))
+    assert host.pwned() == []
 
 
 @pytest.mark.parametrize("broken, error, code", [
@@ -324,112 +335,136 @@ def test_unhealthy_host(tmp_path, host, broken, says):
 ])
 def test_failed_docker_run_leaves_nothing_behind(tmp_path, host, broken, error, code):
     host.fail(broken)
-    path = write_job(tmp_path)
     with pytest.raises(error) as e:
-        submit_ssh(load(path), path, TARGET, env=ENV)
+        launched(tmp_path)
     assert e.value.exit_code == code and "cannot start the container" in e.value.message
     run = host.docker("run")
     assert len(run) == 1 and run[0]["env_file_mode"] == 0o600
     assert list((host.home / ".ten-runner" / "jobs").iterdir()) == []  # no env file, no job
     assert list((host.fake / "containers").iterdir()) == []  # the created container removed
-    assert not (host.root / "local ten-runner").exists()
     no_secret_in(e.value.message)
 
 
 def test_start_command_removes_the_env_file_itself(tmp_path, host):
     """Even when the cleanup after a failed start cannot reach the host any more."""
     host.fail("docker-run-gpu")
-    host.mp.setenv("FAKE_SSH_MAX_CALLS", "5")  # true, nvidia-smi, docker info, upload, start
-    path = write_job(tmp_path)
+    host.mp.setenv("FAKE_SSH_MAX_CALLS", "2")  # upload, start
     with pytest.raises(UnhealthyHost):
-        submit_ssh(load(path), path, TARGET, env=ENV)
-    assert len(host.calls("ssh")) == 6  # the cleanup was tried
+        launched(tmp_path)
+    assert len(host.calls("ssh")) == 3  # the cleanup was tried
     (job_dir,) = (host.home / ".ten-runner" / "jobs").iterdir()
     assert [p.name for p in job_dir.iterdir()] == ["job.yaml"]
 
 
-# -- status, logs, cancel -----------------------------------------------------------------
-
-
-def test_status_logs_and_cancel(tmp_path, host):
+def test_a_host_that_failed_the_health_gate_is_not_launched_on(tmp_path, host):
     path = write_job(tmp_path)
-    record = submit_ssh(load(path), path, TARGET, env=ENV)
-    container = record.details["container"]
-    (host.fake / "containers" / f"{container}.log").write_text(
-        "".join(f"step {i} loss {10 - i}\n" for i in range(5)))
-
-    assert ssh_status(record) == (RUNNING, None)
-    host.set_container(container, status="restarting", exit_code=1, restarts=1)
-    assert ssh_status(record) == (RECOVERING, None) and record.restarts == 1
-    host.set_container(container, status="running", exit_code=0)
-    assert ssh_status(record) == (RUNNING, None)
-    assert ssh_logs(record) == "".join(f"step {i} loss {10 - i}\n" for i in range(5))
-    assert ssh_logs(record, tail=2) == "step 3 loss 7\nstep 4 loss 6\n"
-
-    ssh_cancel(record)
-    assert record.state == CANCELLED and record.exit_code == 75
-    assert [c["argv"] for c in host.docker("stop")] == [["stop", "-t", "110", container]]
-    assert not host.container(container).exists()
-    assert not Path(record.details["remote_dir"]).exists()
-    saved = load_record(record.job_id)
-    assert saved.state == CANCELLED
-    assert [h["state"] for h in saved.history] == [RUNNING, RECOVERING, RUNNING, CANCELLED]
-    # The logs outlive the container; cancel again and status change nothing.
-    assert ssh_logs(saved, tail=1) == "step 4 loss 6\n"
-    ssh_cancel(saved)
-    assert ssh_status(saved) == (CANCELLED, 75)
-    assert len(host.docker("stop")) == 1
-    assert ssh_logs(saved, tail=1) == "step 4 loss 6\n"
+    with pytest.raises(UnhealthyHost) as e:
+        SshProvider(TARGET, load(path), ENV).launch(spec(path), frozenset({"gpu-box"}))
+    assert e.value.exit_code == ExitCode.UNHEALTHY_HOST and host.calls("ssh") == []
 
 
-@pytest.mark.parametrize("docker_state, want", [
-    ({"status": "exited", "exit_code": 0}, (SUCCEEDED, 0)),
-    ({"status": "exited", "exit_code": 3}, (FAILED, 3)),
-    ({"status": "created"}, ("STARTING", None)),
-    (None, (FAILED, None)),
+@pytest.mark.parametrize("docker_state, phase, code", [
+    ({"status": "running"}, Phase.RUNNING, None),
+    ({"status": "created"}, Phase.PENDING, None),
+    ({"status": "restarting"}, Phase.RUNNING, None),
+    ({"status": "exited", "exit_code": 0}, Phase.EXITED, 0),
+    ({"status": "exited", "exit_code": 3}, Phase.EXITED, 3),
+    ({"status": "exited", "exit_code": 137}, Phase.PREEMPTED, 137),
+    (None, Phase.GONE, None),
 ])
-def test_status_from_docker(tmp_path, host, docker_state, want):
-    path = write_job(tmp_path)
-    record = submit_ssh(load(path), path, TARGET, env=ENV, check=False)
-    assert host.calls("nvidia-smi") == [] and host.docker("info") == []
-    container = record.details["container"]
+def test_poll_reads_docker(tmp_path, host, docker_state, phase, code):
+    provider, instance = launched(tmp_path)
     if docker_state is None:
-        os.remove(host.container(container))
+        os.remove(host.container(instance.id))
     else:
-        host.set_container(container, **docker_state)
-    assert ssh_status(record) == want
-    assert load_record(record.job_id).state == want[0]
-    ssh_cancel(record)  # a job that ended keeps its state; cancel only cleans up
-    assert record.state == (want[0] if want[0] in TERMINAL else CANCELLED)
-    assert not host.container(container).exists()
+        host.set_container(instance.id, **docker_state)
+    status = provider.poll(instance)
+    assert (status.phase, status.exit_code) == (phase, code)
 
 
-def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch):
-    """What a user types: submit prints the id alone; status, logs, cancel and jobs take
-    it; no secret from the environment appears in anything printed."""
+def test_poll_of_an_unreachable_host_raises_for_the_loop_to_wait(tmp_path, host):
+    provider, instance = launched(tmp_path)
+    host.mp.setenv("FAKE_SSH_DOWN", "1")
+    with pytest.raises(HostUnreachable):
+        provider.poll(instance)
+
+
+def test_terminate_keeps_the_logs_removes_everything_and_is_idempotent(tmp_path, host):
+    provider, instance = launched(tmp_path)
+    lines = "".join(f"step {i} loss {10 - i}\n" for i in range(5))
+    (host.fake / "containers" / f"{instance.id}.log").write_text(lines)
+    assert provider.logs(instance) == lines
+
+    provider.terminate(instance)
+    assert [c["argv"] for c in host.docker("stop")] == [["stop", "-t", "110", instance.id]]
+    assert not host.container(instance.id).exists()
+    assert not Path(instance.details["remote_dir"]).exists()
+    assert Path(instance.details["log"]).read_text() == lines  # kept on this machine
+    assert provider.logs(instance) == lines  # the logs outlive the container
+    provider.terminate(instance)  # again: nothing left to do, no error
+    assert len(host.docker("stop")) == 2 and len(host.docker("rm")) == 1
+
+
+# -- the managed loop -----------------------------------------------------------------------
+
+
+def test_the_managed_loop_relaunches_a_killed_container_on_the_host(tmp_path, host):
+    """A container SIGKILLed (137: a reboot, the OOM killer) is a preemption: relaunched
+    as attempt 2, not charged as a restart; attempt 2 finishes and the job succeeds."""
+    host.mp.setenv("FAKE_RUN_EXITS", "137,0")
+    path = write_job(tmp_path)
+    job = load(path)
+    record = JobRecord(job_id="tiny-ssh-0a1b2c", job_name="tiny-ssh", target=TARGET,
+                       state=State.PENDING.value,
+                       details={"job_file": str(path), "max_restarts": 2})
+    record.save()
+    lines: list[str] = []
+    record = ManagedJob(record, SshProvider(TARGET, job, ENV), spec_factory(record, job),
+                        lambda: None, poll_s=0.01, log=lines.append).run()
+    assert (record.state, record.exit_code) == ("SUCCEEDED", 0), lines
+    assert (record.attempt, record.preemptions, record.restarts) == (2, 1, 0)
+    names = [c["argv"][3] for c in host.docker("run")]
+    assert names == ["ten-tiny-ssh-0a1b2c-1", "ten-tiny-ssh-0a1b2c-2"]
+    assert [c["argv"][-1] for c in host.docker("rm")] == names
+    assert record.instance is None and not list((host.fake / "containers").glob("*.json"))
+    assert list((host.home / ".ten-runner" / "jobs").iterdir()) == []
+
+
+def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch, moto_server):
+    """What a user types: submit prints the id alone and a background controller runs
+    the job; status, logs (from the job's bucket), cancel and jobs take the id; no
+    secret from the environment appears in anything printed."""
+    import boto3
     from click.testing import CliRunner
 
     from runner.cli import cli
 
-    for key, value in ENV.items():
+    for key, value in {**ENV, "S3_ENDPOINT_URL": moto_server}.items():
         if key != "HOME":
             monkeypatch.setenv(key, value)
-    path = write_job(tmp_path)
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    s3.create_bucket(Bucket="bkt")
+    s3.put_object(Bucket="bkt", Key="runs/tiny-ssh/run.log", Body=b"step 4 loss 6\n")
     runner = CliRunner()
-    out = runner.invoke(cli, ["submit", str(path), "--to", TARGET])
+    out = runner.invoke(cli, ["submit", str(write_job(tmp_path)), "--to", TARGET])
     assert out.exit_code == 0, out.output
     job_id = out.stdout.strip()
     assert job_id.startswith("tiny-ssh-") and "\n" not in job_id
-    (host.fake / "containers" / f"ten-{job_id}.log").write_text("step 4 loss 6\n")
+    deadline = time.monotonic() + 60
+    while load_record(job_id).state != "RUNNING":
+        assert time.monotonic() < deadline, load_record(job_id).history
+        time.sleep(0.2)
     status = runner.invoke(cli, ["status", job_id])
     assert status.exit_code == 0 and "RUNNING" in status.output
-    assert f"ten-{job_id}" in status.output
+    assert f"ssh ten-{job_id}-1 in gpu-box" in status.output
     logs = runner.invoke(cli, ["logs", job_id])
     assert logs.exit_code == 0 and "step 4 loss 6" in logs.output
     assert job_id in runner.invoke(cli, ["jobs"]).output
     done = runner.invoke(cli, ["cancel", job_id])
     assert done.exit_code == 0 and done.output.strip() == f"{job_id}: CANCELLED"
-    no_secret_in(out.output, status.output, logs.output, done.output)
+    assert [c["argv"][-1] for c in host.docker("stop")] == [f"ten-{job_id}-1"]
+    no_secret_in(out.output, status.output, logs.output, done.output,
+                 *(p.read_text() for p in load_record(job_id).dir.iterdir() if p.is_file()))
     assert host.pwned() == []
 
 

@@ -53,7 +53,9 @@ def main() -> None:
         refuse("ssh: connect to host gpu-box port 2222: No route to host")
     home = os.environ["FAKE_REMOTE_HOME"]
     env = {"HOME": home, "PATH": os.environ["FAKE_REMOTE_PATH"], "FAKE_DIR": fake,
-           "FAKE_FAIL": os.environ.get("FAKE_FAIL", ""), "LC_ALL": "C"}
+           "FAKE_FAIL": os.environ.get("FAKE_FAIL", ""), "LC_ALL": "C",
+           # the fake docker's script of exit codes, not something ssh forwards
+           "FAKE_RUN_EXITS": os.environ.get("FAKE_RUN_EXITS", "")}
     command = " ".join(rest[1:])  # what ssh sends to sshd
     shell = os.environ.get("FAKE_SSH_SHELL", "/bin/bash")
     sys.exit(subprocess.run([shell, "-c", command], cwd=home, env=env).returncode)
