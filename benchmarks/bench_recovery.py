@@ -6,7 +6,7 @@ server (``rclone serve s3``, started here), a small TEN model on CPU.
     python benchmarks/bench_recovery.py --modes sigkill --keep   # keep logs and bucket
 
 Two managed jobs run one after the other (``runner.provision.jobs.submit_managed(...,
-"local", detach=False)`` in a thread, as tests/runner/provision/test_local_e2e.py does).
+"local", detach=False)`` in a thread, as tests/e2e/test_submit_local.py does).
 Each is interrupted ``--repeats`` times, each time once its current attempt has trained
 a few steps, at a different phase of the checkpoint interval (an offset of 1/2R, 3/2R,
 ... of it), and the loop relaunches it:

@@ -1,5 +1,28 @@
+"""Shared by every test folder: the seed, the healthcheck pointer, the gpu marker, a
+small full disk, and (from tests/support/sandbox.py) the S3 servers, fake AWS and the
+corpus. tests/support is put on sys.path here, so its helpers (runhelpers, fakeaws,
+sandbox) import by name from any folder."""
+
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+from sandbox import (  # noqa: E402, F401 - fixtures, registered by being imported here
+    aws_env,
+    corpus,
+    moto_aws,
+    moto_aws_server,
+    moto_endpoint,
+    moto_server,
+    rclone_endpoint,
+    rclone_server,
+    s3_store,
+    store,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Recorded tables for the monitor tests (monitor_tables.py, importable because this
 folder is put on sys.path here) and a bucket on the shared moto server
-(tests/runner/conftest.py)."""
+(tests/support/sandbox.py)."""
 
 import sys
 import uuid

@@ -16,6 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from fakeaws import ACCESS_KEY, REGION, SECRET_KEY
 
 from runner.exit_codes import ExitCode
 from runner.provision import aws, ec2_rules
@@ -31,8 +32,6 @@ from runner.provision.base import (
 from runner.provision.ec2_rules import Step, classify, launch_step, plan_attempts
 from runner.provision.env import upload_job
 from runner.provision.registry import JobRecord
-
-from .conftest import ACCESS_KEY, REGION, SECRET_KEY
 
 USER_DATA = "#cloud-config\nruncmd: [[echo, {job_id}]]\n"
 

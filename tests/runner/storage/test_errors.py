@@ -4,10 +4,9 @@ never contain a secret."""
 from __future__ import annotations
 
 import pytest
+from sandbox import BUCKET, SECRET_KEY, free_port
 
 from runner.storage import StorageError, open_store
-
-from .conftest import BUCKET, SECRET_KEY, free_port
 
 
 def one_line_without_secrets(e: pytest.ExceptionInfo, *secrets: str) -> str:

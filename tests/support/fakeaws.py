@@ -1,5 +1,5 @@
-"""The one set of fake AWS credentials every runner test uses (importable because
-tests/runner is on sys.path). One set, because the fixtures that install them are
+"""The one set of fake AWS credentials every test uses (importable because tests/support
+is on sys.path). One set, because the fixtures that install them are
 session-scoped: two different sets would leave whichever came last in force, and the
 rclone server checks credentials."""
 

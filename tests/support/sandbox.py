@@ -1,29 +1,80 @@
-"""Real S3 servers for the storage tests (boto3 is never mocked).
+"""What the tests run against, shared by every folder (the root conftest imports the
+fixtures): fake AWS credentials, a small corpus, and real S3 servers — boto3 is never
+mocked.
 
-* moto's ThreadedMotoServer: in-process, honours If-None-Match and multipart rules,
-  accepts any credentials.
-* ``rclone serve s3``: a separate process with its data on disk, checks credentials,
-  ignores If-None-Match; it can be killed and restarted on the same port.
+* ``moto_server``: one in-process moto S3 server (honours If-None-Match and multipart
+  rules, accepts any credentials); ``moto_endpoint`` has the bucket ``ten-test`` on it.
+* ``rclone_server``: ``rclone serve s3``, a separate process with its data on disk that
+  checks credentials, ignores If-None-Match, and can be killed and restarted on the
+  same port.
+* ``moto_aws``: a moto server for EC2, SSM, S3 and the rest on one port, reset before
+  each test so every test starts with no instances, parameters or buckets.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import sysconfig
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 from botocore.config import Config
-from fakeaws import ACCESS_KEY, SECRET_KEY  # noqa: F401 - also imported by the tests
+from fakeaws import ACCESS_KEY, REGION, SECRET_KEY
+from runhelpers import WORDS
+
+
+@pytest.fixture(scope="session")
+def aws_env():
+    """Fake credentials for the whole session; no user config files, profiles, endpoint
+    overrides or instance metadata are read."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION",
+                     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_EC2"):
+            mp.delenv(name, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        mp.setenv("AWS_DEFAULT_REGION", REGION)
+        mp.setenv("AWS_CONFIG_FILE", os.devnull)
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(1)
+    with open(root / "docs.jsonl", "w") as f:
+        for _ in range(500):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS)
+                                                 for _ in range(rng.randint(10, 90)))}) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def moto_server(aws_env):
+    """One in-process moto S3 server for the storage and monitor tests (each creates its
+    own bucket); the provisioning tests run their own, which they reset per test."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
 
 BUCKET = "ten-test"
 
@@ -83,8 +134,6 @@ class RcloneServer:
             if re.search(r"Starting s3 server on \[http://127\.0\.0\.1:(\d+)", line):
                 break
         # Drain stderr in the background so rclone never blocks on a full pipe.
-        import threading
-
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()
 
     def kill(self) -> None:
@@ -135,4 +184,19 @@ def s3_store(request):
     return make
 
 
-PYTHON = sys.executable
+@pytest.fixture(scope="session")
+def moto_aws_server(aws_env):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def moto_aws(moto_aws_server):
+    urllib.request.urlopen(urllib.request.Request(f"{moto_aws_server}/moto-api/reset",
+                                                  method="POST"), timeout=30).read()
+    return moto_aws_server

@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from sandbox import BUCKET
 
 from runner.storage import StorageError, open_store
 from runner.storage.checkpoints import (
@@ -21,8 +22,6 @@ from runner.storage.checkpoints import (
     upload_checkpoint,
 )
 from ten import checkpoint as tc
-
-from .conftest import BUCKET
 
 JOB = "spot-job"
 MiB = 1 << 20

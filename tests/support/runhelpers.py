@@ -1,4 +1,5 @@
-"""Helpers for tests that run ``ten-runner`` in real subprocesses (see conftest.py)."""
+"""Helpers for tests that run ``ten-runner`` in real subprocesses (the whole runs in
+tests/e2e, and a few others)."""
 
 import http.server
 import json

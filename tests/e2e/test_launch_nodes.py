@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 from runhelpers import Launched, final_weights, losses, run_to_end, wait_for_step, write_job
+from sandbox import free_port
 
 from runner.exit_codes import ExitCode
 from runner.storage.checkpoints import latest_committed
 
-from .conftest import free_port
 from .test_run_bucket import bucket_job
 
 STEPS = 16

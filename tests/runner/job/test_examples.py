@@ -1,0 +1,103 @@
+"""The example jobs validate, the defaults are the documented ones, and the JSON
+schema is what `ten-runner schema` prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from runhelpers import MINIMAL_JOB
+
+from runner.cli import cli
+from runner.job import PRESETS, json_schema, load_job, parse_job
+
+ROOT = Path(__file__).resolve().parents[3]
+JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
+
+MINIMAL = MINIMAL_JOB
+
+
+def validate(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli, ["validate", *args], env=env)
+
+
+
+# --- the examples -----------------------------------------------------------------
+
+
+def test_there_are_example_jobs():
+    names = {p.name for p in JOBS}
+    assert {"tiny-cpu.yaml", "tiny-cpu-transformer.yaml", "tiny-cpu-streaming.yaml",
+            "l40s-small-32k.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
+def test_every_example_job_validates(path):
+    job = load_job(path)
+    assert job.name == path.stem
+    assert job.source_path == path
+    result = validate(str(path))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"ok: {path} (name={job.name}, ")
+
+
+def test_default_job_fields():
+    job = load_job(ROOT / "jobs/tiny-cpu.yaml", sets=["train.max_steps=20"])
+    assert (job.model.arch, job.model.preset, job.model.overrides) == ("ten", "tiny", {})
+    assert (job.data.dataset, job.data.mode, job.data.seq_len) == \
+        ("builtin:botocore-docs", "pretokenized", 256)
+    assert job.data.tokenizer.vocab_size == 4096 and job.data.tokenizer.type == "bpe"
+    assert job.data.tokenizer.path is None and job.data.tokenizer.byte_fallback is True
+    assert job.data.num_workers == 0 and job.data.val_fraction == 0.01 and job.data.shuffle
+    t = job.train
+    assert (t.max_steps, t.max_tokens, t.batch_size, t.grad_accum) == (20, None, 8, 1)
+    assert (t.lr, t.warmup_steps, t.schedule, t.precision, t.optimizer) == \
+        (3e-3, 30, "cosine", "auto", "adamw")
+    assert t.betas == (0.9, 0.95) and t.eval_every == 100 and t.device == "auto"
+    assert (job.checkpoint.every_steps, job.checkpoint.keep_last) == (100, 3)
+    assert job.storage.local_path() == Path("runs")
+    assert (job.resources.gpus, job.resources.spot, job.resources.price_per_hour) == \
+        (0, False, None)
+    assert job.data_config().vocab_size == 4096
+    assert json.loads(json.dumps(job.redacted_dict()))["train"]["max_steps"] == 20
+
+
+def test_l40s_job_uses_model_override_and_token_budget():
+    job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
+    assert job.model.overrides == {"grad_checkpointing": True}
+    assert job.model_settings().grad_checkpointing is True
+    assert job.train.max_tokens and job.train.max_steps is None
+    assert job.train.precision == "bf16" and job.train.optimizer == "adamw8bit"
+    assert job.resources.gpus == 1 and job.resources.spot is True
+
+
+def test_presets_match_ten_presets():
+    import ten.presets
+    from runner.job import ARCHS
+
+    assert tuple(ten.presets.PRESETS) == PRESETS, "update Preset in runner/job/schema.py"
+    assert ten.presets.ARCHS == ARCHS
+
+
+def test_defaults_for_everything_but_the_required(tmp_path):
+    job = parse_job(MINIMAL)
+    assert job.data.mode == "pretokenized" and job.train.batch_size >= 1
+    assert job.storage.url and job.checkpoint.keep_last >= 1
+
+
+# --- schema -----------------------------------------------------------------------
+
+
+def test_schema_command_prints_json_schema():
+    result = CliRunner().invoke(cli, ["schema"])
+    assert result.exit_code == 0, result.output
+    schema = json.loads(result.output)
+    assert schema == json.loads(json.dumps(json_schema()))
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"name", "model", "data", "train"}
+    train = schema["$defs"]["TrainSection"]
+    assert train["additionalProperties"] is False
+    assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant"]
+    assert schema["$defs"]["ModelSection"]["additionalProperties"] is True
