@@ -102,9 +102,20 @@ def raw_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY
                       response_checksum_validation="when_required"))
 
 
-@pytest.fixture(scope="session")
+def ensure_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` unless it exists. Every moto server in this process shares one
+    backend, so ``moto_aws``'s reset empties this one too: a session-long bucket would
+    vanish under later tests."""
+    client = raw_client(endpoint)
+    try:
+        client.head_bucket(Bucket=bucket)
+    except client.exceptions.ClientError:
+        client.create_bucket(Bucket=bucket)
+
+
+@pytest.fixture
 def moto_endpoint(moto_server):
-    raw_client(moto_server).create_bucket(Bucket=BUCKET)
+    ensure_bucket(moto_server, BUCKET)
     return moto_server
 
 

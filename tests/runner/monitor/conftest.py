@@ -7,20 +7,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox import ensure_bucket
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 BUCKET = "ten-monitor-test"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def moto_endpoint(moto_server):
-    import boto3
-    from botocore.config import Config
-
-    boto3.session.Session().client(
-        "s3", endpoint_url=moto_server, region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
+    ensure_bucket(moto_server, BUCKET)
     return moto_server
 
 
