@@ -139,10 +139,8 @@ def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, obj
     """Fixed TEN, selective TEN and the transformer matched to the fixed TEN's parameters."""
     shape = dict(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, seq_len=T)
     ten = dict(shape, n_eigenstates=args.eigenstates, n_heads=2, chunk_size=min(64, T))
-    # Selective mode at Q = 16: its CPU cost grows with Q (BENCHMARKS.md), results do not.
     return {"ten": ten_config("tiny", **ten),
-            "ten_selective": ten_config("tiny", **{**ten, "chunk_size": min(16, T)},
-                                        selective=True),
+            "ten_selective": ten_config("tiny", **ten, selective=True),
             "transformer": transformer_config("tiny", **ten)}
 
 
@@ -200,9 +198,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             rows[model_name] = {"seeds": args.seeds, "runs": runs,
                                 "mean": {T: statistics.fmean(r["accuracy"][T] for r in runs)
                                          for T in runs[0]["accuracy"]}}
+            step_ms = 1000 * statistics.fmean(r["train_s"] for r in runs) / args.steps
             print(f"  {task.name} {model_name}: " + ", ".join(
-                f"T={T} {100 * a:.1f}%" for T, a in rows[model_name]["mean"].items()),
-                file=sys.stderr)
+                f"T={T} {100 * a:.1f}%" for T, a in rows[model_name]["mean"].items())
+                + f" ({step_ms:.0f} ms/step)", file=sys.stderr)
         results["tasks"][task.name] = rows
     return results
 

@@ -118,9 +118,6 @@ def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
     if estimate.batch_size > 1:
         knobs.append("lower train.batch_size (raise train.grad_accum to keep the tokens "
                      "per step)")
-    if getattr(model_config, "selective", False) and model_config.chunk_size > 64:
-        knobs.append(f"lower model.chunk_size (now {model_config.chunk_size}; selective "
-                     "mode holds batch x seq_len x chunk_size x n_eigenstates per layer)")
     knobs.append(f"lower data.seq_len (now {estimate.seq_len})")
     return (f"the job does not fit the {_size(device_bytes)} {device_name}: training needs "
             f"an estimated {estimate.describe()} plus {_size(RESERVE_BYTES)} for the CUDA "

@@ -8,9 +8,17 @@ Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
     y_t  = σ(W_g · LN(x_t) + b_g) ⊙ W_out [Re c̃_t; Im c̃_t]
 
 with λ_k = exp(-exp(ν_k) + iθ_k), so 0 < |λ_k| < 1 whatever ν is, and
-γ_k = sqrt(1 - |λ_k|²) keeping the state's variance O(1). In selective mode
-λ_k(t) = exp(-exp(ν_k + Δν_k(t)) + i(θ_k + Δθ_k(t))), with Δν, Δθ bounded projections
-of LN(x_t) that start at zero.
+γ_k = sqrt(1 - |λ_k|²) keeping the state's variance O(1).
+
+Selective mode gives every eigenstate an input-dependent step (Mamba's discretization):
+
+    Δ_k(t) = softplus(w_k · LN(x_t) + b_k) > 0
+    λ_k(t) = exp(Δ_k(t) · (-exp(ν_k) + iθ_k)),   γ_k(t) = sqrt(1 - |λ_k(t)|²)
+
+A small step holds: λ -> 1 and γ -> 0, the state keeps what it has and ignores the
+token. A large one overwrites: λ -> 0 and γ -> 1. The rotation scales with the step, so
+phase still measures "time" in the eigenstate's own clock. w starts at zero and
+softplus(b) = 1, so a selective model starts exactly as the fixed one.
 
 There is no position table: the recurrence carries position, so any length runs.
 """
@@ -21,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.config import FieldError
@@ -78,11 +87,13 @@ class TENConfig:
         return mlp_hidden_size(self.d_model, self.mlp_ratio)
 
 
+DELTA_BIAS = math.log(math.e - 1.0)  # softplus(DELTA_BIAS) = 1: the fixed model's step
+MIN_WRITE = 1e-24  # 1 - |λ|² is floored here: a step that underflows to 0 gives no NaN
+
+
 class EigenstateMixer(nn.Module):
     """One TEN mixing layer: input is the pre-normed x, output goes on the residual."""
 
-    # Selective mode bounds: Δν ∈ (-1, 1) scales the decay rate by at most e^{±1};
-    # Δθ ∈ (-theta_max, theta_max).
     def __init__(self, cfg: TENConfig):
         super().__init__()
         d, K, H = cfg.d_model, cfg.n_eigenstates, cfg.n_heads
@@ -93,7 +104,7 @@ class EigenstateMixer(nn.Module):
         self.nu = nn.Parameter(torch.empty(K))  # log decay rate: |λ| = exp(-exp(ν))
         self.theta = nn.Parameter(torch.empty(K))  # rotation per step
         self.coupling = nn.Parameter(torch.empty(H, K // H, K // H))  # M_h in R_h = I + M_h
-        self.select = nn.Linear(d, 2 * K) if cfg.selective else None
+        self.delta = nn.Linear(d, K) if cfg.selective else None  # Δ_t's pre-activation
         self.reset_eigen_parameters()
 
     def reset_eigen_parameters(self) -> None:
@@ -104,25 +115,28 @@ class EigenstateMixer(nn.Module):
             self.theta.uniform_(0.0, cfg.theta_max)
             r = K // cfg.n_heads
             self.coupling.normal_(0.0, 0.01 / math.sqrt(r))
-            if self.select is not None:
-                self.select.weight.zero_()
-                self.select.bias.zero_()
+            if self.delta is not None:
+                self.delta.weight.zero_()
+                self.delta.bias.fill_(DELTA_BIAS)
 
-    def log_lambda(self, xn: Tensor | None = None) -> Tensor:
-        """[log|λ| | θ]: (2K,) fixed, or (B, T, 2K) in selective mode (needs xn)."""
-        if self.select is None:
-            return torch.cat([-torch.exp(self.nu), self.theta])
-        d_nu, d_theta = torch.tanh(self.select(xn).float()).chunk(2, dim=-1)
-        return torch.cat([-torch.exp(self.nu + d_nu), self.theta + self.cfg.theta_max * d_theta],
-                         dim=-1)
+    def eigenvalues(self, xn: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(log λ as [log|λ| | θ], γ as [γ | γ]): both (2K,) fixed, or (B, T, 2K) in
+        selective mode (needs xn). -expm1 keeps 1 - |λ|² accurate as |λ| -> 1."""
+        rate = torch.exp(self.nu)  # -log|λ| per unit step
+        if self.delta is None:
+            gamma = torch.sqrt(-torch.expm1(-2.0 * rate))
+            return torch.cat([-rate, self.theta]), gamma.repeat(2)
+        step = F.softplus(self.delta(xn).float())  # Δ_t: (B, T, K)
+        gamma = torch.sqrt((-torch.expm1(-2.0 * rate * step)).clamp_min(MIN_WRITE))
+        return (torch.cat([-rate * step, self.theta * step], dim=-1),
+                torch.cat([gamma, gamma], dim=-1))
 
     def forward(self, xn: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
         B, T, _ = xn.shape
         K, H = self.cfg.n_eigenstates, self.cfg.n_heads
-        # γ from the base eigenvalues; -expm1 keeps 1 - |λ|² accurate as |λ| → 1.
-        gamma = torch.sqrt(-torch.expm1(-2.0 * torch.exp(self.nu))).repeat(2)  # (2K,)
+        log_lam, gamma = self.eigenvalues(xn)
         beta = self.in_proj(xn) * gamma  # (B, T, 2K)
-        c, state = scan(beta, self.log_lambda(xn), state,
+        c, state = scan(beta, log_lam, state,
                         backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
         cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
         c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)).reshape(B, T, 2 * K)

@@ -14,9 +14,11 @@ how the layer produces the drive (``W_in ∈ R^{2K×d}``) and consumes the state
 
 Backends:
     ``ref``      a plain loop over time: the test oracle, never the fast path.
-    ``chunked``  the chunked matmul form (see ``scan_chunked``): O(B·T·Q·K) work in
-                 batched GEMMs; the T/Q chunk states come from the same algorithm
-                 one level up, so no Python loop runs over time or chunks.
+    ``chunked``  fixed λ: the chunked matmul form (see ``scan_chunked``), O(B·T·Q·K)
+                 work in batched GEMMs; the T/Q chunk states come from the same
+                 algorithm one level up, so no Python loop runs over time or chunks.
+                 Selective λ: parallel prefix scans inside chunks and the same one
+                 level up (``scan_prefix``), O(B·T·K·log Q) elementwise work.
     ``fused``    Triton kernels with their own backward (``ten.scan_fused``): O(B·T·K),
                  c written once. Needs triton and a CUDA tensor (or, for tests, CPU
                  tensors with TRITON_INTERPRET=1 set before triton is first imported).
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["BACKENDS", "NAMES", "ScanBackendError", "backend_note", "check_backend",
-           "resolve_backend", "scan", "scan_chunked", "scan_ref"]
+           "resolve_backend", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
 
 
 class ScanBackendError(ValueError):
@@ -90,6 +92,8 @@ def scan_chunked(
     beta: Tensor, log_lam: Tensor, state: Tensor | None = None, chunk_size: int = 64
 ) -> tuple[Tensor, Tensor]:
     """Chunked backend: intra-chunk decay matrices as GEMMs, the same scan between chunks.
+    Selective (input-dependent) λ goes to :func:`scan_prefix` instead: its decay
+    matrices differ per row, chunk and eigenstate, so they are no GEMM.
 
     Split T into n chunks of Q. Inside a chunk, with a_t = log λ_t and the segment sums
     D[j, s] = a_{s+1} + … + a_j (s ≤ j), every state is
@@ -109,20 +113,15 @@ def scan_chunked(
     B, T, K2 = beta.shape
     if T == 0:
         return beta, beta.new_zeros(B, K2) if state is None else state
+    if log_lam.dim() == 3:
+        return scan_prefix(beta, log_lam, state, chunk_size)
     Q = min(chunk_size, T)
     n = math.ceil(T / Q)
-    selective = log_lam.dim() == 3
     if n * Q > T:
         # Padded steps sit after every real one, so they change no real output. The
         # final state is read at T-1, before them.
         beta = F.pad(beta, (0, 0, 0, n * Q - T))
-        if selective:
-            log_lam = F.pad(log_lam, (0, 0, 0, n * Q - T))
-    if selective:
-        c = _chunked_selective(beta, log_lam, state, Q)
-    else:
-        c = _chunked_fixed(beta, log_lam, state, Q)
-    c = c[:, :T]
+    c = _chunked_fixed(beta, log_lam, state, Q)[:, :T]
     return c, c[:, -1]
 
 
@@ -162,7 +161,7 @@ def _states_entering_chunks(
     """The state entering each chunk, S_{c-1}, from S_c = Λ_c · S_{c-1} + u_c.
 
     u: (B, n, 2K) each chunk's end state from its own inputs; log_lam_chunk: the decay
-    across a whole chunk, (2K,) or (B, n, 2K). This is the same recurrence, n = T/Q
+    across a whole chunk, (2K,). This is the same recurrence, n = T/Q
     steps long, so it is solved by the same chunked scan: log_Q(T) levels in all, and
     never a Python loop over chunks.
     """
@@ -174,29 +173,53 @@ def _states_entering_chunks(
     return torch.cat([s0, ends[:, :-1]], dim=1)
 
 
-def _chunked_selective(beta: Tensor, log_lam: Tensor, state: Tensor | None, Q: int) -> Tensor:
-    """Input-dependent λ: every (batch row, chunk, eigenstate) has its own L, so the
-    intra-chunk product is a batched matrix-vector product; memory O(B·T·Q·K)."""
-    B, TQ, K2 = beta.shape
-    n = TQ // Q
-    A = torch.cumsum(log_lam.view(B, n, Q, K2), dim=2)  # (B, n, Q, 2K): decay chunk start..j
-    Ar, Ai = (x.transpose(2, 3) for x in _split(A))  # (B, n, K, Q) each
-    Dr = Ar[..., :, None] - Ar[..., None, :]  # (B, n, K, Q, Q): segment sums D[j, s]
-    Di = Ai[..., :, None] - Ai[..., None, :]
-    pos = torch.arange(Q, device=beta.device)
-    causal = pos[:, None] >= pos[None, :]  # (Q, Q): j >= s
-    E = torch.exp(torch.where(causal, Dr, torch.tensor(-math.inf, dtype=beta.dtype)))
-    L = torch.cat([E * torch.cos(Di), E * torch.sin(Di)], dim=-2)  # (B, n, K, 2Q, Q): [Lr; Li]
+def scan_prefix(beta: Tensor, log_lam: Tensor, state: Tensor | None = None,
+                chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Selective λ (B, T, 2K): the recurrence as parallel prefix scans (Hillis-Steele).
 
-    br, bi = _split(beta.view(B, n, Q, K2))  # (B, n, Q, K) each
-    P = torch.matmul(L, torch.stack([br, bi], dim=-1).transpose(2, 3))  # (B, n, K, 2Q, 2)
-    Ur = P[..., :Q, 0] - P[..., Q:, 1]  # Lr·br - Li·bi   (B, n, K, Q)
-    Ui = P[..., :Q, 1] + P[..., Q:, 0]  # Lr·bi + Li·br
-    U = torch.cat([Ur, Ui], dim=2).transpose(2, 3)  # (B, n, Q, 2K)
-
-    S_prev = _states_entering_chunks(U[:, :, -1], A[:, :, -1], state, Q)  # (B, n, 2K)
-    c = U + _cmul(_cexp(A), S_prev[:, :, None, :])  # (B, n, Q, 2K)
-    return c.reshape(B, TQ, K2)
+    One step is the affine map c -> λ_t·c + β_t; two compose as (λ1, β1) then (λ2, β2)
+    = (λ2·λ1, λ2·β1 + β2). Inside each chunk of Q steps, after the level with stride d,
+    row j holds the composition of steps j-2d+1..j (from the chunk's start at most):
+    log2(Q) levels give every state from the chunk's own inputs, U[j], and the product
+    Λ[j] of λ from the chunk's start to j. The states entering the chunks follow the
+    same recurrence T/Q steps long (S_c = Λ_c[Q-1]·S_{c-1} + U_c[Q-1]), solved by
+    calling this function on it; then c[j] = U[j] + Λ[j]·S_prev. Work O(B·T·K·log Q),
+    no Q×Q matrix, no Python loop over time. Only products of |λ| ≤ 1 are formed (never
+    a division by a decay), so nothing overflows however strong the decay. Real and
+    imaginary parts are kept apart so each level is a few elementwise products.
+    """
+    B, T, K2 = beta.shape
+    if T == 0:
+        return beta, beta.new_zeros(B, K2) if state is None else state
+    Q = max(1, min(chunk_size, T))
+    n = math.ceil(T / Q)
+    if n * Q > T:  # padded steps (λ = 1, β = 0) come after every real one
+        beta = F.pad(beta, (0, 0, 0, n * Q - T))
+        log_lam = F.pad(log_lam, (0, 0, 0, n * Q - T))
+    ar, ai = (x.reshape(B, n, Q, K2 // 2) for x in _split(_cexp(log_lam)))  # λ_t
+    br, bi = (x.reshape(B, n, Q, K2 // 2) for x in _split(beta))
+    d = 1
+    while d < Q:
+        # U[j] += Λ[j]·U[j-d] and Λ[j] *= Λ[j-d] for j >= d inside each chunk
+        pr, pi, qr, qi = br[:, :, :-d], bi[:, :, :-d], ar[:, :, d:], ai[:, :, d:]
+        br = torch.cat([br[:, :, :d], br[:, :, d:] + qr * pr - qi * pi], dim=2)
+        bi = torch.cat([bi[:, :, :d], bi[:, :, d:] + qr * pi + qi * pr], dim=2)
+        pr, pi = ar[:, :, :-d], ai[:, :, :-d]
+        ar, ai = (torch.cat([ar[:, :, :d], qr * pr - qi * pi], dim=2),
+                  torch.cat([ai[:, :, :d], qr * pi + qi * pr], dim=2))
+        d *= 2
+    # The state entering each chunk (the carried one, or zeros, for the first: λ stays in
+    # the graph as in the recurrence, so its gradient is a zero tensor, never missing).
+    s0 = beta.new_zeros(B, 1, K2) if state is None else state[:, None]
+    if n > 1:
+        ends = torch.cat([br[:, :, -1], bi[:, :, -1]], dim=-1)  # (B, n, 2K)
+        across = log_lam.view(B, n, Q, K2).sum(dim=2)  # log of each chunk's whole decay
+        entering, _ = scan_prefix(ends[:, :-1], across[:, :-1], state, chunk_size)
+        s0 = torch.cat([s0, entering], dim=1)
+    sr, si = (x[:, :, None] for x in _split(s0))  # (B, n, 1, K)
+    cr, ci = br + ar * sr - ai * si, bi + ar * si + ai * sr
+    c = torch.cat([cr, ci], dim=-1).reshape(B, n * Q, K2)[:, :T]
+    return c, c[:, -1]
 
 
 def _fused_module() -> ModuleType:

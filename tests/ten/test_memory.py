@@ -53,7 +53,7 @@ def test_the_estimate_is_close_to_a_real_step():
     assert 0.75 < (est.activations + est.gradients) / real < 1.25, (est.describe(), real)
 
 
-def test_activations_grow_with_batch_and_with_selective_chunks():
+def test_activations_grow_with_batch_and_selective_mode():
     one = estimate_training_memory(SMALL, 1, 2048)
     two = estimate_training_memory(SMALL, 2, 2048)
     assert two.activations == pytest.approx(2 * one.activations, rel=0.1)
@@ -61,7 +61,9 @@ def test_activations_grow_with_batch_and_with_selective_chunks():
     sel = TENConfig(**{**SMALL.__dict__, "selective": True})
     q64 = estimate_training_memory(sel, 1, 2048)
     q16 = estimate_training_memory(TENConfig(**{**sel.__dict__, "chunk_size": 16}), 1, 2048)
-    assert q64.activations > 2 * q16.activations > 2 * one.activations
+    # the prefix scan keeps log2(Q) levels of (B, T, 2K) per layer: no Q×Q matrices
+    assert q64.activations > q16.activations > one.activations
+    assert q64.activations < 1.2 * q16.activations
 
 
 def test_optimizer_state_by_count():
@@ -81,7 +83,7 @@ def test_a_job_that_does_not_fit_is_refused_with_the_knobs():
                            "an estimated 73.0 GiB (activations 70.0 GiB at batch_size 2 x "
                            "seq_len 32768")
     for knob in ("set model.grad_checkpointing: true", "lower train.batch_size",
-                 "lower model.chunk_size (now 256", "lower data.seq_len (now 32768)"):
+                 "lower data.seq_len (now 32768)"):
         assert knob in line
     assert "\n" not in line
     fits = MemoryEstimate(weights=GiB, gradients=GiB, activations=40 * GiB, optimizer=GiB,

@@ -1,10 +1,13 @@
 """Model-level behaviour users rely on, for both architectures."""
 
+from dataclasses import replace
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
-from ten.model import TENLM, TENConfig
+from ten.model import TENLM, EigenstateMixer, TENConfig
 from ten.presets import build_model, model_config, ten_config
 
 V = 97
@@ -153,7 +156,7 @@ def test_no_weight_decay_group():
     for i in range(2):
         assert {f"blocks.{i}.mixer.nu", f"blocks.{i}.mixer.theta",
                 f"blocks.{i}.mixer.gate.bias", f"blocks.{i}.norm1.weight",
-                f"blocks.{i}.mixer.select.bias"} <= names
+                f"blocks.{i}.mixer.delta.bias"} <= names
         assert f"blocks.{i}.mixer.in_proj.weight" not in names
         assert f"blocks.{i}.mixer.coupling" not in names
     assert "embed.weight" in names
@@ -190,9 +193,39 @@ def test_gate_bias_and_selective_init():
     model = tiny("ten", selective=True, gate_bias=-2.0)
     mixer = model.blocks[0].mixer
     assert torch.all(mixer.gate.bias == -2.0)
-    assert torch.all(mixer.select.weight == 0)  # starts exactly as the fixed model
+    assert torch.all(mixer.delta.weight == 0)  # starts exactly as the fixed model: Δ_t = 1
+    assert torch.allclose(F.softplus(mixer.delta.bias), torch.ones_like(mixer.delta.bias))
     fixed = tiny("ten")
     missing, unexpected = fixed.load_state_dict(model.state_dict(), strict=False)
-    assert not missing and all(".select." in k for k in unexpected)
+    assert not missing and all(".delta." in k for k in unexpected)
     ids = torch.randint(0, V, (1, 10))
     assert torch.allclose(fixed(ids)[0], model(ids)[0], atol=1e-12)
+
+
+def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_demand():
+    """What the selective step is for: a token whose step is large is written (γ -> 1,
+    λ -> 0: the old contents go); tokens whose step is tiny are ignored (γ -> 0) and the
+    state holds what it has (λ -> 1). The fixed model forgets it within ~1000 steps."""
+    torch.manual_seed(0)
+    cfg = TENConfig(vocab_size=V, d_model=8, n_layers=1, n_eigenstates=4, n_heads=1,
+                    selective=True, lambda_min=0.9, lambda_max=0.99)
+    mixer = EigenstateMixer(cfg).double()
+    marker, noise = torch.zeros(8, dtype=torch.float64), torch.randn(4095, 8).double()
+    marker[0], noise[:, 0] = 10.0, 0.0  # feature 0: "write this token"
+    with torch.no_grad():
+        mixer.delta.weight.zero_()
+        mixer.delta.weight[:, 0] = 40.0  # pre-activation 400 - 25 on the marker,
+        mixer.delta.bias.fill_(-25.0)  # -25 (Δ ~ 1e-11) on every other token
+    xn = torch.cat([marker[None], noise])[None]  # (1, 4096, 8)
+    log_lam, gamma = mixer.eigenvalues(xn)
+    assert torch.all(gamma[0, 0] > 0.99) and torch.all(log_lam[0, 0, :4] < -2.0)  # write
+    assert torch.all(gamma[0, 1:] <= 1e-3) and log_lam[0, 1:, :4].min() > -1e-9  # hold
+    _, state = mixer(xn, None)
+    written = mixer.in_proj(marker) * gamma[0, 0]  # c_0: the marker's own write
+    held = state[0] - written
+    assert held.abs().max() < 1e-2 * written.abs().max()
+    fixed = EigenstateMixer(replace(cfg, selective=False)).double()
+    fixed.load_state_dict(mixer.state_dict(), strict=False)
+    without_marker = torch.cat([torch.zeros(1, 8, dtype=torch.float64), noise])[None]
+    forgot = fixed(xn, None)[1] - fixed(without_marker, None)[1]  # |λ|^4095 <= 0.99^4095
+    assert forgot.abs().max() < 1e-12 * written.abs().max()
