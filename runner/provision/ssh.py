@@ -288,7 +288,7 @@ class SshProvider:
                                  "remote_dir": remote_dir, "log": str(log)})
 
     def poll(self, instance: Instance) -> InstanceStatus:
-        name = instance.details["container"]
+        name = instance.id
         r = run_remote(self.target, sh("docker", *INSPECT, name),
                        doing="asking docker about the job")
         if r.returncode:
@@ -303,7 +303,7 @@ class SshProvider:
         """``docker stop -t 110`` (SIGTERM: the runner commits a checkpoint and exits
         75), keep the output in the attempt's log file here, ``docker rm -f``, remove
         the job's files on the host. Idempotent."""
-        t, name = self.target, instance.details["container"]
+        t, name = self.target, instance.id
         r = run_remote(t, sh("docker", "stop", "-t", str(STOP_TIMEOUT_S), name),
                        doing="stopping the container", timeout=STOP_TIMEOUT_S + 60)
         if r.returncode and not _no_such(r):
@@ -324,7 +324,7 @@ class SshProvider:
     def logs(self, instance: Instance) -> str:
         """What the container printed (stdout and stderr together); once it is removed,
         the copy saved then."""
-        name = instance.details["container"]
+        name = instance.id
         r = run_remote(self.target, sh("docker", "logs", name) + " 2>&1",
                        doing="reading the logs", timeout=300)
         if r.returncode == 0:
