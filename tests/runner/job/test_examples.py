@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from jobcli import validate
 from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
@@ -18,9 +19,6 @@ JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 
 MINIMAL = MINIMAL_JOB
 
-
-def validate(*args: str, env: dict[str, str] | None = None):
-    return CliRunner().invoke(cli, ["validate", *args], env=env)
 
 
 

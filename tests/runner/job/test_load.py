@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from jobcli import assert_one_line_per_error, validate
 from runhelpers import MINIMAL_JOB
 
-from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.job import JobError, load_job, parse_job
 
@@ -19,23 +17,6 @@ ROOT = Path(__file__).resolve().parents[3]
 MINIMAL = MINIMAL_JOB
 
 
-def validate(*args: str, env: dict[str, str] | None = None):
-    return CliRunner().invoke(cli, ["validate", *args], env=env)
-
-
-def assert_one_line_per_error(result, path: str) -> list[str]:
-    """Exit CONFIG, no traceback, every error line starts with FILE:LINE or --set."""
-    assert result.exit_code == ExitCode.CONFIG, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("Error: ")
-    errors = lines[:-1]
-    assert errors
-    pattern = re.compile(rf"^({re.escape(path)}:\d+(:\d+)? |{re.escape(path)}: |--set )")
-    for line in errors:
-        assert pattern.match(line), line
-    return errors
 
 
 # --- malformed jobs ---------------------------------------------------------------
