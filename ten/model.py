@@ -17,8 +17,13 @@ Selective mode gives every eigenstate an input-dependent step (Mamba's discretiz
 
 A small step holds: λ -> 1 and γ -> 0, the state keeps what it has and ignores the
 token. A large one overwrites: λ -> 0 and γ -> 1. The rotation scales with the step, so
-phase still measures "time" in the eigenstate's own clock. w starts at zero and
-softplus(b) = 1, so a selective model starts exactly as the fixed one.
+phase still measures "time" in the eigenstate's own clock. The step averages 1 at init
+(the fixed model's) and varies with the token (w is random, as Mamba's): with w = 0 the
+model would start on a saddle, where neither the step nor what feeds it gets a gradient.
+
+``conv_width`` > 0 puts a short causal convolution (ShortConv) in front of the drive and
+the step, so both can depend on the last few tokens, not the current one alone: what
+the recall tasks need (benchmarks/bench_recall.py; BENCHMARKS.md "Recall").
 
 There is no position table: the recurrence carries position, so any length runs.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +44,7 @@ from ten.mlp import MLP_KINDS, mlp_hidden_size
 from ten.scan import NAMES as BACKEND_NAMES
 from ten.scan import scan
 
-State = tuple[Tensor, ...]  # one (B, 2K) float32 tensor per layer
+State = tuple[Tensor, ...]  # per layer: the (B, 2K) float32 eigenstates (a pair with conv)
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class TENConfig:
     chunk_size: int = 64  # Q for the chunked scan
     scan_backend: str = "chunked"  # ref | chunked | fused | auto (ten.scan.resolve_backend)
     selective: bool = False
+    conv_width: int = 0  # a causal depthwise convolution of this width before the drive; 0: none
     mlp: str = "swiglu"
     mlp_ratio: float = 8 / 3
     lambda_min: float = 0.9  # |λ| at init is uniform in [lambda_min, lambda_max]:
@@ -71,6 +78,8 @@ class TENConfig:
                   "chunk_size"):
             need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f,
                  "must be a positive integer")
+        need(isinstance(self.conv_width, int) and self.conv_width >= 0, "conv_width",
+             "must be 0 (no convolution) or a positive integer")
         need(self.n_eigenstates % self.n_heads == 0, "n_heads",
              f"must divide n_eigenstates={self.n_eigenstates}")
         need(0.0 < self.lambda_min < self.lambda_max < 1.0, "lambda_min",
@@ -87,8 +96,35 @@ class TENConfig:
         return mlp_hidden_size(self.d_model, self.mlp_ratio)
 
 
-DELTA_BIAS = math.log(math.e - 1.0)  # softplus(DELTA_BIAS) = 1: the fixed model's step
+# Δ_t = softplus(z_t) / STEP_UNIT, with z's bias starting at softplus⁻¹(STEP_UNIT): the step
+# starts at 1 (the fixed model) but in softplus's exponential part, where each unit of z
+# multiplies it by e (Mamba starts its steps at 0.001-0.1 for this reason). Holding and
+# overwriting are then a few units of z away; at Δ = 1 on softplus's linear part, an
+# eigenstate with |λ| = 0.999 needed z ~ 1000 to overwrite.
+STEP_UNIT = 0.01
+DELTA_BIAS = math.log(math.expm1(STEP_UNIT))
 MIN_WRITE = 1e-24  # 1 - |λ|² is floored here: a step that underflows to 0 gives no NaN
+
+
+class ShortConv(nn.Module):
+    """A causal depthwise convolution over the last ``width`` inputs (Mamba and H3 put one
+    before their scans). The drive and the step then see the previous few tokens: a layer
+    can write "this token followed that one", and the first positions, padded with zeros,
+    look different from the rest, which lets a layer single out the start of a sequence.
+    Its state is the last ``width - 1`` inputs."""
+
+    def __init__(self, d_model: int, width: int):
+        super().__init__()
+        self.width = width
+        self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model)  # torch's init
+
+    def forward(self, x: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:
+        B, _, d = x.shape
+        if tail is None:
+            tail = x.new_zeros(B, self.width - 1, d)
+        xp = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, W-1+T, d)
+        y = self.conv(xp.transpose(1, 2)).transpose(1, 2)
+        return y, xp[:, xp.shape[1] - (self.width - 1):]
 
 
 class EigenstateMixer(nn.Module):
@@ -105,6 +141,7 @@ class EigenstateMixer(nn.Module):
         self.theta = nn.Parameter(torch.empty(K))  # rotation per step
         self.coupling = nn.Parameter(torch.empty(H, K // H, K // H))  # M_h in R_h = I + M_h
         self.delta = nn.Linear(d, K) if cfg.selective else None  # Δ_t's pre-activation
+        self.conv = ShortConv(d, cfg.conv_width) if cfg.conv_width else None
         self.reset_eigen_parameters()
 
     def reset_eigen_parameters(self) -> None:
@@ -116,7 +153,7 @@ class EigenstateMixer(nn.Module):
             r = K // cfg.n_heads
             self.coupling.normal_(0.0, 0.01 / math.sqrt(r))
             if self.delta is not None:
-                self.delta.weight.zero_()
+                self.delta.weight.normal_(0.0, 1.0 / math.sqrt(cfg.d_model))
                 self.delta.bias.fill_(DELTA_BIAS)
 
     def eigenvalues(self, xn: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -126,21 +163,29 @@ class EigenstateMixer(nn.Module):
         if self.delta is None:
             gamma = torch.sqrt(-torch.expm1(-2.0 * rate))
             return torch.cat([-rate, self.theta]), gamma.repeat(2)
-        step = F.softplus(self.delta(xn).float())  # Δ_t: (B, T, K)
+        z = self.delta(xn)  # at least fp32 (bf16 under autocast); a float64 model stays exact
+        step = F.softplus(z.float() if z.element_size() < 4 else z) / STEP_UNIT  # Δ_t (B, T, K)
         gamma = torch.sqrt((-torch.expm1(-2.0 * rate * step)).clamp_min(MIN_WRITE))
         return (torch.cat([-rate * step, self.theta * step], dim=-1),
                 torch.cat([gamma, gamma], dim=-1))
 
-    def forward(self, xn: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
+        """``state``: the eigenstates (B, 2K), and with a convolution the pair
+        (eigenstates, the convolution's last inputs (B, conv_width - 1, d))."""
         B, T, _ = xn.shape
         K, H = self.cfg.n_eigenstates, self.cfg.n_heads
-        log_lam, gamma = self.eigenvalues(xn)
-        beta = self.in_proj(xn) * gamma  # (B, T, 2K)
-        c, state = scan(beta, log_lam, state,
-                        backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
+        eig, tail = (state, None) if self.conv is None or state is None else state
+        u = xn
+        if self.conv is not None:
+            u, tail = self.conv(xn, tail)
+        log_lam, gamma = self.eigenvalues(u)
+        beta = self.in_proj(u) * gamma  # (B, T, 2K)
+        c, eig = scan(beta, log_lam, eig,
+                      backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
         cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
         c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)).reshape(B, T, 2 * K)
-        return torch.sigmoid(self.gate(xn)) * self.out_proj(c), state
+        y = torch.sigmoid(self.gate(xn)) * self.out_proj(c)
+        return y, (eig if self.conv is None else (eig, tail))
 
 
 class TENLM(LanguageModel):
@@ -187,6 +232,7 @@ class TENLM(LanguageModel):
         matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         matmul += self.embed.weight.numel()  # the tied LM head
         matmul += sum(2 * b.mixer.coupling.numel() for b in self.blocks)  # re and im
+        matmul += sum(b.mixer.conv.conv.weight.numel() for b in self.blocks if b.mixer.conv)
         q = min(cfg.chunk_size, seq_len)
         scan_fwd = cfg.n_layers * (8 * q + 16) * cfg.n_eigenstates
         return 6.0 * matmul + 3.0 * scan_fwd

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
-from ten.model import TENLM, EigenstateMixer, TENConfig
+from ten.model import STEP_UNIT, TENLM, EigenstateMixer, TENConfig
 from ten.presets import build_model, model_config, ten_config
 
 V = 97
@@ -16,7 +16,9 @@ V = 97
 def tiny(arch, **kw):
     overrides = dict(vocab_size=V, d_model=32, n_layers=2, seq_len=32)
     if arch == "ten":
-        overrides.update(n_eigenstates=8, n_heads=2, chunk_size=8)
+        # the fixed mode unless asked (the presets are selective with a convolution)
+        overrides.update(n_eigenstates=8, n_heads=2, chunk_size=8, selective=False,
+                         conv_width=0)
     overrides.update(kw)
     return build_model(model_config(arch, "tiny", **overrides)).double()
 
@@ -24,6 +26,8 @@ def tiny(arch, **kw):
 ARCHS = [
     pytest.param("ten", {}, id="ten"),
     pytest.param("ten", {"selective": True}, id="ten-selective"),
+    pytest.param("ten", {"conv_width": 3}, id="ten-conv"),
+    pytest.param("ten", {"selective": True, "conv_width": 4}, id="ten-selective-conv"),
     pytest.param("transformer", {}, id="transformer-rope"),
     pytest.param("transformer", {"pos": "learned"}, id="transformer-learned"),
 ]
@@ -87,12 +91,16 @@ def test_generate_sampling_respects_top_k_and_seed():
 
 def test_ten_state_is_constant_size_during_generation():
     """O(1) memory per token: the carried state never grows with the sequence."""
-    model = tiny("ten")
+    model = tiny("ten", conv_width=4)
+
+    def shapes(state):  # per layer: the eigenstates and the convolution's last inputs
+        return [(tuple(eig.shape), tuple(tail.shape)) for eig, tail in state]
+
     _, state = model(torch.randint(0, V, (1, 3)))
-    sizes = {tuple(s.shape) for s in state}
+    sizes = shapes(state)
     for _ in range(50):
         _, state = model(torch.randint(0, V, (1, 1)), state)
-    assert {tuple(s.shape) for s in state} == sizes == {(1, 16)}
+    assert shapes(state) == sizes == [((1, 16), (1, 3, 32))] * 2
 
 
 @pytest.mark.parametrize("arch", ["ten", "transformer"])
@@ -190,16 +198,44 @@ def test_config_errors_name_the_field():
 
 
 def test_gate_bias_and_selective_init():
+    """The step starts around the fixed model's (Δ = 1) but already depends on the token,
+    in softplus's exponential part: a unit of pre-activation scales it by ~e."""
     model = tiny("ten", selective=True, gate_bias=-2.0)
     mixer = model.blocks[0].mixer
     assert torch.all(mixer.gate.bias == -2.0)
-    assert torch.all(mixer.delta.weight == 0)  # starts exactly as the fixed model: Δ_t = 1
-    assert torch.allclose(F.softplus(mixer.delta.bias), torch.ones_like(mixer.delta.bias))
+    assert torch.allclose(F.softplus(mixer.delta.bias) / STEP_UNIT,
+                          torch.ones_like(mixer.delta.bias))
+    xn = F.layer_norm(torch.randn(4, 64, 32, dtype=torch.float64), (32,))
+    step = F.softplus(mixer.delta(xn)) / STEP_UNIT
+    assert 0.5 < step.log().mean().exp() < 2.0  # around 1 ...
+    assert 0.5 < step.log().std() < 2.0  # ... and varying with the token, from the start
     fixed = tiny("ten")
     missing, unexpected = fixed.load_state_dict(model.state_dict(), strict=False)
     assert not missing and all(".delta." in k for k in unexpected)
+    with torch.no_grad():  # the same model as the fixed one when the step is held at 1
+        mixer_steps = [b.mixer.delta for b in model.blocks]
+        for lin in mixer_steps:
+            lin.weight.zero_()
     ids = torch.randint(0, V, (1, 10))
     assert torch.allclose(fixed(ids)[0], model(ids)[0], atol=1e-12)
+
+
+def test_short_conv_sees_the_last_few_tokens_and_zeros_before_the_start():
+    """With conv_width W, the drive at t is a function of tokens t-W+1..t: the start of a
+    sequence (zero padding) is visible to the layer, and token t-W does not matter."""
+    model = tiny("ten", conv_width=3, n_layers=1)
+    conv = model.blocks[0].mixer.conv
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    u, tail = conv(x, None)
+    assert torch.equal(tail, x[:, -2:])
+    x2 = x.clone()
+    x2[:, 5] += 1.0
+    changed = (conv(x2, None)[0] - u).abs().amax(dim=(0, 2)) > 0
+    assert changed.nonzero().flatten().tolist() == [5, 6, 7]
+    padded = conv(torch.cat([torch.zeros(2, 2, 32, dtype=torch.float64), x], 1), None)[0]
+    assert torch.allclose(padded[:, 2:], u)
+    with pytest.raises(FieldError, match="conv_width"):
+        TENConfig(conv_width=-1)
 
 
 def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_demand():
