@@ -1,6 +1,11 @@
 """Can the model recall a token it has seen? Synthetic diagnostics from the literature,
 fixed TEN vs selective TEN vs the transformer at equal size, budget and data.
 
+Models: ``ten`` (fixed eigenvalues), ``ten_conv`` (with the short convolution),
+``ten_selective`` (the input-dependent step), ``ten_selective_conv`` (both), and the
+transformer matched to the fixed TEN's parameter count (the convolution and the step add
+~5% at the default size).
+
 Tasks (each a stream of fresh random sequences; loss and accuracy only where an answer
 is due, every other position is ignored):
 
@@ -10,6 +15,11 @@ is due, every other position is ignored):
     mqar            n key-value pairs, then the keys again in random order: each key's
                     value (multi-query associative recall, Zoology).
     induction       random tokens with one pair "A B" inside; A again at the end: answer B.
+
+    lm              held-out loss on the default job's corpus (builtin botocore docs, its
+                    fixed held-out services) at 1x, 4x and 16x the training length, over
+                    the same held-out tokens at every length: does the model still
+                    model language, and does it extrapolate?
 
 Every model trains on the same batches (per seed) for the same steps, then is scored on
 held-out sequences at the training length and, for copy_first and induction, at longer
@@ -133,14 +143,22 @@ TASKS = {"copy_first": copy_first, "selective_copy": selective_copy, "mqar": mqa
          "induction": induction}
 
 
+MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "transformer"]
+
+
 # --- models, training, scoring --------------------------------------------------------------
 
 def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, object]:
     """Fixed TEN, selective TEN and the transformer matched to the fixed TEN's parameters."""
     shape = dict(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, seq_len=T)
-    ten = dict(shape, n_eigenstates=args.eigenstates, n_heads=2, chunk_size=min(64, T))
+    ten = dict(shape, n_eigenstates=args.eigenstates, n_heads=2, chunk_size=min(64, T),
+               selective=False, conv_width=0)  # the fixed TEN; the variants switch these on
+    conv = args.conv_width
     return {"ten": ten_config("tiny", **ten),
-            "ten_selective": ten_config("tiny", **ten, selective=True),
+            "ten_conv": ten_config("tiny", **{**ten, "conv_width": conv}),
+            "ten_selective": ten_config("tiny", **{**ten, "selective": True}),
+            "ten_selective_conv": ten_config("tiny", **{**ten, "selective": True,
+                                                        "conv_width": conv}),
             "transformer": transformer_config("tiny", **ten)}
 
 
@@ -185,10 +203,88 @@ def accuracy(model: torch.nn.Module, task: Task, T: int, batches: int, batch: in
     return right / max(total, 1)
 
 
+# --- held-out language modelling, and length extrapolation --------------------------------
+
+LM_LENGTHS = (1, 4, 16)  # × the training length
+
+
+def lm_data(args: argparse.Namespace):
+    """The default job's corpus (builtin botocore docs, its fixed held-out services) unless
+    --lm-dataset names another, its BPE and shards: prepared once into the usual cache."""
+    from ten.data.config import DataConfig
+    from ten.data.pipeline import open_data
+    return open_data(DataConfig(dataset=args.lm_dataset, seq_len=args.T,
+                                vocab_size=args.lm_vocab, val_fraction=0.05, progress=False))
+
+
+def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
+                       device: torch.device) -> dict[str, object]:
+    """Train on the corpus for ``args.steps`` batches, then the held-out loss per token at
+    1×, 4× and 16× the training length, over the same held-out tokens at every length."""
+    from ten.data.loader import sequential_batches
+    torch.manual_seed(seed)
+    model = build_model(cfg).to(device)
+    objective = NextTokenLoss(model, "chunked")
+    opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=args.lr)
+    batches = iter(data.train_loader(args.batch))
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        for group in opt.param_groups:
+            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.steps // 10))
+        b = next(batches).to(device)
+        loss = objective(b[:, :-1], b[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    train_s = time.perf_counter() - t0
+    span = args.lm_eval_tokens  # the same held-out tokens, cut into sequences of each length
+    held_out: dict[str, float] = {}
+    scored: dict[str, int] = {}
+    model.eval()
+    with torch.no_grad():
+        for factor in LM_LENGTHS:
+            L = args.T * factor
+            per_batch = max(1, min(span, 8192) // L)
+            total, n = 0.0, 0
+            for b in sequential_batches(data.val, L, per_batch, span // (L * per_batch)):
+                b = b.to(device)
+                total += float(objective(b[:, :-1], b[:, 1:])) * b[:, 1:].numel()
+                n += b[:, 1:].numel()
+            if n != span:
+                raise SystemExit(f"the held-out split has {len(data.val)} tokens, fewer than "
+                                 f"--lm-eval-tokens {span} in sequences of {L}: lower it")
+            held_out[str(L)], scored[str(L)] = total / n, n
+    model.train()
+    return {"loss": held_out, "tokens": scored, "final_loss": loss.item(), "train_s": train_s,
+            "params": model.num_params()}
+
+
+def run_lm(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
+    if args.lm_eval_tokens % (args.T * LM_LENGTHS[-1]):
+        raise SystemExit(f"--lm-eval-tokens must be a multiple of {args.T * LM_LENGTHS[-1]}")
+    data = lm_data(args)
+    rows: dict[str, object] = {"chance": None}
+    vocab = data.tokenizer.vocab_size
+    for model_name, cfg in model_configs(args, vocab, args.T).items():
+        if model_name not in args.models:
+            continue
+        runs = [train_and_score_lm(cfg, data, args, seed, device) for seed in args.seeds]
+        mean = {L: statistics.fmean(r["loss"][L] for r in runs) for L in runs[0]["loss"]}
+        rows[model_name] = {"seeds": args.seeds, "runs": runs, "mean": mean}
+        step_ms = 1000 * statistics.fmean(r["train_s"] for r in runs) / args.steps
+        print(f"  lm {model_name}: " + ", ".join(f"T={L} {v:.4f}" for L, v in mean.items())
+              + f" nats ({step_ms:.0f} ms/step)", file=sys.stderr)
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     device = torch.device(args.device)
     results: dict[str, object] = {"args": vars(args), "tasks": {}}
     for name in args.tasks:
+        if name == "lm":
+            results["tasks"]["lm"] = run_lm(args, device)
+            continue
         task = TASKS[name]()
         rows: dict[str, object] = {"chance": task.chance}
         for model_name, cfg in model_configs(args, task.vocab, args.T).items():
@@ -211,6 +307,16 @@ def table(results: dict[str, object]) -> str:
     for task, rows in results["tasks"].items():
         models = [m for m in rows if m != "chance"]
         lengths = list(rows[models[0]]["mean"]) if models else []
+        if task == "lm":
+            lines.append("lm: held-out loss, nats per token (lower is better)")
+            lines.append("  model            " + "  ".join(f"T={L:>6}" for L in lengths)
+                         + "   16x - 1x   per seed (training T)")
+            for m in models:
+                r, first, last = rows[m], lengths[0], lengths[-1]
+                per_seed = ", ".join(f"{run['loss'][first]:.4f}" for run in r["runs"])
+                lines.append(f"  {m:<16} " + "  ".join(f"{r['mean'][L]:8.4f}" for L in lengths)
+                             + f"   {r['mean'][last] - r['mean'][first]:+.4f}   [{per_seed}]")
+            continue
         lines.append(f"{task} (chance {100 * rows['chance']:.1f}%)")
         lines.append("  model            " + "  ".join(f"T={T:>6}" for T in lengths)
                      + "   per seed (training T)")
@@ -223,11 +329,11 @@ def table(results: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    p.add_argument("--models", nargs="+", default=["ten", "ten_selective", "transformer"],
-                   choices=["ten", "ten_selective", "transformer"])
+    p.add_argument("--tasks", nargs="+", choices=[*TASKS, "lm"], default=[*TASKS, "lm"],
+                   help="lm: held-out loss on the builtin corpus at 1x, 4x, 16x the length")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--T", type=int, default=256, help="training length")
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024],
                    help="scoring lengths for the tasks that extrapolate")
@@ -239,11 +345,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--eigenstates", type=int, default=32)
+    p.add_argument("--lm-dataset", default="builtin:botocore-docs",
+                   help="the lm task's corpus (any data.dataset a job accepts)")
+    p.add_argument("--lm-vocab", type=int, default=4096, help="the lm task's BPE vocabulary")
+    p.add_argument("--lm-eval-tokens", type=int, default=65536,
+                   help="held-out tokens the lm task scores at every length")
+    p.add_argument("--conv-width", type=int, default=4,
+                   help="the short convolution of the *_conv models")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     if args.T not in args.lengths:
         args.lengths = [args.T, *args.lengths]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results = run(args)
     print(table(results))
     if args.out:

@@ -4,6 +4,7 @@ scored only where it is due (so a model can only beat chance by recalling)."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -50,3 +51,22 @@ def test_induction_answer_follows_the_only_earlier_trigger():
         (p,) = (row_x[:-1] == a).nonzero().flatten().tolist()
         assert row_y[-1].item() == row_x[p + 1].item()
         assert (row_y[:-1] == IGNORE_INDEX).all()
+
+
+def test_lm_task_scores_the_same_held_out_tokens_at_every_length(corpus, tmp_path, monkeypatch):
+    """Length extrapolation compares like with like: the held-out loss at 1x, 4x and 16x
+    the training length is over the same tokens, only cut into longer sequences."""
+    monkeypatch.setenv("TEN_CACHE_DIR", str(tmp_path / "cache"))
+    args = br.parse_args(["--tasks", "lm", "--T", "8", "--steps", "2", "--batch", "2",
+                          "--seeds", "0", "--models", "ten", "ten_selective_conv",
+                          "--d-model", "16", "--eigenstates", "4", "--lm-vocab", "300",
+                          "--lm-eval-tokens", "256", "--lm-dataset", str(corpus / "docs.jsonl")])
+    rows = br.run(args)["tasks"]["lm"]
+    for model in ("ten", "ten_selective_conv"):
+        (run,) = rows[model]["runs"]
+        assert list(run["loss"]) == ["8", "32", "128"]
+        assert run["tokens"] == {"8": 256, "32": 256, "128": 256}
+        assert all(4.0 < v < 7.0 for v in run["loss"].values())  # ~log(300) untrained
+    args.lm_eval_tokens = 250  # not a whole number of the longest sequences
+    with pytest.raises(SystemExit, match="multiple of 128"):
+        br.run(args)
