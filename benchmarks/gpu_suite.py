@@ -313,9 +313,10 @@ class Suite:
                 "compile_s": on.get("warmup_s")}
 
     def selective(self) -> dict[str, Any]:
-        """Selective eigenvalues at the flagship's T: the fused scan, and the chunked one at
-        the chunk size the docs recommend; each with ten.memory's estimate, whether that
-        fits the device (None on CPU: nothing to fit), and a measured step where it does."""
+        """The presets' selective mode (with its convolution) at the flagship's T, on the
+        fused scan and the chunked one at a small chunk, against the fixed mode on the fused
+        scan (what selective costs); each with ten.memory's estimate, whether that fits the
+        device (None on CPU: nothing to fit), and a measured step where it does."""
         from ten.memory import device_capacity, estimate_training_memory, fit_problem
         from ten.trainer import resolve_precision
 
@@ -323,8 +324,10 @@ class Suite:
         rows = {}
         for name, kw in (("fused", {"scan_backend": "fused"}),
                          ("chunked", {"scan_backend": "chunked",
-                                      "chunk_size": self.sizes.selective_chunk})):
-            cfg = self.flagship_config(selective=True, **kw)
+                                      "chunk_size": self.sizes.selective_chunk}),
+                         ("fixed_fused", {"scan_backend": "fused", "selective": False,
+                                          "conv_width": 0})):
+            cfg = self.flagship_config(**{"selective": True, "conv_width": 4, **kw})
             est = estimate_training_memory(cfg, 1, cfg.seq_len,
                                            resolve_precision("auto", self.device), "adamw8bit")
             problem = capacity and fit_problem(est, capacity[1], capacity[0], cfg)

@@ -49,6 +49,7 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
         assert max(scan["fused_max_error"].values()) < 1e-4  # fused agrees with ref
     assert r["compile"]["on"]["tokens_per_s"] > 0 and r["compile"]["compile_s"] > 0
     assert r["selective"]["fused"]["tokens_per_s"] > 0 and r["selective"]["fused"]["fits"] is None
+    assert r["selective"]["fixed_fused"]["tokens_per_s"] > 0  # what selective costs
     assert r["memory"]["batch_1"]["estimate_gb"] > 0
     assert r["profile"]["share"]["gemm"] > 0
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
