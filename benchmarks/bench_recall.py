@@ -149,7 +149,8 @@ MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "transformer
 # --- models, training, scoring --------------------------------------------------------------
 
 def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, object]:
-    """Fixed TEN, selective TEN and the transformer matched to the fixed TEN's parameters."""
+    """Fixed TEN, its convolution / selective / both variants, and the transformer matched
+    to the fixed TEN's parameters (see MODELS)."""
     shape = dict(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, seq_len=T)
     ten = dict(shape, n_eigenstates=args.eigenstates, n_heads=2, chunk_size=min(64, T),
                selective=False, conv_width=0)  # the fixed TEN; the variants switch these on
