@@ -12,14 +12,15 @@ with λ_k = exp(-exp(ν_k) + iθ_k), so 0 < |λ_k| < 1 whatever ν is, and
 
 Selective mode gives every eigenstate an input-dependent step (Mamba's discretization):
 
-    Δ_k(t) = softplus(w_k · LN(x_t) + b_k) > 0
+    Δ_k(t) = softplus(w_k · u_t + b_k) / 0.01 > 0      (u_t: LN(x_t), or its convolution)
     λ_k(t) = exp(Δ_k(t) · (-exp(ν_k) + iθ_k)),   γ_k(t) = sqrt(1 - |λ_k(t)|²)
 
 A small step holds: λ -> 1 and γ -> 0, the state keeps what it has and ignores the
 token. A large one overwrites: λ -> 0 and γ -> 1. The rotation scales with the step, so
-phase still measures "time" in the eigenstate's own clock. The step averages 1 at init
-(the fixed model's) and varies with the token (w is random, as Mamba's): with w = 0 the
-model would start on a saddle, where neither the step nor what feeds it gets a gradient.
+phase still measures "time" in the eigenstate's own clock. The step starts near 1 (the
+fixed model's; b_k = softplus⁻¹(0.01), see STEP_UNIT) and varies with the token (w is
+random): with w = 0 the model would start on a saddle, where neither the step nor what
+feeds it gets a gradient.
 
 ``conv_width`` > 0 puts a short causal convolution (ShortConv) in front of the drive and
 the step, so both can depend on the last few tokens, not the current one alone: what
