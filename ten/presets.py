@@ -28,9 +28,9 @@ from ten.transformer import TransformerConfig, TransformerLM
 # selective + conv_width 4 everywhere, by measurement (benchmarks/bench_recall.py, 2 CPU
 # cores, BENCHMARKS.md "Recall"): the same held-out loss as the fixed mode (4.656 vs 4.660
 # nats, flat to 16x the training length; the default job, 3 seeds: 4.668 vs 4.670),
-# 1.05-1.14x its step time, and the only TEN that
-# recalls beyond its training length (copy-first trained at 64: 91% at 256, 56% at 4096;
-# fixed and transformer at chance there). A field set in the job overrides it.
+# 1.05-1.14x its step time, and the only TEN that recalls beyond its training length
+# (copy-first trained at 64: 91% at 256, 56% at 4096; fixed and transformer at chance
+# there). A field set in the job overrides it.
 _RECALL = dict(selective=True, conv_width=4)
 
 PRESETS: dict[str, TENConfig] = {
