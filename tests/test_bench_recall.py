@@ -70,3 +70,27 @@ def test_lm_task_scores_the_same_held_out_tokens_at_every_length(corpus, tmp_pat
     args.lm_eval_tokens = 250  # not a whole number of the longest sequences
     with pytest.raises(SystemExit, match="multiple of 128"):
         br.run(args)
+
+
+def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_to_the_step():
+    import bench_recall_write as bw
+
+    from ten.model import DELTA_BIAS, EigenstateMixer
+    from ten.presets import ten_config
+
+    cfg = ten_config("tiny", d_model=16, n_eigenstates=8, n_heads=2, selective=True)
+    mixer = EigenstateMixer(cfg).double()
+    xn = torch.zeros(1, 3, 16, dtype=torch.float64)
+    with torch.no_grad():  # steps 1, then 1e-3 and 1e-4 by the bias alone (xn = 0)
+        mixer.delta.bias.fill_(DELTA_BIAS)
+        ours, theirs = mixer.eigenvalues(xn), bw.linear_write_eigenvalues(mixer, xn)
+        assert torch.allclose(ours[0], theirs[0]) and torch.allclose(ours[1], theirs[1])
+        small = []
+        for step in (1e-3, 1e-4):
+            mixer.delta.bias.fill_(float(torch.log(torch.expm1(torch.tensor(step * 0.01)))))
+            small.append(bw.linear_write_eigenvalues(mixer, xn)[1][0, 0])
+        assert torch.allclose(small[0] / small[1], torch.full_like(small[0], 10.0), rtol=1e-3)
+    bw.main(["--tasks", "copy_first", "--T", "16", "--lengths", "16", "--steps", "1",
+             "--seeds", "0", "--models", "ten_selective_conv", "--batch", "2",
+             "--eval-batches", "1"])
+    assert EigenstateMixer.eigenvalues is bw._model_eigenvalues  # put back after the run
