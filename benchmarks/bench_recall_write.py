@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import ten.model as tm
 
@@ -36,9 +35,7 @@ _model_eigenvalues = tm.EigenstateMixer.eigenvalues
 def linear_write_eigenvalues(self: tm.EigenstateMixer, xn: torch.Tensor | None = None):
     if self.delta is None:
         return _model_eigenvalues(self, xn)
-    rate = torch.exp(self.nu)
-    z = self.delta(xn)
-    step = F.softplus(z.float() if z.element_size() < 4 else z) / tm.STEP_UNIT
+    rate, step = torch.exp(self.nu), self.step(xn)
     at_one = -torch.expm1(-2.0 * rate)  # 1 - |λ̄|²
     gamma = -torch.expm1(-2.0 * rate * step) / torch.sqrt(at_one)
     return (torch.cat([-rate * step, self.theta * step], dim=-1),

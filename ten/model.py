@@ -157,6 +157,12 @@ class EigenstateMixer(nn.Module):
                 self.delta.weight.normal_(0.0, 1.0 / math.sqrt(cfg.d_model))
                 self.delta.bias.fill_(DELTA_BIAS)
 
+    def step(self, xn: Tensor) -> Tensor:
+        """Selective mode's Δ_t (B, T, K): at least fp32 (bf16 under autocast), and a
+        float64 model stays exact."""
+        z = self.delta(xn)
+        return F.softplus(z.float() if z.element_size() < 4 else z) / STEP_UNIT
+
     def eigenvalues(self, xn: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(log λ as [log|λ| | θ], γ as [γ | γ]): both (2K,) fixed, or (B, T, 2K) in
         selective mode (needs xn). -expm1 keeps 1 - |λ|² accurate as |λ| -> 1."""
@@ -164,8 +170,7 @@ class EigenstateMixer(nn.Module):
         if self.delta is None:
             gamma = torch.sqrt(-torch.expm1(-2.0 * rate))
             return torch.cat([-rate, self.theta]), gamma.repeat(2)
-        z = self.delta(xn)  # at least fp32 (bf16 under autocast); a float64 model stays exact
-        step = F.softplus(z.float() if z.element_size() < 4 else z) / STEP_UNIT  # Δ_t (B, T, K)
+        step = self.step(xn)
         gamma = torch.sqrt((-torch.expm1(-2.0 * rate * step)).clamp_min(MIN_WRITE))
         return (torch.cat([-rate * step, self.theta * step], dim=-1),
                 torch.cat([gamma, gamma], dim=-1))
