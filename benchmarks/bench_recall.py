@@ -163,6 +163,22 @@ def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, obj
             "transformer": transformer_config("tiny", **ten)}
 
 
+def train_length(step: int, args: argparse.Namespace) -> int:
+    """The length of training batch ``step``: ``args.T``, or with ``--curriculum START``,
+    START doubling up to T over the first half of the steps (equal shares), then T.
+    Every model gets the same schedule and the same batches; only training changes, the
+    scoring lengths do not."""
+    if not args.curriculum or args.curriculum >= args.T:
+        return args.T
+    stages = []
+    L = args.curriculum
+    while L < args.T:
+        stages.append(L)
+        L *= 2
+    stage = step * 2 * len(stages) // max(1, args.steps)  # first half: the short stages
+    return stages[stage] if stage < len(stages) else args.T
+
+
 def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int,
                     device: torch.device) -> dict[str, object]:
     torch.manual_seed(seed)
@@ -174,7 +190,7 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
     for step in range(args.steps):
         for group in opt.param_groups:  # linear warm-up over the first 10%
             group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.steps // 10))
-        x, y = task.make(args.batch, args.T, data)
+        x, y = task.make(args.batch, train_length(step, args), data)
         loss = objective(x.to(device), y.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -339,6 +355,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024],
                    help="scoring lengths for the tasks that extrapolate")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--curriculum", type=int, default=0, metavar="START",
+                   help="train at START, doubling up to --T over the first half of the steps "
+                        "(0: every step at --T); the synthetic tasks only")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-batches", type=int, default=8)

@@ -94,3 +94,15 @@ def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_t
              "--seeds", "0", "--models", "ten_selective_conv", "--batch", "2",
              "--eval-batches", "1"])
     assert EigenstateMixer.eigenvalues is bw._model_eigenvalues  # put back after the run
+
+
+def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():
+    args = br.parse_args(["--T", "256", "--curriculum", "64", "--steps", "1000"])
+    lengths = [br.train_length(s, args) for s in range(1000)]
+    assert lengths[:250] == [64] * 250 and lengths[250:500] == [128] * 250
+    assert lengths[500:] == [256] * 500  # the second half, and so the end, at --T
+    off = br.parse_args(["--T", "256", "--steps", "10"])
+    assert [br.train_length(s, off) for s in range(10)] == [256] * 10
+    odd = br.parse_args(["--T", "100", "--curriculum", "32", "--steps", "9"])
+    assert [br.train_length(s, odd) for s in range(9)] == [32, 32, 32, 64, 64, 100, 100,
+                                                            100, 100]
