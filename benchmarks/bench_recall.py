@@ -27,6 +27,7 @@ ones (does recall survive lengths it never saw?). Chance is printed beside each 
 
     python benchmarks/bench_recall.py                          # CPU: every task, 2 seeds
     python benchmarks/bench_recall.py --tasks copy_first --lengths 256 1024 4096
+    python benchmarks/bench_recall.py --tasks copy_first --curriculum 64   # 64 -> 128 -> 256
     python benchmarks/bench_recall.py --device cuda --steps 2000 --d-model 128
 
 The tables print accuracies measured in this one run; --out writes them as JSON.
