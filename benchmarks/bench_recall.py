@@ -376,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
+    if args.curriculum < 0:
+        p.error("--curriculum must be 0 (off) or a starting length")
     if args.T not in args.lengths:
         args.lengths = [args.T, *args.lengths]
     return args

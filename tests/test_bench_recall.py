@@ -106,3 +106,5 @@ def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():
     odd = br.parse_args(["--T", "100", "--curriculum", "32", "--steps", "9"])
     assert [br.train_length(s, odd) for s in range(9)] == [32, 32, 32, 64, 64, 100, 100,
                                                             100, 100]
+    with pytest.raises(SystemExit):
+        br.parse_args(["--curriculum", "-1"])
