@@ -1,6 +1,7 @@
 """benchmarks/bench_recall.py's tasks: each answer is recoverable from the sequence, and
 scored only where it is due (so a model can only beat chance by recalling)."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_lm_task_scores_the_same_held_out_tokens_at_every_length(corpus, tmp_pat
 def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_to_the_step():
     import bench_recall_write as bw
 
-    from ten.model import DELTA_BIAS, EigenstateMixer
+    from ten.model import DELTA_BIAS, STEP_UNIT, EigenstateMixer
     from ten.presets import ten_config
 
     cfg = ten_config("tiny", d_model=16, n_eigenstates=8, n_heads=2, selective=True)
@@ -87,7 +88,7 @@ def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_t
         assert torch.allclose(ours[0], theirs[0]) and torch.allclose(ours[1], theirs[1])
         small = []
         for step in (1e-3, 1e-4):
-            mixer.delta.bias.fill_(float(torch.log(torch.expm1(torch.tensor(step * 0.01)))))
+            mixer.delta.bias.fill_(math.log(math.expm1(step * STEP_UNIT)))
             small.append(bw.linear_write_eigenvalues(mixer, xn)[1][0, 0])
         assert torch.allclose(small[0] / small[1], torch.full_like(small[0], 10.0), rtol=1e-3)
     bw.main(["--tasks", "copy_first", "--T", "16", "--lengths", "16", "--steps", "1",
