@@ -57,6 +57,7 @@ _REGION = {"AuthorizationHeaderMalformed", "PermanentRedirect", "301",
 _CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _TRANSIENT = {"NoSuchUpload", "RequestTimeout", "SlowDown", "ServiceUnavailable",
               "InternalError", "InternalServerError", "503", "500", "502", "504"}
+CHECK_ATTEMPTS = 3  # the opening check's tries (the store's own calls get max_attempts)
 _CONNECTION = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
                ConnectionClosedError)
 
@@ -137,8 +138,9 @@ class S3Store(Store):
             # S3-compatible servers reject or mishandle; we verify ETag/sha256 ourselves.
             options["request_checksum_calculation"] = "when_required"
             options["response_checksum_validation"] = "when_required"
+        session = boto3.session.Session()
         try:
-            self.client = boto3.session.Session().client(
+            self.client = session.client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=Config(**options))
         except (BotoCoreError, ValueError) as e:
             raise StorageError(f"cannot configure S3 client for {self.url}: "
@@ -150,7 +152,14 @@ class S3Store(Store):
             multipart_chunksize=self.part_size, max_request_concurrency=max_concurrency)
         self._conditional = conditional_writes
         if check:
-            self._call("list", "", lambda: self.client.list_objects_v2(
+            # The opening check answers fast: with the full retries a mistyped endpoint took
+            # a minute of backoff to report. A real outage at start is still retried, by
+            # the relaunch that ExitCode.STORAGE asks for.
+            options["retries"] = {"max_attempts": min(max_attempts, CHECK_ATTEMPTS),
+                                  "mode": "standard"}
+            probe = session.client(
+                "s3", endpoint_url=endpoint_url, region_name=region, config=Config(**options))
+            self._call("list", "", lambda: probe.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", MaxKeys=1))
 
     # -- helpers -----------------------------------------------------------------------

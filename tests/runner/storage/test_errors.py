@@ -3,6 +3,8 @@ never contain a secret."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sandbox import BUCKET, SECRET_KEY, free_port
 
@@ -53,6 +55,17 @@ def test_unreachable_endpoint(aws_env):
     text = one_line_without_secrets(e)
     assert f"cannot reach endpoint {endpoint}" in text
     assert "check storage.endpoint_url" in text
+
+
+def test_a_mistyped_endpoint_is_reported_in_seconds_not_after_a_minute_of_retries(aws_env):
+    """With the store's default retries (8 attempts, backoff up to 20 s each) the opening
+    check took ~60 s to say the endpoint is wrong; it now tries a few times only."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as e:
+        open_store(f"s3://{BUCKET}/x", endpoint_url=endpoint)  # the defaults a job uses
+    assert time.monotonic() - t0 < 20
+    assert f"cannot reach endpoint {endpoint}" in one_line_without_secrets(e)
 
 
 def test_credentials_in_the_endpoint_url_are_not_repeated(aws_env):
