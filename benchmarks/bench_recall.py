@@ -48,6 +48,7 @@ import torch
 
 from ten.loss import IGNORE_INDEX, NextTokenLoss
 from ten.presets import build_model, ten_config, transformer_config
+from ten.schedule import lr_multiplier
 
 # Token layout shared by the tasks: 0 blank/noise filler, 1 query marker, 2 separator,
 # then the value tokens (VALUES of them), then the key tokens (KEYS of them).
@@ -144,6 +145,8 @@ TASKS = {"copy_first": copy_first, "selective_copy": selective_copy, "mqar": mqa
          "induction": induction}
 
 
+MIN_LR_RATIO = 0.1  # the cosine schedule's floor, the trainer's default
+
 MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "transformer"]
 
 
@@ -180,6 +183,14 @@ def train_length(step: int, args: argparse.Namespace) -> int:
     return stages[stage] if stage < len(stages) else args.T
 
 
+def set_lr(opt: torch.optim.Optimizer, step: int, args: argparse.Namespace) -> None:
+    """A linear warm-up over the first 10% of the steps, then ``args.schedule``."""
+    scale = lr_multiplier(step, args.steps, max(1, args.steps // 10), args.schedule,
+                          MIN_LR_RATIO)
+    for group in opt.param_groups:
+        group["lr"] = args.lr * scale
+
+
 def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int,
                     device: torch.device) -> dict[str, object]:
     torch.manual_seed(seed)
@@ -189,8 +200,7 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
     data = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     for step in range(args.steps):
-        for group in opt.param_groups:  # linear warm-up over the first 10%
-            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.steps // 10))
+        set_lr(opt, step, args)
         x, y = task.make(args.batch, train_length(step, args), data)
         loss = objective(x.to(device), y.to(device))
         loss.backward()
@@ -247,8 +257,7 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
     batches = iter(data.train_loader(args.batch))
     t0 = time.perf_counter()
     for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.steps // 10))
+        set_lr(opt, step, args)
         b = next(batches).to(device)
         loss = objective(b[:, :-1], b[:, 1:])
         loss.backward()
@@ -361,6 +370,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(0: every step at --T); the synthetic tasks only")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                   help="after the warm-up: hold the peak lr, or a half cosine down to a tenth "
+                        "of it (the trainer's default schedule)")
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--d-model", type=int, default=64)

@@ -109,3 +109,20 @@ def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():
                                                             100, 100]
     with pytest.raises(SystemExit):
         br.parse_args(["--curriculum", "-1"])
+
+
+def test_schedule_warms_up_then_holds_or_decays_to_a_tenth():
+    def lrs(*flags: str) -> list[float]:
+        args = br.parse_args(["--steps", "100", "--lr", "1.0", *flags])
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+        out = []
+        for step in range(100):
+            br.set_lr(opt, step, args)
+            out.append(opt.param_groups[0]["lr"])
+        return out
+
+    constant, cosine = lrs(), lrs("--schedule", "cosine")
+    assert constant[:10] == cosine[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert constant[10:] == [1.0] * 90  # the default: what the earlier results used
+    assert cosine[10] == pytest.approx(1.0) and cosine[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in zip(cosine[10:], cosine[11:]))
