@@ -125,4 +125,4 @@ def test_schedule_warms_up_then_holds_or_decays_to_a_tenth():
     assert constant[:10] == cosine[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
     assert constant[10:] == [1.0] * 90  # the default: what the earlier results used
     assert cosine[10] == pytest.approx(1.0) and cosine[-1] == pytest.approx(0.1, abs=1e-3)
-    assert all(a >= b for a, b in zip(cosine[10:], cosine[11:]))
+    assert all(a >= b for a, b in zip(cosine[10:-1], cosine[11:], strict=True))
