@@ -28,6 +28,7 @@ ones (does recall survive lengths it never saw?). Chance is printed beside each 
     python benchmarks/bench_recall.py                          # CPU: every task, 2 seeds
     python benchmarks/bench_recall.py --tasks copy_first --lengths 256 1024 4096
     python benchmarks/bench_recall.py --tasks copy_first --curriculum 64   # 64 -> 128 -> 256
+    python benchmarks/bench_recall.py --tasks mqar --schedule cosine      # the trainer's decay
     python benchmarks/bench_recall.py --device cuda --steps 2000 --d-model 128
 
 The tables print accuracies measured in this one run; --out writes them as JSON.
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from ten.config import TrainConfig
 from ten.loss import IGNORE_INDEX, NextTokenLoss
 from ten.presets import build_model, ten_config, transformer_config
 from ten.schedule import lr_multiplier
@@ -145,7 +147,7 @@ TASKS = {"copy_first": copy_first, "selective_copy": selective_copy, "mqar": mqa
          "induction": induction}
 
 
-MIN_LR_RATIO = 0.1  # the cosine schedule's floor, the trainer's default
+MIN_LR_RATIO = TrainConfig.min_lr_ratio  # the cosine schedule's floor, as in a job
 
 MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "transformer"]
 
