@@ -138,10 +138,10 @@ class S3Store(Store):
             # S3-compatible servers reject or mishandle; we verify ETag/sha256 ourselves.
             options["request_checksum_calculation"] = "when_required"
             options["response_checksum_validation"] = "when_required"
-        session = boto3.session.Session()
+        session, config = boto3.session.Session(), Config(**options)
         try:
             self.client = session.client(
-                "s3", endpoint_url=endpoint_url, region_name=region, config=Config(**options))
+                "s3", endpoint_url=endpoint_url, region_name=region, config=config)
         except (BotoCoreError, ValueError) as e:
             raise StorageError(f"cannot configure S3 client for {self.url}: "
                                f"{type(e).__name__}; check storage.endpoint_url and "
@@ -155,10 +155,10 @@ class S3Store(Store):
             # The opening check answers fast: with the full retries a mistyped endpoint took
             # a minute of backoff to report. A real outage at start is still retried, by
             # the relaunch that ExitCode.STORAGE asks for.
-            options["retries"] = {"max_attempts": min(max_attempts, CHECK_ATTEMPTS),
-                                  "mode": "standard"}
-            probe = session.client(
-                "s3", endpoint_url=endpoint_url, region_name=region, config=Config(**options))
+            quick = Config(retries={"max_attempts": min(max_attempts, CHECK_ATTEMPTS),
+                                    "mode": "standard"})
+            probe = session.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                   config=config.merge(quick))
             self._call("list", "", lambda: probe.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", MaxKeys=1))
 
