@@ -147,13 +147,15 @@ def _scan_summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
     si = tl.zeros((BK,), x_ptr.dtype.element_ty)
     dr = sr + 1.0
     di = tl.zeros((BK,), x_ptr.dtype.element_ty)
-    for j in range(0, tiles):
+    j = 0
+    while j < tiles:  # a while, not range(tiles): see _scan_forward_kernel
         Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
             x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, REVERSE)
         ar, ai = _last_row(Ar, i, BT), _last_row(Ai, i, BT)
         ur, ui = _last_row(Ur, i, BT), _last_row(Ui, i, BT)
         sr, si = ar * sr - ai * si + ur, ar * si + ai * sr + ui
         dr, di = ar * dr - ai * di, ar * di + ai * dr
+        j += 1
     out = (b.to(tl.int64) * G + g) * (2 * K) + k
     tl.store(end_ptr + out, sr, mask=kmask)
     tl.store(end_ptr + out + K, si, mask=kmask)
@@ -174,7 +176,8 @@ def _scan_carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr
     else:
         sr = tl.zeros((BK,), end_ptr.dtype.element_ty)
         si = tl.zeros((BK,), end_ptr.dtype.element_ty)
-    for g in range(0, G):
+    g = 0
+    while g < G:
         off = (b.to(tl.int64) * G + g) * (2 * K) + k
         tl.store(sin_ptr + off, sr, mask=kmask)
         tl.store(sin_ptr + off + K, si, mask=kmask)
@@ -183,6 +186,7 @@ def _scan_carry_kernel(end_ptr, dec_ptr, h0_ptr, sin_ptr, K, G, BK: tl.constexpr
         ur = tl.load(end_ptr + off, mask=kmask, other=0.0)
         ui = tl.load(end_ptr + off + K, mask=kmask, other=0.0)
         sr, si = ar * sr - ai * si + ur, ar * si + ai * sr + ui
+        g += 1
 
 
 @triton.jit
@@ -213,10 +217,14 @@ def _scan_forward_kernel(x_ptr, ll_ptr, sin_ptr, c_ptr, T, K, G, tiles,
     k = kb * BK + tl.arange(0, BK)
     kmask = k < K
     sr, si, s_off = _entering_state(sin_ptr, b, g, G, K, k, kmask)
-    for j in range(0, tiles):
+    # Loops over a runtime count are while loops: Triton 3.6's interpreter cannot take a
+    # runtime int as range()'s bound under NumPy >= 2.4 (3.7 can); compiled, both are loops.
+    j = 0
+    while j < tiles:
         Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
             x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, False)
         _, _, sr, si = _from_state(Ar, Ai, Ur, Ui, sr, si, c_ptr, off, m2, i, K, BT)
+        j += 1
 
 
 @triton.jit
@@ -230,7 +238,8 @@ def _scan_backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_pt
     sr, si, s_off = _entering_state(sin_ptr, b, g, G, K, k, kmask)
     acc_r = tl.zeros((BK,), dc_ptr.dtype.element_ty)  # fixed λ: this program's sum
     acc_i = tl.zeros((BK,), dc_ptr.dtype.element_ty)
-    for j in range(0, tiles):
+    j = 0
+    while j < tiles:
         Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
             dc_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, True)
         gr, gi, sr, si = _from_state(Ar, Ai, Ur, Ui, sr, si, dx_ptr, off, m2, i, K, BT)
@@ -257,6 +266,7 @@ def _scan_backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_pt
         else:
             acc_r += tl.sum(dr, axis=0)
             acc_i += tl.sum(di, axis=0)
+        j += 1
     if not SELECTIVE:
         tl.store(dll_ptr + s_off, acc_r, mask=kmask)
         tl.store(dll_ptr + s_off + K, acc_i, mask=kmask)
