@@ -324,15 +324,10 @@ class JobRun:
         self.resources.callback(self._last_beat)
 
     def _open_data(self):
-        from ten.presets import model_config
-
         job = self.job
         self.cache = BucketDataCache(self.store, self.log) if self.store is not None else None
         data = open_data(job, self.log, self.cache)
-        mcfg = model_config(job.model.arch, job.model.preset, **{
-            **job.model.overrides, "vocab_size": data.tokenizer.vocab_size,
-            "seq_len": job.data.seq_len})
-        return data, mcfg
+        return data, job.model_settings(data.tokenizer.vocab_size)
 
     def _trainer(self, data: Any, mcfg: Any):
         from ten.trainer import Trainer

@@ -57,7 +57,7 @@ class TENConfig:
     n_heads: int = 4  # coupling blocks of K/H states
     seq_len: int = 256  # training length (the model itself runs at any length)
     chunk_size: int = 64  # Q for the chunked scan
-    scan_backend: str = "chunked"  # ref | chunked | fused | auto (ten.scan.resolve_backend)
+    scan_backend: str = "auto"  # fused on CUDA, else chunked; or ref | chunked | fused
     selective: bool = False
     conv_width: int = 0  # a causal depthwise convolution of this width before the drive; 0: none
     mlp: str = "swiglu"

@@ -81,11 +81,17 @@ class Job(JobSchema):
         return f"name={r['name']}, {r['model']['arch']}/{r['model']['preset']}, " \
                f"{self.budget_text()}"
 
-    def model_settings(self) -> Any:
-        """The TENConfig / TransformerConfig this job trains (imports torch)."""
+    def model_settings(self, vocab_size: int | None = None) -> Any:
+        """The TENConfig / TransformerConfig this job trains (imports torch): the preset,
+        the job's overrides, data.seq_len, and ``vocab_size`` (the tokenizer's, known once
+        the data is prepared; the preset's when not given)."""
         from ten.presets import model_config
 
-        return model_config(self.model.arch, self.model.preset, **self.model.overrides)
+        fixed = {"seq_len": self.data.seq_len}
+        if vocab_size is not None:
+            fixed["vocab_size"] = vocab_size
+        return model_config(self.model.arch, self.model.preset,
+                            **{**self.model.overrides, **fixed})
 
     def data_config(self) -> Any:
         """The data layer's DataConfig for this job (imports torch)."""

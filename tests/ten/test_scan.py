@@ -127,6 +127,12 @@ def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
     assert backend_note("auto", "cuda") == "scan backend: auto -> fused (CUDA and triton)"
 
 
+def test_a_model_lets_the_device_pick_its_scan_by_default():
+    from ten.model import TENConfig
+
+    assert TENConfig().scan_backend == "auto"  # fused on a GPU without a job saying so
+
+
 def test_auto_picks_chunked_off_cuda_and_says_so():
     assert resolve_backend("auto", torch.device("cpu")) == "chunked"
     assert backend_note("auto", "cpu") == "scan backend: auto -> chunked (no CUDA)"

@@ -66,6 +66,9 @@ def test_l40s_job_uses_model_override_and_token_budget():
     job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
     assert job.model.overrides == {"grad_checkpointing": True}
     assert job.model_settings().grad_checkpointing is True
+    # the fused scan on the GPU it is written for: auto picks it on CUDA (ten.scan)
+    assert job.model_settings().scan_backend == "auto"
+    assert job.model_settings(32000).seq_len == job.data.seq_len == 32768
     assert job.train.max_tokens and job.train.max_steps is None
     assert job.train.precision == "bf16" and job.train.optimizer == "adamw8bit"
     assert job.resources.gpus == 1 and job.resources.spot is True
