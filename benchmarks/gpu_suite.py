@@ -1,22 +1,35 @@
-"""The whole GPU check in one command: speed, memory, kernels and monitoring of the flagship.
+"""The whole GPU check: speed, memory, kernels and monitoring of the flagship job.
 
-Whenever a GPU is at hand, run this first, commit its JSON under benchmarks/results/ and
-update BENCHMARKS.md from its table:
+Whenever a GPU is at hand, run it first, commit its JSON under benchmarks/results/ and
+update BENCHMARKS.md from its table. On the lent machine (no network, no install, 10
+minutes a command) the recipe is three calls, each well inside its budget (BENCHMARKS.md
+"The device recipe"):
 
-    python benchmarks/gpu_suite.py --out benchmarks/results          # one GPU, < 9 minutes
+    bash benchmarks/device_bundle.sh                                 # here: what travels
+    bash benchmarks/device_run.sh --part 1     (2, 3)                # there, carry .devsite
+    python benchmarks/gpu_suite.py --merge RESULTS/*.json --out benchmarks/results
+
+Or on any CUDA machine with the project installed:
+
+    python benchmarks/gpu_suite.py --out benchmarks/results          # every section
     python benchmarks/gpu_suite.py --smoke --out /tmp/suite          # CPU, tiny sizes
 
-It writes ``<out>/<device>-<date>.json``, ``<out>/<device>-<date>.md`` (the table) and
-``<out>/<device>-<date>-report.png`` (``ten-runner report`` of the monitored run). Every
-section runs the project's own code: the trainer's ``train_step`` on the flagship
-(small_32k, T = 32768, vocab 32000, gradient checkpointing, 8-bit AdamW, bf16), the
-transformer matched to it, the scan backends, ``ten.memory``'s estimate, and a real
-``ten-runner run`` with the health gate, the NVML sampler and the heartbeat on. ``--smoke``
-runs the same sections at tiny sizes on CPU (the fused scan under Triton's interpreter),
-so CI proves the suite works before a GPU ever sees it; its numbers mean nothing.
+It runs from a checkout (nothing installed). Each section runs in its own process with
+a time limit, and ``<out>/<device>-<date>[-part<N>].json`` is rewritten the moment a
+section ends, so a run killed half-way keeps every finished section; a section that
+cannot run (a package missing, a crash, pytest unable to collect, out of time) is
+recorded as ``{"error": ...}``, never as an empty success, and the exit code is then 1.
+Also written: ``<stem>.md`` (the table) and ``<stem>-report.png`` (``ten-runner report``
+of the monitored run).
 
-A section that fails records ``{"error": ...}`` and the others still run; the exit code is
-1 when any did. Targets are reported (``targets``), not enforced.
+What is measured is the flagship job itself: ``jobs/l40s-small-32k.yaml`` loaded as a
+user's run would load it (model, precision, optimizer, loss, compile, batch, gradient
+accumulation, scan backend), the trainer's own ``train_step`` on random tokens; the
+transformer matched to it; the scan backends; ``ten.memory``'s estimate; and a real
+``ten-runner run`` of that job file (data, steps and storage overridden) with the health
+gate, the NVML sampler and the heartbeat. ``--smoke`` shrinks the model and lengths and
+runs on CPU (the fused scan under Triton's interpreter), so CI proves the suite works
+before a GPU ever sees it; its numbers mean nothing. Targets are reported, not enforced.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,18 +54,28 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+# Runs from a checkout: the project and the sibling scripts it borrows from (bench_scan).
+for _path in (str(BENCHMARKS), str(ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
 GB = 1e9  # peak memory in decimal GB, as the targets are written
+FLAGSHIP_JOB = ROOT / "jobs" / "l40s-small-32k.yaml"
+# What --smoke changes in the flagship job: sizes a CPU runs in seconds, the CPU, fp32
+# (bf16 autocast on a CPU is slower than fp32) and the optimizer (the job check refuses
+# 8-bit AdamW off CUDA).
+SMOKE_SETS = ("model.d_model=64", "model.n_layers=2", "model.n_eigenstates=16",
+              "model.n_heads=2", "data.seq_len=64", "data.tokenizer.vocab_size=512",
+              "train.device=cpu", "train.precision=auto", "train.optimizer=adamw",
+              "train.grad_accum=1")
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """What each section runs at: the real flagship, or the smoke stand-in."""
+    """What the sections around the flagship run at: the GPU's, or the smoke stand-in."""
 
-    preset: str = "small_32k"
-    model: dict[str, Any] = field(default_factory=dict)  # overrides of the preset
-    vocab: int = 32000
-    seq_len: int = 32768
-    batches: tuple[int, ...] = (1, 2, 4, 8, 16)  # flagship: tried until one does not fit
+    batches: tuple[int, ...] = (2, 4, 8, 16)  # flagship: tried after the job's own batch
     lengths: tuple[int, ...] = (2048, 8192, 32768)  # TEN vs transformer
     tokens_per_step: int = 32768  # TEN vs transformer: B = this // T
     chunks: tuple[int, ...] = (32, 64, 128, 256)
@@ -60,51 +84,67 @@ class Sizes:
     warmup: int = 2
     steps: int = 5
     monitor: dict[str, Any] = field(default_factory=lambda: {
-        "dataset": "builtin:botocore-docs", "vocab": 8000, "steps": 60, "sample_s": 1.0})
-    gpu_tests: bool = True
+        "corpus_bytes": 40_000_000, "vocab": 8000, "steps": 30, "sample_s": 1.0})
 
 
 FULL = Sizes()
-SMOKE = Sizes(model={"d_model": 64, "n_layers": 2, "n_eigenstates": 16, "n_heads": 2},
-              vocab=512, seq_len=64, batches=(1, 2), lengths=(32, 64),
-              tokens_per_step=128, chunks=(16, 32), ref_T=32, selective_chunk=16,
-              warmup=1, steps=1,
-              monitor={"dataset": "generated", "vocab": 300, "steps": 3, "sample_s": 1.0},
-              gpu_tests=False)
+SMOKE = Sizes(batches=(2,), lengths=(32, 64), tokens_per_step=128, chunks=(16, 32),
+              ref_T=32, selective_chunk=16, warmup=1, steps=1,
+              monitor={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 3, "sample_s": 1.0})
+
+
+def sizes_of(smoke: bool) -> Sizes:
+    return SMOKE if smoke else FULL
+
+
+# --- the flagship job ------------------------------------------------------------------------
+
+def flagship_job(smoke: bool, sets: tuple[str, ...] = ()) -> Any:
+    """jobs/l40s-small-32k.yaml as ``ten-runner run`` loads it (--smoke: tiny, on CPU)."""
+    from runner.job import load_job
+
+    return load_job(FLAGSHIP_JOB, [*(SMOKE_SETS if smoke else ()), *sets])
+
+
+def flagship_model(job: Any, **overrides: Any) -> Any:
+    """The model the job trains (vocabulary: its tokenizer's size), fields overridden."""
+    return dataclasses.replace(job.model_settings(job.data.tokenizer.vocab_size), **overrides)
 
 
 # --- one training step of the real trainer --------------------------------------------------
 
 class Step:
-    """``ten.step.train_step`` of a freshly built model on random tokens, as training
-    runs it: the job's precision, optimizer, loss backend and (optionally) compile."""
+    """``ten.step.train_step`` of a freshly built model on random tokens, as the job's
+    training runs it: its precision, optimizer, loss backend, compile and accumulation."""
 
-    def __init__(self, cfg: Any, batch: int, device: Any, optimizer: str = "adamw8bit",
-                 compile: bool = False) -> None:
+    def __init__(self, cfg: Any, train: Any, device: Any, batch: int | None = None,
+                 grad_accum: int | None = None, compile: bool | None = None) -> None:
         import torch
 
-        from ten.config import TrainConfig
         from ten.loss import NextTokenLoss, resolve_loss_backend
         from ten.presets import build_model
         from ten.trainer import build_optimizer, resolve_precision
 
         torch.manual_seed(0)
-        self.device, self.batch, self.cfg = device, batch, cfg
-        self.amp = resolve_precision("auto", device)
+        self.device, self.cfg = device, cfg
+        self.batch = train.batch_size if batch is None else batch
+        self.grad_accum = train.grad_accum if grad_accum is None else grad_accum
+        self.amp = resolve_precision(train.precision, device)
         self.model = build_model(cfg).to(device)
-        if compile:
+        if train.compile if compile is None else compile:
             self.model.compile_blocks()
-        self.optimizer = build_optimizer(self.model, TrainConfig(max_steps=1, optimizer=optimizer),
-                                         device)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=False)
-        self.loss_backend = resolve_loss_backend("auto", device)[0]
+        self.optimizer = build_optimizer(self.model, train, device)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp == torch.float16)
+        self.loss_backend = resolve_loss_backend(train.loss, device)[0]
         self.objective = NextTokenLoss(self.model, self.loss_backend)
-        self.ids = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
+        self.ids = torch.randint(0, cfg.vocab_size, (self.batch, cfg.seq_len + 1),
+                                 device=device)
 
     def once(self) -> None:
         from ten.step import train_step
 
-        train_step(self.objective, self.optimizer, self.scaler, [self.ids], self.amp, 1.0)
+        train_step(self.objective, self.optimizer, self.scaler, [self.ids] * self.grad_accum,
+                   self.amp, 1.0)
 
     def measure(self, warmup: int, steps: int) -> dict[str, Any]:
         import torch
@@ -126,12 +166,12 @@ class Step:
             _sync(self.device)
             times.append(time.perf_counter() - t0)
         sec = statistics.median(times)
-        tok_s = self.batch * self.cfg.seq_len / sec
+        tok_s = self.batch * self.grad_accum * self.cfg.seq_len / sec
         fpt = self.model.flops_per_token(self.cfg.seq_len)
         recompute = self.model.recompute_flops_per_token(self.cfg.seq_len)
         peak = peak_flops(self.device)
-        return {"batch": self.batch, "seq_len": self.cfg.seq_len, "sec_per_step": sec,
-                "tokens_per_s": tok_s, "mfu": mfu(fpt, tok_s, peak),
+        return {"batch": self.batch, "grad_accum": self.grad_accum, "seq_len": self.cfg.seq_len,
+                "sec_per_step": sec, "tokens_per_s": tok_s, "mfu": mfu(fpt, tok_s, peak),
                 "hfu": hfu(fpt, recompute, tok_s, peak),
                 "peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / GB if cuda
                 else None, "warmup_s": first_s, "loss": self.loss_backend}
@@ -158,16 +198,16 @@ def _oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def measure_step(cfg: Any, batch: int, device: Any, sizes: Sizes, **kw: Any) -> dict[str, Any]:
+def measure_step(cfg: Any, train: Any, device: Any, sizes: Sizes, **kw: Any) -> dict[str, Any]:
     """A Step measured and freed; {"batch", "oom": True} when it does not fit."""
     step = None
     try:
-        step = Step(cfg, batch, device, **kw)
+        step = Step(cfg, train, device, **kw)
         return step.measure(sizes.warmup, sizes.steps)
     except RuntimeError as e:
         if not _oom(e):
             raise
-        return {"batch": batch, "seq_len": cfg.seq_len, "oom": True}
+        return {"batch": kw.get("batch", train.batch_size), "seq_len": cfg.seq_len, "oom": True}
     finally:
         del step
         _free()
@@ -176,41 +216,55 @@ def measure_step(cfg: Any, batch: int, device: Any, sizes: Sizes, **kw: Any) -> 
 # --- the sections ---------------------------------------------------------------------------
 
 class Suite:
-    def __init__(self, sizes: Sizes, device: Any, out: Path, stem: str) -> None:
-        self.sizes, self.device, self.out, self.stem = sizes, device, out, stem
+    """The sections, each a method returning its JSON-able result."""
+
+    def __init__(self, smoke: bool, device: Any, out: Path, stem: str,
+                 so_far: dict[str, Any] | None = None) -> None:
+        from runner.job.library import train_config
+
+        self.smoke, self.sizes, self.device = smoke, sizes_of(smoke), device
+        self.out, self.stem, self.so_far = out, stem, so_far or {}
+        self.job = flagship_job(smoke)
+        self.train = train_config(self.job)
 
     def flagship_config(self, **kw: Any) -> Any:
-        from ten.presets import ten_config
-
-        s = self.sizes
-        return ten_config(s.preset, **{"vocab_size": s.vocab, "seq_len": s.seq_len,
-                                       "grad_checkpointing": True, "scan_backend": "auto",
-                                       **s.model, **kw})
+        return flagship_model(self.job, **kw)
 
     def flagship(self) -> dict[str, Any]:
-        """Batch 1, then doubling until a batch does not fit: the largest that does."""
-        cfg, tried = self.flagship_config(), []
+        """The job as configured (its batch and accumulation), then larger micro-batches
+        without accumulation until one does not fit: the largest that does."""
+        cfg = self.flagship_config()
+        job_step = measure_step(cfg, self.train, self.device, self.sizes)
+        tried = [job_step]
         for batch in self.sizes.batches:
-            tried.append(measure_step(cfg, batch, self.device, self.sizes))
+            tried.append(measure_step(cfg, self.train, self.device, self.sizes, batch=batch,
+                                      grad_accum=1))
             if tried[-1].get("oom"):
                 break
         fits = [r for r in tried if not r.get("oom")]
-        return {"config": _model_fields(cfg), "optimizer": "adamw8bit", "batch_1": tried[0],
-                "largest": fits[-1] if fits else None, "tried": tried}
+        return {"job": FLAGSHIP_JOB.name, "config": _model_fields(cfg),
+                "train": _train_fields(self.train), "batch_1": job_step,
+                "largest": max(fits, key=lambda r: r["batch"]) if fits else None,
+                "tried": tried}
 
-    def memory(self, flagship: dict[str, Any]) -> dict[str, Any]:
-        """ten.memory's estimate against the measured peak, where one was measured."""
+    def memory(self) -> dict[str, Any]:
+        """ten.memory's estimate against the flagship section's measured peak."""
         from ten.memory import estimate_training_memory
         from ten.trainer import resolve_precision
 
-        amp = resolve_precision("auto", self.device)
+        flagship = self.so_far.get("flagship") or {}
+        if not flagship or "error" in flagship:
+            raise RuntimeError("needs the flagship section's results (run it first, in the "
+                               "same call)")
+        amp = resolve_precision(self.train.precision, self.device)
         rows = {}
         for key in ("batch_1", "largest"):
             run = flagship.get(key)
             if not run:
                 continue
-            est = estimate_training_memory(self.flagship_config(), run["batch"],
-                                           self.sizes.seq_len, amp, "adamw8bit")
+            cfg = self.flagship_config()
+            est = estimate_training_memory(cfg, run["batch"], cfg.seq_len, amp,
+                                           self.train.optimizer)
             measured = run.get("peak_mem_gb")
             rows[key] = {"batch": run["batch"], "estimate_gb": est.total / GB,
                          "measured_gb": measured,
@@ -225,11 +279,12 @@ class Suite:
         s, rows = self.sizes, {}
         for T in s.lengths:
             batch = max(1, s.tokens_per_step // T)
-            ten = measure_step(self.flagship_config(seq_len=T), batch, self.device, s)
-            shared = {k: v for k, v in s.model.items() if k in ("d_model", "n_layers")}
-            tf_cfg = transformer_config(s.preset, vocab_size=s.vocab, seq_len=T,
-                                        grad_checkpointing=True, **shared)
-            tf = measure_step(tf_cfg, batch, self.device, s)
+            kw = dict(batch=batch, grad_accum=1)
+            ten = measure_step(self.flagship_config(seq_len=T), self.train, self.device, s, **kw)
+            overrides = {**self.job.model.overrides, "vocab_size": self.flagship_config()
+                         .vocab_size, "seq_len": T}
+            tf_cfg = transformer_config(self.job.model.preset, **overrides)
+            tf = measure_step(tf_cfg, self.train, self.device, s, **kw)
             ratio = (ten["tokens_per_s"] / tf["tokens_per_s"]
                      if "tokens_per_s" in ten and "tokens_per_s" in tf else None)
             rows[str(T)] = {"batch": batch, "ten": ten, "transformer": tf, "ratio": ratio}
@@ -264,22 +319,22 @@ class Suite:
 
     def chunk(self) -> dict[str, Any]:
         """The chunked scan's forward + backward at the flagship's T and K per chunk size."""
-        return {mode: {str(q): self._time_scan("chunked", self.sizes.seq_len, mode == "selective",
-                                               chunk=q) for q in self.sizes.chunks}
+        T = self.flagship_config().seq_len
+        return {mode: {str(q): self._time_scan("chunked", T, mode == "selective", chunk=q)
+                       for q in self.sizes.chunks}
                 for mode in ("fixed", "selective")}
 
     def scan(self) -> dict[str, Any]:
         """ref / chunked / fused forward + backward, and fused's error against ref."""
-        s, rows = self.sizes, {}
+        s, rows, T = self.sizes, {}, self.flagship_config().seq_len
         for mode in ("fixed", "selective"):
             sel = mode == "selective"
             row = {"ref": self._time_scan("ref", s.ref_T, sel, repeat=1)}
             for backend in ("chunked", "fused"):
-                row[backend] = {str(T): self._time_scan(backend, T, sel)
-                                for T in (s.ref_T, s.seq_len)}
-            long = str(s.seq_len)
-            if "ms" in row["chunked"][long] and "ms" in row["fused"][long]:
-                row["fused_speedup_at_T"] = row["chunked"][long]["ms"] / row["fused"][long]["ms"]
+                row[backend] = {str(t): self._time_scan(backend, t, sel) for t in (s.ref_T, T)}
+            chunked, fused = row["chunked"][str(T)], row["fused"][str(T)]
+            if "ms" in chunked and "ms" in fused:
+                row["fused_speedup_at_T"] = chunked["ms"] / fused["ms"]
             row["fused_max_error"] = self._fused_error(sel)
             rows[mode] = row
         return rows
@@ -303,13 +358,13 @@ class Suite:
         return out
 
     def compile(self) -> dict[str, Any]:
-        """The flagship at batch 1 with train.compile off and on (every block compiled)."""
+        """The job's step with train.compile off and on (every block compiled)."""
         cfg = self.flagship_config()
-        off = measure_step(cfg, 1, self.device, self.sizes)
-        on = measure_step(cfg, 1, self.device, self.sizes, compile=True)
+        off = measure_step(cfg, self.train, self.device, self.sizes, compile=False)
+        on = measure_step(cfg, self.train, self.device, self.sizes, compile=True)
         ratio = (on["tokens_per_s"] / off["tokens_per_s"]
                  if "tokens_per_s" in on and "tokens_per_s" in off else None)
-        return {"off": off, "on": on, "speedup": ratio,
+        return {"off": off, "on": on, "speedup": ratio, "job_compiles": self.train.compile,
                 "compile_s": on.get("warmup_s")}
 
     def selective(self) -> dict[str, Any]:
@@ -321,6 +376,7 @@ class Suite:
         from ten.trainer import resolve_precision
 
         capacity = device_capacity(self.device)
+        amp = resolve_precision(self.train.precision, self.device)
         rows = {}
         for name, kw in (("fused", {"scan_backend": "fused"}),
                          ("chunked", {"scan_backend": "chunked",
@@ -328,21 +384,21 @@ class Suite:
                          ("fixed_fused", {"scan_backend": "fused", "selective": False,
                                           "conv_width": 0})):
             cfg = self.flagship_config(**{"selective": True, "conv_width": 4, **kw})
-            est = estimate_training_memory(cfg, 1, cfg.seq_len,
-                                           resolve_precision("auto", self.device), "adamw8bit")
+            est = estimate_training_memory(cfg, 1, cfg.seq_len, amp, self.train.optimizer)
             problem = capacity and fit_problem(est, capacity[1], capacity[0], cfg)
             row = {"chunk_size": cfg.chunk_size, "estimate_gb": est.total / GB,
                    "fits": None if capacity is None else not problem, "refusal": problem or None}
             if not problem:
-                row.update(measure_step(cfg, 1, self.device, self.sizes))
+                row.update(measure_step(cfg, self.train, self.device, self.sizes, batch=1,
+                                        grad_accum=1))
             rows[name] = row
         return rows
 
     def profile(self) -> dict[str, Any]:
-        """One flagship step under torch.profiler, device time split by kernel kind."""
+        """One micro-batch step of the job under torch.profiler, device time by kernel kind."""
         from torch.profiler import ProfilerActivity, profile
 
-        step = Step(self.flagship_config(), 1, self.device)
+        step = Step(self.flagship_config(), self.train, self.device, grad_accum=1)
         for _ in range(self.sizes.warmup):
             step.once()
         _sync(self.device)
@@ -366,27 +422,40 @@ class Suite:
                 "matmuls count as GEMM there)"}
 
     def monitor(self) -> dict[str, Any]:
-        """A short real ``ten-runner run`` of the flagship with the health gate, the NVML
-        sampler and the heartbeat on; then its gate verdict, GPU samples, diagnosis and
-        ``ten-runner report``'s image."""
+        """``ten-runner run`` of the flagship job file itself (data, steps and storage
+        overridden) with the health gate, the NVML sampler and the heartbeat on; then its
+        gate verdict, GPU samples, diagnosis and ``ten-runner report``'s image."""
         from runner.monitor.diagnose import diagnose
         from ten.metrics import read_metrics
 
         m = self.sizes.monitor
         with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
             tmp = Path(tmp)
-            job = self._monitor_job(tmp, m)
+            corpus = stdlib_corpus(tmp / "corpus.jsonl", m["corpus_bytes"])
+            sets = [*(SMOKE_SETS if self.smoke else ()), "name=gpu-suite-monitor",
+                    f"data.dataset={corpus}", "data.mode=pretokenized",
+                    f"data.tokenizer.vocab_size={m['vocab']}", f"data.cache_dir={tmp / 'cache'}",
+                    "data.num_workers=0", f"train.max_steps={m['steps']}",
+                    "train.warmup_steps=2", f"train.eval_every={m['steps']}",
+                    "train.eval_batches=2", "train.log_every=1",
+                    f"checkpoint.every_steps={m['steps']}", "checkpoint.keep_last=1",
+                    "checkpoint.milestone_every=null", f"storage.url={tmp / 'runs'}",
+                    "storage.endpoint_url=null", f"monitor.gpu_sample_s={m['sample_s']}",
+                    "monitor.heartbeat_s=2", "monitor.health_gate=true", "resources.spot=false"]
+            args = [sys.executable, "-m", "runner.cli", "run", str(FLAGSHIP_JOB), "--no-sample"]
+            for s in sets:
+                args += ["--set", s]
             t0 = time.time()
-            proc = subprocess.run([sys.executable, "-m", "runner.cli", "run", str(job),
-                                   "--no-sample"], capture_output=True, text=True,
-                                  cwd=ROOT, timeout=480)
+            proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT,
+                                  env=child_env(), timeout=600)
             run_dir = tmp / "runs" / "gpu-suite-monitor"
             log = (run_dir / "run.log").read_text() if (run_dir / "run.log").exists() else ""
             samples = read_metrics(run_dir / "gpu.jsonl")  # any JSONL, torn lines skipped
             metrics = read_metrics(run_dir / "metrics.jsonl")
             report = subprocess.run([sys.executable, "-m", "runner.cli", "report",
                                      str(run_dir), "--out", str(tmp / "report")],
-                                    capture_output=True, text=True, cwd=ROOT, timeout=120)
+                                    capture_output=True, text=True, cwd=ROOT,
+                                    env=child_env(), timeout=120)
             png = next((tmp / "report").glob("*.png"), None)
             image = None
             if png is not None:
@@ -394,60 +463,62 @@ class Suite:
                 image.write_bytes(png.read_bytes())
         if proc.returncode != 0:
             raise RuntimeError(f"ten-runner run exited {proc.returncode}: "
-                               f"{proc.stderr.strip()[-400:]}")
+                               f"{(proc.stderr.strip() or proc.stdout.strip())[-600:]}")
         gate = [line for line in log.splitlines()
-                if re.search(r"health gate|bf16 matmul|no GPU|unhealthy", line)]
+                if re.search(r"health gate|bf16 matmul|no GPU|unhealthy|scan backend", line)]
         return {"exit_code": proc.returncode, "seconds": time.time() - t0,
                 "gate": gate, "samples": len(samples), "sampler": summarize_samples(samples),
                 "diagnosis": [d.to_dict() for d in diagnose(metrics, samples, time.time())],
                 "report_png": image.name if image else None,
                 "report_error": report.stderr[-300:] if report.returncode else None}
 
-    def _monitor_job(self, tmp: Path, m: dict[str, Any]) -> Path:
-        dataset = m["dataset"]
-        if dataset == "generated":  # smoke: a small local corpus, no tokenizer wait
-            from bench_storage import make_corpus
-
-            make_corpus(tmp / "corpus.jsonl", docs=300)
-            dataset = str(tmp / "corpus.jsonl")
-        overrides = ", ".join(f"{k}: {v}" for k, v in self.sizes.model.items())
-        text = f"""\
-name: gpu-suite-monitor
-model: {{arch: ten, preset: {self.sizes.preset}, grad_checkpointing: true{
-    ', ' + overrides if overrides else ''}}}
-data:
-  dataset: '{dataset}'
-  mode: pretokenized
-  seq_len: {self.sizes.seq_len}
-  tokenizer: {{vocab_size: {m['vocab']}}}
-  cache_dir: '{tmp / 'cache'}'
-  num_workers: 0
-train:
-  max_steps: {m['steps']}
-  batch_size: 1
-  warmup_steps: 2
-  optimizer: adamw8bit
-  eval_every: {m['steps']}
-  eval_batches: 2
-  log_every: 1
-  device: auto
-checkpoint: {{every_steps: {m['steps']}, keep_last: 1}}
-storage: {{url: '{tmp / 'runs'}'}}
-monitor: {{gpu_sample_s: {m['sample_s']}, heartbeat_s: 2, health_gate: true}}
-"""
-        path = tmp / "monitor.yaml"
-        path.write_text(text)
-        return path
-
     def gpu_tests(self) -> dict[str, Any]:
-        """The tests marked ``gpu`` (skipped without CUDA)."""
+        """The tests marked ``gpu`` (skipped without CUDA), from the files that hold them:
+        collecting the whole suite would import what the lent machine lacks (boto3, moto)."""
+        files = gpu_test_files()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                               "no:cacheprovider", "tests"], capture_output=True, text=True,
-                              cwd=ROOT, timeout=300)
-        counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)",
-                                                    proc.stdout)}
-        return {"exit_code": proc.returncode, **counts,
-                "tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []}
+                               "no:cacheprovider", *map(str, files)], capture_output=True,
+                              text=True, cwd=ROOT, env=child_env(), timeout=600)
+        result = pytest_outcome(proc.returncode, proc.stdout)
+        if "error" in result:
+            raise RuntimeError(f"{result['error']}: {(proc.stdout + proc.stderr)[-800:]}")
+        return {**result, "files": [str(f.relative_to(ROOT)) for f in files]}
+
+
+def gpu_test_files() -> list[Path]:
+    return sorted(p for p in (ROOT / "tests").rglob("test_*.py")
+                  if "pytest.mark.gpu" in p.read_text())
+
+
+def pytest_outcome(returncode: int, stdout: str) -> dict[str, Any]:
+    """pytest's counts; ``error`` when it did not run every collected test to a pass or
+    skip (failures, errors, nothing collected, an interrupted session)."""
+    counts = {k: int(n) for n, k in re.findall(
+        r"(\d+) (passed|failed|skipped|errors?|deselected)", stdout)}
+    tail = stdout.strip().splitlines()[-1:] if stdout.strip() else []
+    out: dict[str, Any] = {"exit_code": returncode, **counts, "tail": tail}
+    if returncode != 0 or not counts.get("passed", 0) + counts.get("skipped", 0):
+        out["error"] = f"pytest exited {returncode}" + (f" ({tail[0]})" if tail else "")
+    return out
+
+
+def stdlib_corpus(path: Path, max_bytes: int) -> Path:
+    """A JSONL corpus of real text present on every machine, the lent one included (no
+    network, no botocore): the Python standard library's sources in a fixed order, in
+    documents of up to 8,000 characters (enough of them for a held-out split), up to
+    ``max_bytes``."""
+    import sysconfig
+
+    total, doc = 0, 8000
+    with open(path, "w") as f:
+        for src in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+            text = src.read_text(errors="replace")
+            for i in range(0, len(text), doc):
+                f.write(json.dumps({"text": text[i:i + doc]}) + "\n")
+            total += len(text)
+            if total >= max_bytes:
+                break
+    return path
 
 
 def kernel_kind(name: str) -> str:
@@ -514,11 +585,37 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
 def _model_fields(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg).items()
             if k in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "seq_len",
-                     "chunk_size", "scan_backend", "selective", "grad_checkpointing")}
+                     "chunk_size", "scan_backend", "selective", "conv_width",
+                     "grad_checkpointing")}
+
+
+def _train_fields(train: Any) -> dict[str, Any]:
+    return {k: getattr(train, k) for k in ("batch_size", "grad_accum", "precision",
+                                           "optimizer", "loss", "compile")}
 
 
 def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def child_env() -> dict[str, str]:
+    """The environment for the processes a section starts: the checkout importable."""
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
+def source_commit() -> str | None:
+    """The commit measured: git's, or on a machine with no .git (the lent one) the one
+    device_bundle.sh wrote beside the bundle."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=ROOT, timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    stamp = Path(os.environ.get("TEN_DEVSITE", ROOT / ".devsite")) / "COMMIT"
+    return stamp.read_text().strip() or None if stamp.is_file() else None
 
 
 def environment(device: Any) -> dict[str, Any]:
@@ -530,42 +627,133 @@ def environment(device: Any) -> dict[str, Any]:
     except ImportError:
         triton_version = None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip() or None
     return {"device": name, "torch": torch.__version__, "triton": triton_version,
-            "cuda": torch.version.cuda, "commit": commit,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0],
+            "commit": source_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
 
+# --- running sections: one process each, a time limit, results written as they come ---------
+
 SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "compile",
             "selective", "profile", "monitor", "gpu_tests")
+# The recipe's three device calls; each fits a 10-minute command with room to spare.
+PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
+         2: ("scan", "chunk", "profile", "gpu_tests"),
+         3: ("compile", "monitor")}
+# The most a section may take on the GPU (seconds), start-up and kernel compiles included.
+TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
+             "scan": 180, "compile": 360, "selective": 240, "profile": 120, "monitor": 420,
+             "gpu_tests": 240}
+MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 
-def run_suite(sizes: Sizes, device: Any, out: Path, sections: tuple[str, ...] = SECTIONS,
-              log: Any = print) -> dict[str, Any]:
-    results = environment(device)
-    results["smoke"] = sizes is SMOKE
-    stem = f"{device_slug(results['device'])}-{results['date']}"
-    out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(sizes, device, out, stem)
-    for name in sections:
-        if name == "gpu_tests" and not sizes.gpu_tests:
-            results[name] = {"skipped": "smoke: the suite's own run of the tests is enough"}
-            continue
-        log(f"[gpu_suite] {name} ...")
-        t0 = time.perf_counter()
+def run_child(name: str, smoke: bool, out: Path, stem: str, so_far: dict[str, Any],
+              timeout_s: float) -> dict[str, Any]:
+    """Run one section in its own process (a crash, a poisoned CUDA context or a hang
+    ends that section only); its result, or {"error": ...} saying why there is none."""
+    with tempfile.TemporaryDirectory(prefix="gpu-suite-section-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "so_far.json").write_text(json.dumps(so_far, default=str))
+        args = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--out",
+                str(out), "--stem", stem, "--so-far", str(tmp / "so_far.json"),
+                "--result", str(tmp / "result.json"), *(["--smoke"] if smoke else [])]
+        proc = subprocess.Popen(args, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            args = (results.get("flagship") or {},) if name == "memory" else ()
-            results[name] = getattr(suite, name)(*args)
-        except Exception as e:  # a section's failure is a result; the others still run
-            results[name] = {"error": f"{type(e).__name__}: {e}"[:500],
-                             "where": traceback.format_exc(limit=-3)[-800:]}
-        log(f"[gpu_suite] {name}: {time.perf_counter() - t0:.1f} s")
-    results["targets"] = check_targets(results)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / f"{stem}.md").write_text(markdown(results))
-    results["_paths"] = [str(out / f"{stem}.json"), str(out / f"{stem}.md")]
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            return {"error": f"timed out after {timeout_s:.0f} s",
+                    "output": (output or "")[-1500:]}
+        result = tmp / "result.json"
+        if result.is_file():
+            return json.loads(result.read_text())
+        return {"error": f"the section's process exited {proc.returncode} with no result",
+                "output": (output or "")[-1500:]}
+
+
+def child_main(name: str, smoke: bool, out: Path, stem: str, so_far_path: Path,
+               result_path: Path) -> int:
+    """One section in this process; writes its result (or the error) to result_path."""
+    try:
+        import torch
+
+        device = torch.device("cpu" if smoke else "cuda")
+        so_far = json.loads(so_far_path.read_text())
+        result = getattr(Suite(smoke, device, out, stem, so_far), name)()
+    except Exception as e:  # a section's failure is a result; the parent carries on
+        result = {"error": f"{type(e).__name__}: {e}"[:800],
+                  "where": traceback.format_exc(limit=-4)[-1500:]}
+    write_json(result_path, result)
+    return 0
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically: a kill at any moment leaves the previous whole file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def run_suite(smoke: bool, device: Any, out: Path, sections: tuple[str, ...], tag: str = "",
+              budget_s: float = 540.0, log: Any = print) -> dict[str, Any]:
+    """Every section in ``sections``, in order, within ``budget_s``; the JSON and the
+    table are rewritten after each."""
+    results = environment(device)
+    results["smoke"] = smoke
+    stem = f"{device_slug(results['device'])}-{results['date']}{'-' + tag if tag else ''}"
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    start = time.monotonic()
+    for name in sections:
+        left = budget_s - (time.monotonic() - start)
+        if left < MIN_START_S:
+            results[name] = {"error": f"not started: {left:.0f} s left of this call's "
+                             f"{budget_s:.0f} s budget; run it with --sections {name}"}
+        else:
+            log(f"[gpu_suite] {name} ...")
+            limit = min(TIMEOUT_S[name] if not smoke else 600, left)
+            t0 = time.monotonic()
+            results[name] = run_child(name, smoke, out, stem, results, limit)
+            results.setdefault("seconds", {})[name] = round(time.monotonic() - t0, 1)
+            status = "error" if "error" in results[name] else "ok"
+            log(f"[gpu_suite] {name}: {status} in {results['seconds'][name]:.0f} s")
+        results["targets"] = check_targets(results)
+        write_json(json_path, results)
+        md_path.write_text(markdown(results))
+    results["_paths"] = [str(json_path), str(md_path)]
     return results
+
+
+def failed_sections(results: dict[str, Any]) -> list[str]:
+    return [k for k in SECTIONS if isinstance(results.get(k), dict) and "error" in results[k]]
+
+
+def merge(paths: list[Path], out: Path) -> dict[str, Any]:
+    """The parts of one device's run as one result: sections from every file (a later
+    file's section replaces an earlier one's), the environment of the first, targets and
+    table recomputed. Refuses files from different devices or smoke with real runs."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    for p, r in zip(paths, parts, strict=True):
+        for key in ("device", "smoke"):
+            if r.get(key) != parts[0].get(key):
+                raise SystemExit(f"gpu_suite --merge: {p} is {key}={r.get(key)!r}, "
+                                 f"{paths[0]} is {parts[0].get(key)!r}: not one run")
+    merged = {k: v for k, v in parts[0].items() if k not in SECTIONS}
+    merged["parts"] = [p.name for p in paths]
+    merged["seconds"] = {}
+    for r in parts:
+        merged.update({k: r[k] for k in SECTIONS if k in r})
+        merged["seconds"].update(r.get("seconds") or {})
+    merged["targets"] = check_targets(merged)
+    stem = f"{device_slug(merged['device'])}-{merged['date']}"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{stem}.json", merged)
+    (out / f"{stem}.md").write_text(markdown(merged))
+    merged["_paths"] = [str(out / f"{stem}.json"), str(out / f"{stem}.md")]
+    return merged
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -582,12 +770,13 @@ def markdown(r: dict[str, Any]) -> str:
     for name, t in (r.get("targets") or {}).items():
         lines.append(f"| {name} | {f(t['measured'])} | {t['target']} | {f(t['met'])} |")
     fl = r.get("flagship") or {}
-    lines += ["", "| flagship | batch | tokens/s | MFU | HFU | peak GB |",
+    lines += ["", "| flagship | batch × accum | tokens/s | MFU | HFU | peak GB |",
               "|---|---|---|---|---|---|"]
     for key in ("batch_1", "largest"):
         x = fl.get(key) or {}
-        lines.append(f"| {key} | {f(x.get('batch'))} | {f(x.get('tokens_per_s'), '.0f')} | "
-                     f"{f(x.get('mfu'))} | {f(x.get('hfu'))} | {f(x.get('peak_mem_gb'))} |")
+        lines.append(f"| {key} | {f(x.get('batch'))} × {f(x.get('grad_accum'))} | "
+                     f"{f(x.get('tokens_per_s'), '.0f')} | {f(x.get('mfu'))} | "
+                     f"{f(x.get('hfu'))} | {f(x.get('peak_mem_gb'))} |")
     tvt = r.get("ten_vs_transformer") or {}
     if tvt and "error" not in tvt:
         lines += ["", "| T | batch | TEN tokens/s | transformer tokens/s | TEN ÷ transformer |",
@@ -595,7 +784,7 @@ def markdown(r: dict[str, Any]) -> str:
         for T, x in tvt.items():
             lines.append(f"| {T} | {x['batch']} | {f(x['ten'].get('tokens_per_s'), '.0f')} | "
                          f"{f(x['transformer'].get('tokens_per_s'), '.0f')} | {f(x['ratio'])} |")
-    errors = [k for k, v in r.items() if isinstance(v, dict) and "error" in v]
+    errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]
     return "\n".join(lines) + "\n"
@@ -604,25 +793,44 @@ def markdown(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="folder for the JSON, table, image")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (CI)")
-    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (CI, rehearsal)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--sections", nargs="+", choices=SECTIONS)
+    which.add_argument("--part", type=int, choices=sorted(PARTS),
+                       help="one of the device recipe's calls: " + "; ".join(
+                           f"{n}: {' '.join(s)}" for n, s in PARTS.items()))
+    which.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                       help="combine the parts' JSON files into one run's JSON and table")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="start no section after this many seconds (default: 9 minutes)")
+    # one section in this process (what the suite itself starts for every section)
+    p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
+    p.add_argument("--stem", help=argparse.SUPPRESS)
+    p.add_argument("--so-far", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU path, even on a GPU host
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
-    # the sibling scripts it borrows from: bench_scan, bench_storage
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import torch
+    if args.child:
+        return child_main(args.child, args.smoke, args.out, args.stem, args.so_far, args.result)
+    if args.merge:
+        results = merge(args.merge, args.out)
+    else:
+        import torch
 
-    device = torch.device("cpu" if args.smoke else "cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_suite: no CUDA device; run with --smoke for the CPU check", file=sys.stderr)
-        return 2
-    results = run_suite(SMOKE if args.smoke else FULL, device, args.out, tuple(args.sections))
+        device = torch.device("cpu" if args.smoke else "cuda")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print("gpu_suite: no CUDA device; run with --smoke for the CPU check",
+                  file=sys.stderr)
+            return 2
+        sections = PARTS[args.part] if args.part else tuple(args.sections or SECTIONS)
+        tag = f"part{args.part}" if args.part else ""
+        results = run_suite(args.smoke, device, args.out, sections, tag, args.budget_s)
     for path in results.pop("_paths"):
         print(f"wrote {path}")
     print(markdown(results))
-    failed = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
+    failed = failed_sections(results)
     if failed:
         print(f"gpu_suite: sections failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -1,9 +1,13 @@
 """benchmarks/gpu_suite.py: its --smoke run (every section, tiny sizes, CPU) must work
-before a GPU ever runs it; and what it concludes from a GPU's numbers."""
+before a GPU ever runs it; a run killed or short of a package keeps what finished and
+says what did not; and what it concludes from a GPU's numbers."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,24 +17,31 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_suite  # noqa: E402
 
+SUITE = [sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py")]
+
+
+def suite(*args, env=None, **kw):
+    # from /, with the project off sys.path: the suite must find it from its own location
+    return subprocess.run([*SUITE, *args], capture_output=True, text=True, timeout=600,
+                          cwd="/", env=env, **kw)
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"),
-                           "--smoke", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    proc = suite("--smoke", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (path,) = out.glob("cpu-*.json")
     return out, json.loads(path.read_text())
 
 
-@pytest.mark.slow  # the smoke run: ~40 s
+@pytest.mark.slow  # the smoke run: ~2.5 minutes
 def test_smoke_runs_every_section_without_error(smoke):
     out, r = smoke
     assert r["device"] == "cpu" and r["smoke"] is True and r["torch"] and r["triton"]
     for name in gpu_suite.SECTIONS:
         assert name in r and "error" not in r[name], (name, r[name])
+        assert r["seconds"][name] > 0  # each ran in its own process, timed
     assert (out / f"cpu-{r['date']}.md").read_text().startswith("### GPU suite: cpu")
 
 
@@ -38,8 +49,11 @@ def test_smoke_runs_every_section_without_error(smoke):
 def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
     fl = r["flagship"]
+    assert fl["job"] == "l40s-small-32k.yaml"  # the job itself, not a copy of its settings
+    assert fl["config"]["grad_checkpointing"] is True and fl["config"]["scan_backend"] == "auto"
+    assert fl["train"]["optimizer"] == "adamw"  # smoke: no 8-bit AdamW off CUDA (the job check)
     assert fl["batch_1"]["batch"] == 1 and fl["batch_1"]["tokens_per_s"] > 0
-    assert fl["largest"]["batch"] == 2 and fl["config"]["grad_checkpointing"] is True
+    assert fl["largest"]["batch"] == 2 and fl["largest"]["grad_accum"] == 1
     assert set(r["ten_vs_transformer"]) == {"32", "64"}
     assert all(row["ratio"] > 0 for row in r["ten_vs_transformer"].values())
     assert set(r["chunk"]["fixed"]) == {"16", "32"} and r["chunk"]["selective"]["16"]["ms"] > 0
@@ -55,10 +69,101 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
     mon = r["monitor"]
     assert mon["exit_code"] == 0 and any("health gate" in line for line in mon["gate"])
+    assert any("scan backend: auto -> chunked" in line for line in mon["gate"])
     assert (out / mon["report_png"]).read_bytes()[:4] == b"\x89PNG"
+    tests = r["gpu_tests"]  # collected without boto3 or moto; skipped on CPU
+    assert tests["exit_code"] == 0 and tests["skipped"] > 0 and "failed" not in tests
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
                                  "ten_over_transformer_32768", "ten_over_transformer_2048",
                                  "fused_over_chunked_scan"}
+
+
+@pytest.mark.slow
+def test_a_killed_run_keeps_every_finished_section(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*SUITE, "--smoke", "--out", str(out), "--sections", "chunk",
+                             "scan"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    path = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(out.glob("cpu-*.json"))
+        if found and "chunk" in json.loads(found[0].read_text()):
+            path = found[0]
+            break
+        time.sleep(0.2)
+    assert path is not None, proc.communicate()[0][-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)  # the device's 10-minute limit, say
+    proc.wait()
+    r = json.loads(path.read_text())
+    assert r["chunk"]["fixed"] and "error" not in r["chunk"]
+    assert "scan" not in r  # never half a section
+
+
+def test_a_missing_package_is_an_error_not_an_empty_success(tmp_path):
+    shadow = tmp_path / "site" / "pydantic"  # the lent image has no pydantic
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'pydantic'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = suite("--smoke", "--out", str(tmp_path / "out"), "--sections", "chunk", env=env)
+    assert proc.returncode == 1 and "sections failed: chunk" in proc.stderr
+    (path,) = (tmp_path / "out").glob("cpu-*.json")
+    assert "No module named 'pydantic'" in json.loads(path.read_text())["chunk"]["error"]
+
+
+def test_a_section_past_its_time_is_stopped_and_recorded(tmp_path):
+    r = gpu_suite.run_child("scan", True, tmp_path, "stem", {}, timeout_s=1)
+    assert r["error"] == "timed out after 1 s"
+
+
+def test_no_section_starts_without_the_time_to_run(tmp_path):
+    proc = suite("--smoke", "--out", str(tmp_path), "--part", "3", "--budget-s", "10")
+    assert proc.returncode == 1
+    (path,) = tmp_path.glob("cpu-*-part3.json")
+    r = json.loads(path.read_text())
+    for name in gpu_suite.PARTS[3]:
+        assert r[name]["error"].startswith("not started: 10 s left"), r[name]
+
+
+def test_parts_cover_every_section_once():
+    names = [n for part in gpu_suite.PARTS.values() for n in part]
+    assert sorted(names) == sorted(gpu_suite.SECTIONS)
+    # memory reads the flagship's numbers: same call, after it
+    part = next(p for p in gpu_suite.PARTS.values() if "memory" in p)
+    assert part.index("flagship") < part.index("memory")
+
+
+def test_merge_joins_the_parts_of_one_run(tmp_path):
+    env = {"device": "NVIDIA H100 80GB HBM3", "smoke": False, "date": "2026-11-25",
+           "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}
+    one = {**env, "flagship": {"largest": {"mfu": 0.41}}, "memory": {"error": "x"}}
+    two = {**env, "scan": {"fixed": {"fused_speedup_at_T": 6.0}}, "memory": {}}
+    paths = []
+    for i, part in enumerate((one, two), 1):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    r = gpu_suite.merge(paths, tmp_path / "merged")
+    assert r["targets"]["flagship_mfu"]["met"] is True
+    assert r["targets"]["fused_over_chunked_scan"]["met"] is True
+    assert r["memory"] == {}  # the later part's run of a section wins
+    assert json.loads((tmp_path / "merged" / "nvidia-h100-80gb-hbm3-2026-11-25.json")
+                      .read_text())["parts"] == ["part1.json", "part2.json"]
+    paths[1].write_text(json.dumps({**two, "device": "NVIDIA L40S"}))
+    with pytest.raises(SystemExit, match="not one run"):
+        gpu_suite.merge(paths, tmp_path / "merged")
+
+
+@pytest.mark.parametrize("code, stdout, error", [
+    (0, "3 passed, 2 skipped in 1.0s", None),
+    (0, "8 skipped, 71 deselected in 2.0s", None),
+    (1, "1 failed, 2 passed in 1.0s", "pytest exited 1"),
+    (2, "1 error in 0.5s", "pytest exited 2"),  # a module that cannot be collected
+    (5, "no tests ran in 0.1s", "pytest exited 5"),
+    (0, "", "pytest exited 0"),  # nothing counted is no success
+])
+def test_pytest_outcome(code, stdout, error):
+    assert gpu_suite.pytest_outcome(code, stdout).get("error", "").split(" (")[0] == \
+        (error or "")
 
 
 def test_targets_from_a_gpu_run():

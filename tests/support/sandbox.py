@@ -28,9 +28,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 from fakeaws import ACCESS_KEY, REGION, SECRET_KEY
 from runhelpers import WORDS
 
@@ -94,6 +92,11 @@ def free_port() -> int:
 
 
 def raw_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY):
+    # boto3 is imported here, not at the top: the GPU tests collect on the lent GPU
+    # machine, which has no boto3 (benchmarks/gpu_suite.py, section gpu_tests).
+    import boto3
+    from botocore.config import Config
+
     return boto3.session.Session().client(
         "s3", endpoint_url=endpoint, region_name="us-east-1",
         aws_access_key_id=access, aws_secret_access_key=secret,

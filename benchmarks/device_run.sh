@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# There, on the lent GPU machine (the device tool's run, with carry [".devsite"]): one part
+# of the GPU suite into $OUT, from the checkout as it arrived (nothing installed).
+#
+#   bash benchmarks/device_run.sh --part 1        # then --part 2, --part 3
+#
+# Any gpu_suite.py arguments pass through (--sections ..., --smoke). TEN_DEVSITE names
+# the bundle folder (default .devsite, made by benchmarks/device_bundle.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+site=${TEN_DEVSITE:-$PWD/.devsite}
+if [[ ! -d "$site" ]]; then
+    echo "device_run: no $site: run 'bash benchmarks/device_bundle.sh' here and carry .devsite" >&2
+    exit 2
+fi
+export TEN_DEVSITE="$site"
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# One line naming what is missing, before any minute is spent.
+python3 - <<'PY'
+import importlib, sys
+missing = []
+for name in ("torch", "triton", "pydantic", "bitsandbytes", "yaml", "click", "sentencepiece",
+             "pynvml", "ten.trainer", "runner.cli"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # ImportError, or a library failing to load
+        missing.append(f"{name} ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+if missing:
+    sys.exit("device_run: cannot import " + "; ".join(missing)
+             + ": rebuild the bundle (benchmarks/device_bundle.sh) and carry .devsite")
+PY
+exec python3 benchmarks/gpu_suite.py --out "${OUT:?set OUT to the folder that comes back}" "$@"
