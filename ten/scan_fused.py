@@ -51,7 +51,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 __all__ = ["INTERPRETED", "Plan", "plan", "scan_fused"]
 
@@ -352,34 +351,63 @@ def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: boo
     return out, dll
 
 
-class _FusedScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, beta: Tensor, log_lam: Tensor, state: Tensor | None, p: Plan) -> Tensor:
-        c, _ = _run(beta, log_lam, state, p, reverse=False)
-        ctx.save_for_backward(log_lam, state, c)
-        ctx.plan = p
-        return c
+# The kernels as torch operators (torch.library.custom_op): opaque to torch.compile (no
+# graph break), and traceable under FakeTensorMode by their fake implementations, which
+# give each output's shape (ten.memory and benchmarks/bench_traffic.py trace through them).
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dc: Tensor):
-        log_lam, state, c = ctx.saved_tensors
-        g, dll = _run(dc.contiguous(), log_lam, state, ctx.plan, reverse=True, c=c)
-        d_log_lam = None
-        if ctx.needs_input_grad[1]:
-            d_log_lam = dll if log_lam.dim() == 3 else dll.sum(dim=(0, 1))
-        d_state = None
-        if state is not None and ctx.needs_input_grad[2]:
-            half = state.shape[-1] // 2
-            ll0 = log_lam[:, 0] if log_lam.dim() == 3 else log_lam  # λ_0
-            mag = torch.exp(ll0[..., :half])
-            lr, li = mag * torch.cos(ll0[..., half:]), mag * torch.sin(ll0[..., half:])
-            gr, gi = g[:, 0, :half], g[:, 0, half:]
-            d_state = torch.cat([lr * gr + li * gi, lr * gi - li * gr], dim=-1)  # conj(λ_0)·g_0
-        return g, d_log_lam, d_state, None
+@torch.library.custom_op("ten::scan_fused_forward", mutates_args=())
+def _forward_op(beta: Tensor, log_lam: Tensor, state: Tensor | None, block_t: int,
+                block_k: int, group_tiles: int) -> Tensor:
+    """c (B, T, 2K) from contiguous float32/64 inputs, cut as the plan says."""
+    return _run(beta, log_lam, state, Plan(block_t, block_k, group_tiles), reverse=False)[0]
 
 
-@torch.compiler.disable  # a graph break: dynamo is not asked to trace the launches
+@_forward_op.register_fake
+def _(beta, log_lam, state, block_t, block_k, group_tiles):
+    return torch.empty_like(beta)
+
+
+@torch.library.custom_op("ten::scan_fused_backward", mutates_args=())
+def _backward_op(dc: Tensor, log_lam: Tensor, state: Tensor | None, c: Tensor, block_t: int,
+                 block_k: int, group_tiles: int) -> tuple[Tensor, Tensor]:
+    """(dL/dβ, dL/d log λ raw: (B, T, 2K) selective, (B, G, 2K) partial sums fixed)."""
+    return _run(dc, log_lam, state, Plan(block_t, block_k, group_tiles), reverse=True, c=c)
+
+
+@_backward_op.register_fake
+def _(dc, log_lam, state, c, block_t, block_k, group_tiles):
+    B, T, K2 = dc.shape
+    groups = math.ceil(math.ceil(T / block_t) / group_tiles)
+    return torch.empty_like(dc), (torch.empty_like(dc) if log_lam.dim() == 3
+                                  else dc.new_empty(B, groups, K2))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    beta, log_lam, state, *cut = inputs
+    ctx.save_for_backward(log_lam, state, output)
+    ctx.cut = cut
+
+
+def _backward(ctx, dc: Tensor):
+    log_lam, state, c = ctx.saved_tensors
+    g, dll = _backward_op(dc.contiguous(), log_lam, state, c, *ctx.cut)
+    d_log_lam = None
+    if ctx.needs_input_grad[1]:
+        d_log_lam = dll if log_lam.dim() == 3 else dll.sum(dim=(0, 1))
+    d_state = None
+    if state is not None and ctx.needs_input_grad[2]:
+        half = state.shape[-1] // 2
+        ll0 = log_lam[:, 0] if log_lam.dim() == 3 else log_lam  # λ_0
+        mag = torch.exp(ll0[..., :half])
+        lr, li = mag * torch.cos(ll0[..., half:]), mag * torch.sin(ll0[..., half:])
+        gr, gi = g[:, 0, :half], g[:, 0, half:]
+        d_state = torch.cat([lr * gr + li * gi, lr * gi - li * gr], dim=-1)  # conj(λ_0)·g_0
+    return g, d_log_lam, d_state, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def scan_fused(beta: Tensor, log_lam: Tensor, state: Tensor | None = None, *,
                block_t: int | None = None, block_k: int | None = None,
                group_tiles: int | None = None) -> tuple[Tensor, Tensor]:
@@ -393,6 +421,7 @@ def scan_fused(beta: Tensor, log_lam: Tensor, state: Tensor | None = None, *,
         return beta, beta.new_zeros(B, K2) if state is None else state
     p = plan(B, T, K2 // 2, beta.device, block_t=block_t, block_k=block_k,
              group_tiles=group_tiles)
-    c = _FusedScan.apply(beta.contiguous(), log_lam.contiguous(),
-                         None if state is None else state.contiguous(), p)
+    c = _forward_op(beta.contiguous(), log_lam.contiguous(),
+                    None if state is None else state.contiguous(), p.block_t, p.block_k,
+                    p.group_tiles)
     return c, c[:, -1]
