@@ -20,7 +20,7 @@ PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
 SCHEDULES = ("cosine", "onecycle", "constant")
-LOSSES = ("auto", "chunked", "liger", "reference")  # ten.loss.LOSS_BACKENDS
+LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.loss.LOSS_BACKENDS
 DEVICES = ("auto", "cpu", "cuda")
 
 _NO_VALUE = object()
@@ -76,8 +76,8 @@ class TrainConfig:
     # row stops the run (DivergedError). Checked at log intervals, so up to log_every
     # steps more may be skipped first (no per-step host sync).
     max_nonfinite_steps: int = 5
-    # ten.loss backend: auto (Liger's fused kernel on CUDA when installed, else chunked),
-    # chunked, liger (raises where it cannot run) or reference (the plain B×T×V loss).
+    # ten.loss backend: auto (the fused Triton kernel on CUDA, else chunked), chunked,
+    # fused, liger (each raises where it cannot run) or reference (the plain B×T×V loss).
     loss: str = "auto"
 
     def __post_init__(self) -> None:

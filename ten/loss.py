@@ -2,7 +2,7 @@
 
 The LM head is ``logits = h Wᵀ`` with h (N, d) the final hidden states and W (V, d) the
 (tied) embedding. The plain loss materializes all N×V logits in fp32, then their
-log-softmax and its gradient: at T = 32K that was 15 of 18 GB. Three backends, one
+log-softmax and its gradient: at T = 32K that was 15 of 18 GB. Four backends, one
 signature ``(hidden (N, d), weight (V, d), targets (N,)) -> mean loss (fp32 scalar)``:
 
 * ``reference``: the plain ``F.cross_entropy(F.linear(h, W).float(), t)``; what the
@@ -10,28 +10,41 @@ signature ``(hidden (N, d), weight (V, d), targets (N,)) -> mean loss (fp32 scal
 * ``chunked``: the N rows in chunks; per chunk the logits in the autocast dtype, the
   log-softmax in fp32, and — in the same pass — the gradients w.r.t. h and W, kept for
   backward. Peak memory is one chunk's logits plus grad_h (N×d) and grad_W (V×d, fp32),
-  never N×V. Any device.
+  never N×V. Any device; torch ops (~58 bytes of traffic per logit).
+* ``fused``: the same chunks, each chunk's log-softmax and gradient one Triton kernel in
+  place on its logits (``ten.loss_fused``: 6 bytes per logit, no fp32 copy, so chunks 8x
+  larger in the same memory and fewer fp32 grad_W additions). CUDA (or the interpreter).
 * ``liger``: Liger-Kernel's fused linear cross-entropy (Triton, CUDA only), the same
-  idea in fused kernels. Optional: ``pip install 'ten-runner[gpu]'``.
+  idea in fused kernels, with a host sync per call. Optional: ``pip install
+  'ten-runner[gpu]'``.
 
-``auto`` picks liger on CUDA when liger-kernel is importable, else chunked, and says
-which and why; naming ``liger`` where it cannot run raises with the fix, never falls back.
+``auto`` picks ``fused`` on CUDA when triton imports, else ``chunked``, and says which and
+why; naming a backend that cannot run here raises with the fix, never falls back.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-LOSS_BACKENDS = ("auto", "chunked", "liger", "reference")
+LOSS_BACKENDS = ("auto", "chunked", "fused", "liger", "reference")
 IGNORE_INDEX = -100  # as F.cross_entropy; the data never pads, but the loss honours it
 # A chunk's logits hold at most max(N·d, 2**24) elements (64 MiB in fp32): never more
 # than the hidden states themselves once those are large, and big enough chunks that the
-# matmuls stay efficient when they are small.
+# matmuls stay efficient when they are small. The fused kernel keeps one buffer in the
+# matmul's dtype where torch ops keep an fp32 copy and its temporaries: 8x the elements
+# in about the same memory (256 MiB of bf16), so 8x fewer chunks.
 MIN_CHUNK_ELEMENTS = 2**24
+FUSED_CHUNK_ELEMENTS = 2**27
+
+# (logits (R, V), targets (R,), scale (R,) or None) -> (per-row loss (R,), d/d logits or
+# None): d(Σ_r scale_r · loss_r)/d logits in the logits' dtype when scale is given.
+RowsFn = Callable[[Tensor, Tensor, "Tensor | None"], "tuple[Tensor, Tensor | None]"]
 
 
 def reference_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
@@ -41,8 +54,8 @@ def reference_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tens
     return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
 
 
-def default_chunk_rows(n: int, d: int, v: int) -> int:
-    return max(1, min(n, max(n * d, MIN_CHUNK_ELEMENTS) // v))
+def default_chunk_rows(n: int, d: int, v: int, elements: int = MIN_CHUNK_ELEMENTS) -> int:
+    return max(1, min(n, max(n * d, elements) // v))
 
 
 def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
@@ -53,27 +66,42 @@ def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor
     Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would),
     everything after in fp32. No host sync.
     """
+    rows = chunk_rows or default_chunk_rows(*hidden.shape[-2:], weight.shape[0])
+    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_torch)
+
+
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                               ignore_index: int = IGNORE_INDEX,
+                               chunk_rows: int | None = None) -> Tensor:
+    """:func:`chunked_linear_cross_entropy` with each chunk's softmax and gradient one
+    Triton kernel (``ten.loss_fused``). No host sync."""
+    rows = chunk_rows or default_chunk_rows(*hidden.shape[-2:], weight.shape[0],
+                                            FUSED_CHUNK_ELEMENTS)
+    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_fused)
+
+
+def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                          ignore_index: int, rows: int, rows_fn: RowsFn) -> Tensor:
     if hidden.dim() != 2 or weight.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"need hidden (N, d), weight (V, d), targets (N,); got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
-    n, d = hidden.shape
-    rows = chunk_rows or default_chunk_rows(n, d, weight.shape[0])
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {rows}")
     dev = hidden.device.type
     compute = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
                else torch.promote_types(hidden.dtype, weight.dtype))
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _ChunkedLinearCE.apply(hidden, weight, targets, ignore_index, rows, compute)
+        return _ChunkedLinearCE.apply(hidden, weight, targets, ignore_index, rows, compute,
+                                      rows_fn)
     with torch.autocast(dev, enabled=False):
         loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
-                                    None, None)
+                                    rows_fn, None, None)
     return loss_sum / n_valid
 
 
 def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, rows: int,
-            compute: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None
-            ) -> tuple[Tensor, Tensor]:
+            compute: torch.dtype, rows_fn: RowsFn, grad_h: Tensor | None,
+            grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
     """(sum of per-row losses, number of non-ignored rows); fills grad_h / grad_w (when
     given) with d(mean loss)/dh and d(mean loss)/dW."""
     acc = torch.promote_types(compute, torch.float32)  # fp32 (fp64 in gradient checks)
@@ -82,41 +110,59 @@ def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, 
     # 1/n for the gradient of the mean; 0 rows for ignored targets (no 0/0 when all are)
     row_scale = valid.to(acc) / n_valid.clamp(min=1).to(acc)  # (N,)
     safe_t = torch.where(valid, targets, 0)
+    need_grad = grad_h is not None or grad_w is not None
     w = weight.to(compute)
     loss_sum = torch.zeros((), dtype=acc, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
         sl = slice(start, start + rows)
         h = hidden[sl].to(compute)  # (R, d)
-        t = safe_t[sl, None]  # (R, 1)
-        logits = (h @ w.t()).to(acc)  # (R, V) fp32: the only V-wide buffer, one chunk's
-        target_logit = logits.gather(1, t).squeeze(1)  # (R,)
-        # log-sum-exp in place: one (R, V) buffer, which then becomes the softmax
-        top = logits.amax(dim=-1, keepdim=True)  # (R, 1)
-        sum_exp = logits.sub_(top).exp_().sum(dim=-1, keepdim=True)  # (R, 1)
-        lse = (top + sum_exp.log()).squeeze(1)  # (R,)
-        loss_sum += ((lse - target_logit) * valid[sl]).sum()
-        if grad_h is not None or grad_w is not None:
-            _chunk_grads(logits, sum_exp, t, row_scale[sl, None], h, w, compute,
-                         None if grad_h is None else grad_h[sl], grad_w)
-        del logits  # before the next chunk's matmul: one chunk's buffer at a time
+        logits = h @ w.t()  # (R, V) in the matmul's dtype: the chunk's V-wide buffer
+        row_loss, dlogits = rows_fn(logits, safe_t[sl], row_scale[sl] if need_grad else None)
+        loss_sum += (row_loss.to(acc) * valid[sl]).sum()
+        if grad_h is not None:
+            grad_h[sl].copy_(dlogits @ w)  # (R, d), a view of the (N, d) buffer
+        if grad_w is not None:  # (V, d), accumulated in fp32
+            if dlogits.dtype == grad_w.dtype:
+                grad_w.addmm_(dlogits.t(), h)
+            else:
+                grad_w += (dlogits.t() @ h).to(grad_w.dtype)
+        del logits, dlogits  # before the next chunk's matmul: one chunk's buffer at a time
     return loss_sum, n_valid
 
 
-def _chunk_grads(exp_logits: Tensor, sum_exp: Tensor, t: Tensor, row_scale: Tensor,
-                 h: Tensor, w: Tensor, compute: torch.dtype, grad_h: Tensor | None,
-                 grad_w: Tensor | None) -> None:
-    """One chunk's gradients from its exp(logits - max) (R, V), overwritten in place:
-    d loss_row / d logits = softmax - onehot(target), times 1/n."""
-    dlogits = exp_logits.div_(sum_exp)
-    dlogits.scatter_add_(1, t, torch.full_like(t, -1, dtype=dlogits.dtype))
-    dlogits = dlogits.mul_(row_scale).to(compute)  # (R, V)
-    if grad_h is not None:
-        grad_h.copy_(dlogits @ w)  # (R, d), a view of the (N, d) buffer
-    if grad_w is not None:  # (V, d), accumulated in fp32
-        if dlogits.dtype == grad_w.dtype:
-            grad_w.addmm_(dlogits.t(), h)
-        else:
-            grad_w += (dlogits.t() @ h).to(grad_w.dtype)
+def _rows_torch(logits: Tensor, t: Tensor, scale: Tensor | None
+                ) -> tuple[Tensor, Tensor | None]:
+    """The chunk's log-softmax and gradient in torch ops, on an fp32 copy (fp64 stays)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (R, V)
+    t = t[:, None]
+    target_logit = x.gather(1, t).squeeze(1)  # (R,)
+    # log-sum-exp in place: one (R, V) buffer, which then becomes the softmax
+    top = x.amax(dim=-1, keepdim=True)  # (R, 1)
+    sum_exp = x.sub_(top).exp_().sum(dim=-1, keepdim=True)  # (R, 1)
+    loss = (top + sum_exp.log()).squeeze(1) - target_logit  # (R,)
+    if scale is None:
+        return loss, None
+    # d loss_row / d logits = softmax - onehot(target), times the row's weight
+    d = x.div_(sum_exp)
+    d.scatter_add_(1, t, torch.full_like(t, -1, dtype=d.dtype))
+    return loss, d.mul_(scale[:, None].to(d.dtype)).to(logits.dtype)
+
+
+def _rows_fused(logits: Tensor, t: Tensor, scale: Tensor | None
+                ) -> tuple[Tensor, Tensor | None]:
+    """The chunk's log-softmax and gradient as one kernel, the gradient in place."""
+    loss = _fused_module().cross_entropy_rows(logits, t, scale)
+    return loss, None if scale is None else logits
+
+
+def _fused_module():
+    """ten.loss_fused, imported on first use so that ``import ten.loss`` needs no triton."""
+    try:
+        return importlib.import_module("ten.loss_fused")
+    except ImportError as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"loss backend 'fused' needs triton, which does not import here "
+                         f"({why}): use loss 'chunked' (or 'auto')") from None
 
 
 class _ChunkedLinearCE(torch.autograd.Function):
@@ -126,14 +172,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor,
-                ignore_index: int, rows: int, compute: torch.dtype) -> Tensor:
+                ignore_index: int, rows: int, compute: torch.dtype, rows_fn: RowsFn) -> Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         acc = torch.promote_types(compute, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         with torch.autocast(hidden.device.type, enabled=False):
             loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
-                                        grad_h, grad_w)
+                                        rows_fn, grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w)
         return loss_sum / n_valid
@@ -143,7 +189,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out.to(grad_w.dtype)).to(ctx.weight_dtype)
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 def liger_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
@@ -167,8 +213,9 @@ def liger_available() -> bool:
 
 
 def resolve_loss_backend(name: str, device: torch.device | str) -> tuple[str, str]:
-    """(backend, one line saying which and why). ``auto``: liger on CUDA when importable,
-    else chunked. An explicit ``liger`` that cannot run raises ValueError with the fix."""
+    """(backend, one line saying which and why). ``auto``: fused on CUDA when triton
+    imports, else chunked. An explicit backend that cannot run here raises ValueError with
+    the fix."""
     device = torch.device(device)
     if name not in LOSS_BACKENDS:
         raise ValueError(f"loss backend must be one of {LOSS_BACKENDS}, got {name!r}")
@@ -179,33 +226,45 @@ def resolve_loss_backend(name: str, device: torch.device | str) -> tuple[str, st
         if not liger_available():
             raise ValueError("loss backend 'liger' needs liger-kernel: pip install "
                              "'ten-runner[gpu]' (or pip install liger-kernel), or use loss "
-                             "'chunked'")
+                             "'fused'")
         return "liger", "loss: Liger fused linear cross-entropy (asked for)"
+    if name == "fused":
+        interpreted = _fused_module().INTERPRETED
+        if device.type != "cuda" and not interpreted:
+            raise ValueError(f"loss backend 'fused' runs a Triton kernel on a CUDA device, "
+                             f"this run is on {device.type}; use loss 'chunked' (or 'auto')")
+        return "fused", "loss: fused linear cross-entropy (asked for)"
     if name != "auto":
         return name, f"loss: {name} linear cross-entropy (asked for)"
-    if device.type == "cuda":
-        if liger_available():
-            return "liger", ("loss: Liger fused linear cross-entropy (auto: CUDA, "
-                             "liger-kernel found)")
-        return "chunked", ("loss: chunked linear cross-entropy (auto: liger-kernel not "
-                           "installed; pip install 'ten-runner[gpu]' for the fused kernel)")
-    return "chunked", f"loss: chunked linear cross-entropy (auto: {device.type})"
+    if device.type != "cuda":
+        return "chunked", f"loss: chunked linear cross-entropy (auto: {device.type})"
+    try:
+        interpreted = _fused_module().INTERPRETED
+    except ValueError:
+        return "chunked", "loss: chunked linear cross-entropy (auto: triton not installed)"
+    if interpreted:
+        return "chunked", "loss: chunked linear cross-entropy (auto: TRITON_INTERPRET=1)"
+    return "fused", "loss: fused linear cross-entropy (auto: CUDA and triton)"
+
+
+_BACKEND_FNS = {"chunked": chunked_linear_cross_entropy, "fused": fused_linear_cross_entropy}
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                          ignore_index: int = IGNORE_INDEX, backend: str = "chunked",
                          chunk_rows: int | None = None) -> Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; hidden (..., d) and
-    targets (...) are flattened. ``backend``: chunked, liger or reference (resolve ``auto``
-    with :func:`resolve_loss_backend` first)."""
+    targets (...) are flattened. ``backend``: chunked, fused, liger or reference (resolve
+    ``auto`` with :func:`resolve_loss_backend` first)."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    if backend == "chunked":
-        return chunked_linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_rows)
+    if backend in _BACKEND_FNS:
+        return _BACKEND_FNS[backend](hidden, weight, targets, ignore_index, chunk_rows)
     if backend == "liger":
         return liger_linear_cross_entropy(hidden, weight, targets, ignore_index)
     if backend == "reference":
         return reference_linear_cross_entropy(hidden, weight, targets, ignore_index)
-    raise ValueError(f"loss backend must be chunked, liger or reference, got {backend!r}")
+    raise ValueError(f"loss backend must be chunked, fused, liger or reference, got "
+                     f"{backend!r}")
 
 
 class NextTokenLoss(nn.Module):
@@ -221,8 +280,8 @@ class NextTokenLoss(nn.Module):
                  chunk_rows: int | None = None) -> None:
         super().__init__()
         if backend not in LOSS_BACKENDS or backend == "auto":
-            raise ValueError(f"backend must be chunked, liger or reference, got {backend!r} "
-                             "(resolve auto with resolve_loss_backend)")
+            raise ValueError(f"backend must be chunked, fused, liger or reference, got "
+                             f"{backend!r} (resolve auto with resolve_loss_backend)")
         if backend != "reference" and not hasattr(lm, "hidden_states"):
             raise ValueError(f"loss backend {backend!r} needs a model with hidden_states() "
                              f"and output_weight; {type(lm).__name__} has none: use "

@@ -111,8 +111,8 @@ class TrainSection(Section):
     grad_clip: Float = Field(TRAIN["grad_clip"], ge=0.0,
                              description="max gradient norm; 0 disables")
     loss: Literal[ten_config.LOSSES] = Field(TRAIN["loss"], description=(
-        "the loss kernel: auto (Liger's fused linear cross-entropy on CUDA when installed, "
-        "else chunked), chunked, liger, or reference (materializes B x T x V logits)"))
+        "the loss kernel: auto (fused on CUDA, else chunked), chunked, fused (one Triton "
+        "kernel per chunk), liger (Liger-Kernel's), or reference (B x T x V logits)"))
     max_nonfinite_steps: Int = Field(TRAIN["max_nonfinite_steps"], ge=0, description=(
         "steps in a row with a non-finite loss or gradient norm that are skipped before the "
         "run stops with exit 9 (diverged)"))

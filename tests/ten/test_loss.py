@@ -219,34 +219,59 @@ def test_memory_stays_far_below_the_full_logits(tmp_path):
 
 # --- choosing a backend ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name,device,liger,backend,says", [
-    ("auto", "cpu", True, "chunked", "auto: cpu"),
-    ("auto", "cuda", True, "liger", "auto: CUDA, liger-kernel found"),
-    ("auto", "cuda", False, "chunked", "pip install 'ten-runner[gpu]'"),
-    ("chunked", "cuda", True, "chunked", "asked for"),
-    ("reference", "cpu", False, "reference", "asked for"),
-    ("liger", "cuda", True, "liger", "asked for"),
+def _triton(monkeypatch, state):
+    """ten.loss_fused as this machine would have it: "compiled", "interpreted" or None."""
+    from types import SimpleNamespace
+
+    def module():
+        if state is None:
+            raise ValueError("loss backend 'fused' needs triton, which does not import here")
+        return SimpleNamespace(INTERPRETED=state == "interpreted")
+
+    monkeypatch.setattr(loss_mod, "_fused_module", module)
+
+
+@pytest.mark.parametrize("name,device,triton,backend,says", [
+    ("auto", "cpu", "compiled", "chunked", "auto: cpu"),
+    ("auto", "cuda", "compiled", "fused", "auto: CUDA and triton"),  # no host sync, no liger
+    ("auto", "cuda", None, "chunked", "triton not installed"),
+    ("auto", "cuda", "interpreted", "chunked", "TRITON_INTERPRET=1"),
+    ("chunked", "cuda", "compiled", "chunked", "asked for"),
+    ("fused", "cuda", "compiled", "fused", "asked for"),
+    ("fused", "cpu", "interpreted", "fused", "asked for"),  # how the tests run it
+    ("reference", "cpu", None, "reference", "asked for"),
 ])
-def test_backend_choice_is_explicit_and_said(monkeypatch, name, device, liger, backend, says):
-    monkeypatch.setattr(loss_mod, "liger_available", lambda: liger)
+def test_backend_choice_is_explicit_and_said(monkeypatch, name, device, triton, backend, says):
+    _triton(monkeypatch, triton)
     got, note = resolve_loss_backend(name, device)
     assert got == backend and says in note and note.startswith("loss: ")
 
 
-@pytest.mark.parametrize("name,device,liger,error", [
-    ("liger", "cpu", True, "needs a CUDA device"),
-    ("liger", "cuda", False, "pip install 'ten-runner[gpu]'"),
-    ("fused", "cpu", True, "must be one of"),
+def test_liger_is_chosen_only_when_asked_for(monkeypatch):
+    monkeypatch.setattr(loss_mod, "liger_available", lambda: True)
+    _triton(monkeypatch, "compiled")
+    assert resolve_loss_backend("liger", "cuda")[0] == "liger"
+    assert resolve_loss_backend("auto", "cuda")[0] == "fused"
+
+
+@pytest.mark.parametrize("name,device,liger,triton,error", [
+    ("liger", "cpu", True, "compiled", "needs a CUDA device"),
+    ("liger", "cuda", False, "compiled", "pip install 'ten-runner[gpu]'"),
+    ("fused", "cpu", True, "compiled", "runs a Triton kernel on a CUDA device"),
+    ("fused", "cuda", True, None, "needs triton"),
+    ("fuse", "cpu", True, "compiled", "must be one of"),
 ])
-def test_a_backend_that_cannot_run_raises_with_the_fix(monkeypatch, name, device, liger, error):
+def test_a_backend_that_cannot_run_raises_with_the_fix(monkeypatch, name, device, liger,
+                                                       triton, error):
     monkeypatch.setattr(loss_mod, "liger_available", lambda: liger)
+    _triton(monkeypatch, triton)
     with pytest.raises(ValueError, match=error.replace("[", r"\[").replace("]", r"\]")):
         resolve_loss_backend(name, device)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["chunked", "liger"])
+@pytest.mark.parametrize("backend", ["chunked", "fused", "liger"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_backends_match_the_plain_loss(backend, dtype):
     if backend == "liger" and not loss_mod.liger_available():
