@@ -1,0 +1,53 @@
+"""benchmarks/bench_traffic.py: the traced traffic of one micro-batch of the flagship job,
+at a tiny size here, and what it says about the hot path's choices."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_traffic  # noqa: E402
+
+TINY = ["model.d_model=64", "model.n_layers=2", "model.n_eigenstates=16", "model.n_heads=2",
+        "data.seq_len=256", "data.tokenizer.vocab_size=1000"]
+
+
+def analyse(*sets):
+    return bench_traffic.analyse(*bench_traffic.load([*TINY, *sets]))
+
+
+@pytest.fixture(scope="module")
+def job():
+    return analyse()
+
+
+def test_the_job_is_traced_as_it_runs_on_a_gpu(job):
+    assert job["scan_backend"] == "fused" and job["loss_traced"] == "fused"  # auto on CUDA
+    assert job["optimizer"] == "adamw8bit" and job["grad_accum"] == 8
+    kinds = job["by_kind"]
+    assert kinds["matmul"]["tflop"] > 0 and kinds["loss"]["gb"] > 0
+    total = sum(k["gb"] for k in kinds.values())
+    assert 0 < job["bytes_outside_scan_gb"] < total  # the scan is inside the total
+    assert 0 < job["mfu_ceiling_h100"] < 1 and 0 < job["mfu_ceiling_l40s"] < 1
+    assert job["mfu_ceiling_l40s"] < job["mfu_ceiling_h100"]  # less bandwidth per FLOP
+
+
+def test_the_fused_loss_moves_a_fraction_of_the_chunked_ones_bytes(job):
+    chunked = analyse("train.loss=chunked")
+    assert job["by_kind"]["loss"]["gb"] < 0.5 * chunked["by_kind"]["loss"]["gb"]
+    assert job["by_kind"]["loss"]["kernels"] < chunked["by_kind"]["loss"]["kernels"]
+
+
+def test_host_syncs_are_the_optimizers(job):
+    fused_adamw = analyse("train.optimizer=adamw")
+    assert fused_adamw["host_syncs_per_step"] == 0  # the fused AdamW skips on the device
+    # bitsandbytes 0.50.2: one per parameter tensor, and step_unless reads the flag
+    assert job["host_syncs_per_step"] == job["optimizer_per_step"]["host_syncs"] + 1 > 1
+
+
+def test_liger_is_refused_with_the_fix():
+    with pytest.raises(SystemExit, match="train.loss=fused"):
+        analyse("train.loss=liger")
