@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ten.block_fused import LayerNorm
 from ten.mlp import MLP
 
 
@@ -33,9 +34,9 @@ class Block(nn.Module):
     def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, mlp_kind: str,
                  eps: float):
         super().__init__()
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm1 = LayerNorm(d_model, eps=eps)
         self.mixer = mixer
-        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.norm2 = LayerNorm(d_model, eps=eps)
         self.mlp = MLP(d_model, mlp_hidden, mlp_kind)
 
     def forward(self, x: Tensor, state: Any) -> tuple[Tensor, Any]:

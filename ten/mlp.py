@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ten.block_fused import swiglu
+
 MLP_KINDS = ("swiglu", "gelu")
 
 
@@ -30,9 +32,4 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
         h = self.up(x)
-        if self.kind == "swiglu":
-            a, b = h.chunk(2, dim=-1)
-            h = F.silu(a) * b
-        else:
-            h = F.gelu(h)
-        return self.down(h)
+        return self.down(swiglu(h) if self.kind == "swiglu" else F.gelu(h))

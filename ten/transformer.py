@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ten.block_fused import LayerNorm
 from ten.config import FieldError
 from ten.lm import Block, LanguageModel
 from ten.mlp import MLP_KINDS
@@ -106,7 +107,7 @@ class TransformerLM(LanguageModel):
         self.blocks = nn.ModuleList(
             Block(Attention(config), config.d_model, config.mlp_hidden, config.mlp,
                   config.norm_eps) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.norm = LayerNorm(config.d_model, eps=config.norm_eps)
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -1,0 +1,162 @@
+"""The block's element-wise work as torch operators with fused CUDA kernels: a LayerNorm
+that writes its output in the matmul's dtype, and SwiGLU.
+
+Why (benchmarks/bench_traffic.py, one flagship micro-batch): in torch ops a pre-LN block
+writes the LayerNorm's output in fp32 and autocast casts it again for every linear that
+reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more products and a
+``cat`` of the halves. Here each is one kernel forward and one backward:
+
+    layer_norm    x (fp32) -> y (bf16 under autocast), the row's mean and 1/std kept
+    swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write
+
+Each operator has a torch implementation (every device: torch's own kernels, the CPU's
+numerics unchanged) and a Triton kernel registered for CUDA (``register_kernel``): the
+device picks, as it does for every aten operator. The kernels (``ten.block_kernels``)
+compute in fp32 whatever the storage dtype; under ``TRITON_INTERPRET=1`` they run on CPU
+tensors there, and the tests hold them to the operators here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["LayerNorm", "layer_norm", "swiglu"]
+
+# --- the operators: torch reference -----------------------------------------------------------
+
+def _acc(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)  # fp32; a float64 model stays exact
+
+
+@torch.library.custom_op("ten::layer_norm", mutates_args=())
+def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(y in out_dtype, mean (N,), rstd (N,)) of x (N, d); the statistics in fp32 (fp64
+    for a float64 model). Here torch's own kernel; on CUDA ten.block_kernels'."""
+    y, mean, rstd = torch.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return y.to(out_dtype), mean.view(-1).to(_acc(x)), rstd.view(-1).to(_acc(x))
+
+
+@_layer_norm.register_fake
+def _(x, weight, bias, eps, out_dtype):
+    n = x.shape[0]
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(n, dtype=_acc(x)),
+            x.new_empty(n, dtype=_acc(x)))
+
+
+@torch.library.custom_op("ten::layer_norm_backward", mutates_args=())
+def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
+                         rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx in x's dtype, d weight, d bias)."""
+    n = x.shape[0]
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        dy.to(x.dtype), x, (x.shape[-1],), mean.view(n, 1).to(x.dtype),
+        rstd.view(n, 1).to(x.dtype), weight, weight, (True, True, True))  # (bias: its shape)
+    return dx, dw, db
+
+
+@_layer_norm_backward.register_fake
+def _(dy, x, weight, mean, rstd):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _ln_setup(ctx, inputs, output) -> None:
+    x, weight, _, _, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _ln_backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layer_norm_backward(dy.contiguous(), x, weight, mean, rstd)
+    return dx, dw, db, None, None
+
+
+_layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+@torch.library.custom_op("ten::swiglu", mutates_args=())
+def _swiglu(ab: Tensor) -> Tensor:
+    """silu(a)·b of ab = [a | b] (..., 2H) -> (..., H). Here torch's own kernels (in ab's
+    dtype, fp32 arithmetic inside for bf16); on CUDA ten.block_kernels'."""
+    a, b = ab.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+@_swiglu.register_fake
+def _(ab):
+    return ab.new_empty(*ab.shape[:-1], ab.shape[-1] // 2)
+
+
+@torch.library.custom_op("ten::swiglu_backward", mutates_args=())
+def _swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
+    """[d a | d b] for y = silu(a)·b: d a = dy·b·silu'(a), d b = dy·silu(a), written
+    into one (..., 2H) buffer (no cat)."""
+    a, b = ab.chunk(2, dim=-1)
+    dab = torch.empty_like(ab)
+    da, db = dab.chunk(2, dim=-1)
+    torch.mul(dy, F.silu(a), out=db)
+    da.copy_(torch.ops.aten.silu_backward(dy * b, a))
+    return dab
+
+
+@_swiglu_backward.register_fake
+def _(dy, ab):
+    return torch.empty_like(ab)
+
+
+def _swiglu_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_grad(ctx, dy):
+    (ab,) = ctx.saved_tensors
+    return _swiglu_backward(dy.contiguous(), ab)
+
+
+_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+# --- the public functions ---------------------------------------------------------------------
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+               out_dtype: torch.dtype | None = None) -> Tensor:
+    """LayerNorm over the last dimension, the output in ``out_dtype`` (x's when None)."""
+    shape = x.shape
+    y, _, _ = _layer_norm(x.reshape(-1, shape[-1]).contiguous(), weight, bias, eps,
+                          out_dtype or x.dtype)
+    return y.view(shape)
+
+
+def swiglu(ab: Tensor) -> Tensor:
+    """silu(a)·b of ab = [a | b] along the last dimension."""
+    return _swiglu(ab.contiguous())
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and state_dict) whose output is already in the
+    autocast dtype when autocast is on, so the linears that read it cast nothing. Only
+    the element-wise affine form with a bias (what the models use)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        device = x.device.type
+        out = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        with torch.autocast(device, enabled=False):
+            return layer_norm(x, self.weight, self.bias, self.eps, out)
+
+
+# --- the CUDA kernels (ten.block_kernels), registered where CUDA is -------------------------
+# Only then: a CPU process never imports triton here (the tests choose when triton is first
+# imported, and in which mode: TRITON_INTERPRET).
+
+if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    from ten import block_kernels as _k
+
+    _layer_norm.register_kernel("cuda")(_k.layer_norm)
+    _layer_norm_backward.register_kernel("cuda")(_k.layer_norm_backward)
+    _swiglu.register_kernel("cuda")(_k.swiglu)
+    _swiglu_backward.register_kernel("cuda")(_k.swiglu_backward)

@@ -1,0 +1,111 @@
+"""ten.block_fused: the LayerNorm and SwiGLU operators equal torch's, in values and
+gradients, and their Triton kernels (ten.block_kernels) equal the operators.
+
+Without CUDA the kernels run under Triton's interpreter on CPU tensors: like
+tests/ten/test_scan_fused.py, this module sets ``TRITON_INTERPRET=1`` for the pytest
+process when it is collected, before anything imported triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
+
+from ten.block_fused import LayerNorm, layer_norm, swiglu  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE)
+
+
+# --- the operators against torch ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_equals_torchs_in_values_and_gradients(dtype):
+    torch_ln, ours = nn.LayerNorm(24, dtype=dtype), LayerNorm(24, dtype=dtype)
+    with torch.no_grad():
+        torch_ln.weight.normal_(), torch_ln.bias.normal_()
+    ours.load_state_dict(torch_ln.state_dict())  # the same parameters and keys
+    x = rand(3, 5, 24, dtype=dtype).requires_grad_()
+    dy = rand(3, 5, 24, dtype=dtype, seed=1)
+    ref = torch.autograd.grad(torch_ln(x), (x, torch_ln.weight, torch_ln.bias), dy)
+    got = torch.autograd.grad(ours(x), (x, ours.weight, ours.bias), dy)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(ours(x), torch_ln(x), rtol=tol, atol=tol)
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol)
+
+
+def test_under_autocast_the_norm_is_already_in_the_matmul_dtype():
+    ln = LayerNorm(16)
+    x = rand(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ln(x)
+    assert y.dtype == torch.bfloat16  # a linear reading it casts nothing
+    torch.testing.assert_close(y, F.layer_norm(x, (16,)).to(torch.bfloat16))
+
+
+def test_swiglu_equals_silu_times_the_gate_with_gradients():
+    ab = rand(2, 3, 2 * 7, dtype=torch.float64).requires_grad_()
+    a, b = ab.chunk(2, dim=-1)
+    torch.testing.assert_close(swiglu(ab), F.silu(a) * b)
+    assert torch.autograd.gradcheck(swiglu, (ab,))
+
+
+def test_layer_norm_gradients_pass_gradcheck_in_fp64():
+    x = rand(4, 6, dtype=torch.float64).requires_grad_()
+    w = rand(6, dtype=torch.float64, seed=1).requires_grad_()
+    b = rand(6, dtype=torch.float64, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: layer_norm(*a, 1e-5), (x, w, b))
+
+
+# --- the kernels against the operators ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kernels():
+    if not HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    mod = importlib.import_module("ten.block_kernels")
+    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported before this module could interpret it")
+    return mod
+
+
+# d not a power of two; rows not a multiple of the backward's rows per program
+@pytest.mark.parametrize("n, d", [(1, 8), (37, 24), (16, 100)])
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16])
+def test_layer_norm_kernels_equal_the_operator(kernels, n, d, out):
+    x, w, b, dy = rand(n, d), rand(d, seed=1), rand(d, seed=2), rand(n, d, seed=3).to(out)
+    ref = torch.ops.ten.layer_norm.default(x, w, b, 1e-5, out)
+    got = kernels.layer_norm(x, w, b, 1e-5, out)
+    for r, g in zip(ref, got, strict=True):
+        assert g.dtype == r.dtype  # bf16: within one rounding (the interpreter truncates)
+        tol = {} if g.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+        torch.testing.assert_close(g, r, **tol)
+    ref_b = torch.ops.ten.layer_norm_backward.default(dy, x, w, ref[1], ref[2])
+    got_b = kernels.layer_norm_backward(dy, x, w, ref[1], ref[2])
+    for r, g in zip(ref_b, got_b, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("h", [5, 1100])  # below one block; a block and a ragged one
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
+    ab, dy = rand(2, 3, 2 * h).to(dtype), rand(2, 3, h, seed=1).to(dtype)
+    torch.testing.assert_close(kernels.swiglu(ab), torch.ops.ten.swiglu.default(ab))
+    torch.testing.assert_close(kernels.swiglu_backward(dy, ab),
+                               torch.ops.ten.swiglu_backward.default(dy, ab))
