@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_recall  # noqa: E402
 
 _model_eigenvalues = tm.EigenstateMixer.eigenvalues
+_model_drive = tm.EigenstateMixer.drive
 
 
 def linear_write_eigenvalues(self: tm.EigenstateMixer, xn: torch.Tensor | None = None):
@@ -42,12 +43,20 @@ def linear_write_eigenvalues(self: tm.EigenstateMixer, xn: torch.Tensor | None =
             torch.cat([gamma, gamma], dim=-1))
 
 
+def linear_write_drive(self: tm.EigenstateMixer, u: torch.Tensor):
+    """The mixer's (log λ, β) with this write (the model's runs as one operator)."""
+    log_lam, gamma = self.eigenvalues(u) if self.delta is not None else self.eigenvalues()
+    return log_lam, self.in_proj(u) * gamma
+
+
 def main(argv: list[str] | None = None) -> None:
     tm.EigenstateMixer.eigenvalues = linear_write_eigenvalues
+    tm.EigenstateMixer.drive = linear_write_drive
     try:
         bench_recall.main(argv)
     finally:
         tm.EigenstateMixer.eigenvalues = _model_eigenvalues
+        tm.EigenstateMixer.drive = _model_drive
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm
@@ -45,6 +44,7 @@ from ten.lm import Block, LanguageModel
 from ten.mlp import MLP_KINDS, mlp_hidden_size
 from ten.scan import NAMES as BACKEND_NAMES
 from ten.scan import scan
+from ten.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
 
 State = tuple[Tensor, ...]  # per layer: the (B, 2K) float32 eigenstates (a pair with conv)
 
@@ -96,16 +96,6 @@ class TENConfig:
     @property
     def mlp_hidden(self) -> int:
         return mlp_hidden_size(self.d_model, self.mlp_ratio)
-
-
-# Δ_t = softplus(z_t) / STEP_UNIT, with z's bias starting at softplus⁻¹(STEP_UNIT): the step
-# starts at 1 (the fixed model) but in softplus's exponential part, where each unit of z
-# multiplies it by e (Mamba starts its steps at 0.001-0.1 for this reason). Holding and
-# overwriting are then a few units of z away; at Δ = 1 on softplus's linear part, an
-# eigenstate with |λ| = 0.999 needed z ~ 1000 to overwrite.
-STEP_UNIT = 0.01
-DELTA_BIAS = math.log(math.expm1(STEP_UNIT))
-MIN_WRITE = 1e-24  # 1 - |λ|² is floored here: a step that underflows to 0 gives no NaN
 
 
 class ShortConv(nn.Module):
@@ -161,8 +151,7 @@ class EigenstateMixer(nn.Module):
     def step(self, xn: Tensor) -> Tensor:
         """Selective mode's Δ_t (B, T, K): at least fp32 (bf16 under autocast), and a
         float64 model stays exact."""
-        z = self.delta(xn)
-        return F.softplus(z.float() if z.element_size() < 4 else z) / STEP_UNIT
+        return step_of(self.delta(xn))
 
     def eigenvalues(self, xn: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(log λ as [log|λ| | θ], γ as [γ | γ]): both (2K,) fixed, or (B, T, 2K) in
@@ -176,6 +165,14 @@ class EigenstateMixer(nn.Module):
         return (torch.cat([-rate * step, self.theta * step], dim=-1),
                 torch.cat([gamma, gamma], dim=-1))
 
+    def drive(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        """(log λ, β = γ ⊙ W_in·u) for the scan: β (B, T, 2K); log λ (2K,) fixed or (B, T, 2K)
+        selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.selective)."""
+        if self.delta is None:
+            log_lam, gamma = self.eigenvalues()
+            return log_lam, self.in_proj(u) * gamma
+        return selective_drive(self.delta(u), self.in_proj(u), self.nu, self.theta)
+
     def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
         """``state``: the eigenstates (B, 2K), and with a convolution the pair
         (eigenstates, the convolution's last inputs (B, conv_width - 1, d))."""
@@ -185,8 +182,7 @@ class EigenstateMixer(nn.Module):
         u = xn
         if self.conv is not None:
             u, tail = self.conv(xn, tail)
-        log_lam, gamma = self.eigenvalues(u)
-        beta = self.in_proj(u) * gamma  # (B, T, 2K)
+        log_lam, beta = self.drive(u)
         c, eig = scan(beta, log_lam, eig,
                       backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
         cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head

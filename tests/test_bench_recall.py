@@ -76,8 +76,9 @@ def test_lm_task_scores_the_same_held_out_tokens_at_every_length(corpus, tmp_pat
 def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_to_the_step():
     import bench_recall_write as bw
 
-    from ten.model import DELTA_BIAS, STEP_UNIT, EigenstateMixer
+    from ten.model import EigenstateMixer
     from ten.presets import ten_config
+    from ten.selective import DELTA_BIAS, STEP_UNIT
 
     cfg = ten_config("tiny", d_model=16, n_eigenstates=8, n_heads=2, selective=True)
     mixer = EigenstateMixer(cfg).double()
@@ -86,6 +87,9 @@ def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_t
         mixer.delta.bias.fill_(DELTA_BIAS)
         ours, theirs = mixer.eigenvalues(xn), bw.linear_write_eigenvalues(mixer, xn)
         assert torch.allclose(ours[0], theirs[0]) and torch.allclose(ours[1], theirs[1])
+        # what the forward runs: the variant's drive at step 1 is the model's operator's
+        for got, want in zip(bw.linear_write_drive(mixer, xn), mixer.drive(xn), strict=True):
+            assert torch.allclose(got, want)
         small = []
         for step in (1e-3, 1e-4):
             mixer.delta.bias.fill_(math.log(math.expm1(step * STEP_UNIT)))
@@ -95,6 +99,7 @@ def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_t
              "--seeds", "0", "--models", "ten_selective_conv", "--batch", "2",
              "--eval-batches", "1"])
     assert EigenstateMixer.eigenvalues is bw._model_eigenvalues  # put back after the run
+    assert EigenstateMixer.drive is bw._model_drive
 
 
 def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
-from ten.model import STEP_UNIT, TENLM, EigenstateMixer, TENConfig
+from ten.model import TENLM, EigenstateMixer, TENConfig
 from ten.presets import build_model, model_config, ten_config
+from ten.selective import STEP_UNIT
 
 V = 97
 

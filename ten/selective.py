@@ -1,0 +1,124 @@
+"""Selective mode's eigenvalues and drive as one torch operator (a Triton kernel on CUDA).
+
+Per token and eigenstate (``ten.model``'s docstring has the model):
+
+    Δ = softplus(z) / STEP_UNIT          z = W_Δ·u + b_Δ, the step's pre-activation
+    a = exp(ν) · Δ                       -log|λ| over this step
+    log λ = [-a | θ·Δ]                   what the scan reads, [re | im]
+    γ = sqrt(max(1 - exp(-2a), MIN_WRITE))
+    β = p ⊙ [γ | γ]                      p = W_in·u, the drive before its scale
+
+In torch ops that is a dozen element-wise passes over (B, T, K) and (B, T, 2K) tensors in
+fp32 each way, 19 GB of the flagship's micro-batch (benchmarks/bench_traffic.py); as one
+operator it reads z and p once and writes log λ and β once (the backward reads them and
+the two incoming gradients and writes dz and dp, and ν's and θ's gradients summed per
+program). The operator's torch implementation (every device) is the plain formula above,
+with its backward written out and checked against autograd in float64; CUDA runs
+``ten.selective_kernels``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["DELTA_BIAS", "MIN_WRITE", "STEP_UNIT", "selective_drive", "step_of"]
+
+# Δ_t = softplus(z_t) / STEP_UNIT, with z's bias starting at softplus⁻¹(STEP_UNIT): the step
+# starts at 1 (the fixed model) but in softplus's exponential part, where each unit of z
+# multiplies it by e (Mamba starts its steps at 0.001-0.1 for this reason). Holding and
+# overwriting are then a few units of z away; at Δ = 1 on softplus's linear part, an
+# eigenstate with |λ| = 0.999 needed z ~ 1000 to overwrite.
+STEP_UNIT = 0.01
+DELTA_BIAS = math.log(math.expm1(STEP_UNIT))
+MIN_WRITE = 1e-24  # 1 - |λ|² is floored here: a step that underflows to 0 gives no NaN
+
+
+def step_of(z: Tensor) -> Tensor:
+    """Δ from its pre-activation: at least fp32 (bf16 under autocast), float64 stays."""
+    return F.softplus(z.float() if z.element_size() < 4 else z) / STEP_UNIT
+
+
+def _forward_parts(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor):
+    step = step_of(z)  # (B, T, K)
+    rate = torch.exp(nu)  # -log|λ| per unit step
+    write = (-torch.expm1(-2.0 * rate * step)).clamp_min(MIN_WRITE)
+    gamma = torch.sqrt(write)
+    return step, rate, write, gamma
+
+
+@torch.library.custom_op("ten::selective_drive", mutates_args=())
+def _drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+    """(log λ (B, T, 2K), β (B, T, 2K)) from z (B, T, K) and p (B, T, 2K)."""
+    step, rate, _, gamma = _forward_parts(z, p, nu, theta)
+    log_lam = torch.cat([-rate * step, theta * step], dim=-1)
+    return log_lam, p * torch.cat([gamma, gamma], dim=-1)
+
+
+@_drive.register_fake
+def _(z, p, nu, theta):
+    dtype = torch.promote_types(torch.promote_types(z.dtype, torch.float32), nu.dtype)
+    return p.new_empty(p.shape, dtype=dtype), p.new_empty(p.shape, dtype=dtype)
+
+
+@torch.library.custom_op("ten::selective_drive_backward", mutates_args=())
+def _drive_backward(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: Tensor,
+                    theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dz, dp, dν, dθ): the chain rule of the formula above, written out."""
+    step, rate, write, gamma = _forward_parts(z, p, nu, theta)
+    K = z.shape[-1]
+    d_re, d_im = d_log_lam[..., :K], d_log_lam[..., K:]
+    p_re, p_im = p[..., :K].to(gamma.dtype), p[..., K:].to(gamma.dtype)
+    d_gamma = d_beta[..., :K] * p_re + d_beta[..., K:] * p_im
+    # γ = sqrt(1 - exp(-2a)): dγ/da = exp(-2a)/γ, zero where the floor holds
+    dg_da = torch.where(write > MIN_WRITE, (1.0 - write) / gamma, torch.zeros_like(gamma))
+    d_a = -d_re + d_gamma * dg_da  # a = rate · Δ
+    d_step = rate * d_a + theta * d_im
+    zf = z.float() if z.element_size() < 4 else z
+    dz = d_step * torch.sigmoid(zf) / STEP_UNIT  # softplus' = sigmoid
+    dp = d_beta * torch.cat([gamma, gamma], dim=-1)
+    reduce = tuple(range(z.dim() - 1))
+    d_nu = (d_a * step).sum(reduce) * rate  # d/d ν = rate · d/d rate
+    d_theta = (d_im * step).sum(reduce)
+    return dz.to(z.dtype), dp.to(p.dtype), d_nu.to(nu.dtype), d_theta.to(theta.dtype)
+
+
+@_drive_backward.register_fake
+def _(d_log_lam, d_beta, z, p, nu, theta):
+    return (torch.empty_like(z), torch.empty_like(p), torch.empty_like(nu),
+            torch.empty_like(theta))
+
+
+def _setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, d_log_lam, d_beta):
+    z, p, nu, theta = ctx.saved_tensors
+    if d_log_lam is None:
+        d_log_lam = torch.zeros_like(d_beta)
+    if d_beta is None:
+        d_beta = torch.zeros_like(d_log_lam)
+    return _drive_backward(d_log_lam.contiguous(), d_beta.contiguous(), z, p, nu, theta)
+
+
+_drive.register_autograd(_backward, setup_context=_setup)
+
+
+def selective_drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+    """(log λ, β) of selective mode, both (B, T, 2K), from the step's pre-activation z
+    (B, T, K), the unscaled drive p (B, T, 2K) and the eigenvalue parameters ν, θ (K,)."""
+    return _drive(z.contiguous(), p.contiguous(), nu, theta)
+
+
+# CUDA runs the Triton kernels (ten.selective_kernels). Registered only where CUDA is: a
+# CPU process never imports triton here (the tests choose when, and in which mode).
+if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    from ten import selective_kernels as _k
+
+    _drive.register_kernel("cuda")(_k.drive)
+    _drive_backward.register_kernel("cuda")(_k.drive_backward)
