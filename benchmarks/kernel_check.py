@@ -1,0 +1,221 @@
+"""Every Triton kernel of the project, compiled ahead of time for the GPUs it runs on, with
+no GPU: registers, spills, shared memory and programs per SM, per kernel and architecture.
+
+Triton compiles for a named target without a device (``triton.compile`` of an
+``ASTSource`` for ``GPUTarget("cuda", 89 | 90, 32)``), and its bundled ``ptxas -v``
+reports each kernel's registers, stack frame and spill traffic (the assembler and target
+Triton used for the cubin). The variants are the flagship's (small_32k: K = 128, fp32
+scan, bf16 activations, d = 1024, the SwiGLU width): the ones a run compiles first.
+
+    python benchmarks/kernel_check.py              # the table, exit 1 on a problem
+    python benchmarks/kernel_check.py --markdown   # the table for BENCHMARKS.md
+
+A problem is a kernel that does not compile, one that spills registers, or one that fits
+fewer than 4 programs on an SM (from its registers, threads and shared memory); a stack
+frame alone is not one (libdevice's sin and cos keep their argument reduction there).
+sm_89 is the L40S, sm_90 the H100 and H200. tests/test_kernel_check.py runs it in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ARCHS = {89: "L40S", 90: "H100"}
+# Per SM: registers, threads, shared memory (bytes) a block may use (CUDA's tables).
+SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
+MIN_PROGRAMS_PER_SM = 4
+NUM_WARPS = 4  # every launch in ten/ uses 4 warps (the carry kernel 1)
+
+K, D, H = 128, 1024, 2752  # the flagship's eigenstates, width and SwiGLU half-width
+
+
+def _p(dtype: str) -> str:
+    return f"*{dtype}"
+
+
+def variants() -> list[tuple[str, str, dict, dict, int]]:
+    """(name, module:function, signature, constexprs, warps) for every flagship kernel."""
+    out = []
+    scan = "ten.scan_fused"
+    for sel in (False, True):
+        mode = "selective" if sel else "fixed"
+        base = {"BT": 32, "BK": 32, "SELECTIVE": sel}
+        out.append((f"scan forward {mode}", f"{scan}:_scan_forward_kernel",
+                    {"x_ptr": _p("fp32"), "ll_ptr": _p("fp32"), "sin_ptr": _p("fp32"),
+                     "c_ptr": _p("fp32"), "T": "i32", "K": "i32", "G": "i32", "tiles": "i32"},
+                    base, NUM_WARPS))
+        for h0 in (False, True):
+            out.append((f"scan backward {mode}{' h0' if h0 else ''}",
+                        f"{scan}:_scan_backward_kernel",
+                        {"dc_ptr": _p("fp32"), "ll_ptr": _p("fp32"), "c_ptr": _p("fp32"),
+                         "h0_ptr": _p("fp32"), "sin_ptr": _p("fp32"), "dx_ptr": _p("fp32"),
+                         "dll_ptr": _p("fp32"), "T": "i32", "K": "i32", "G": "i32",
+                         "tiles": "i32"}, {**base, "HAS_H0": h0}, NUM_WARPS))
+        for rev in (False, True):
+            out.append((f"scan summary {mode}{' reverse' if rev else ''}",
+                        f"{scan}:_scan_summary_kernel",
+                        {"x_ptr": _p("fp32"), "ll_ptr": _p("fp32"), "end_ptr": _p("fp32"),
+                         "dec_ptr": _p("fp32"), "T": "i32", "K": "i32", "G": "i32",
+                         "tiles": "i32"}, {**base, "REVERSE": rev}, NUM_WARPS))
+    out.append(("scan carry", f"{scan}:_scan_carry_kernel",
+                {"end_ptr": _p("fp32"), "dec_ptr": _p("fp32"), "h0_ptr": _p("fp32"),
+                 "sin_ptr": _p("fp32"), "K": "i32", "G": "i32"},
+                {"BK": 32, "HAS_H0": True}, 1))
+    out.append(("cross-entropy rows", "ten.loss_fused:_cross_entropy_rows_kernel",
+                {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
+                 "scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"), "V": "i32"},
+                {"BV": 1024, "GRAD": True}, NUM_WARPS))
+    blk = "ten.block_kernels"
+    out.append(("layer norm forward", f"{blk}:_ln_forward_kernel",
+                {"x_ptr": _p("fp32"), "w_ptr": _p("fp32"), "b_ptr": _p("fp32"),
+                 "y_ptr": _p("bf16"), "mean_ptr": _p("fp32"), "rstd_ptr": _p("fp32"),
+                 "d": "i32", "eps": "fp32"}, {"BD": D}, NUM_WARPS))
+    out.append(("layer norm backward", f"{blk}:_ln_backward_kernel",
+                {"dy_ptr": _p("bf16"), "x_ptr": _p("fp32"), "w_ptr": _p("fp32"),
+                 "mean_ptr": _p("fp32"), "rstd_ptr": _p("fp32"), "dx_ptr": _p("fp32"),
+                 "dw_ptr": _p("fp32"), "db_ptr": _p("fp32"), "n": "i32", "d": "i32"},
+                {"ROWS": 16, "BD": D}, NUM_WARPS))
+    out.append(("swiglu forward", f"{blk}:_swiglu_forward_kernel",
+                {"ab_ptr": _p("bf16"), "y_ptr": _p("bf16"), "h": "i32"}, {"BH": 1024},
+                NUM_WARPS))
+    out.append(("swiglu backward", f"{blk}:_swiglu_backward_kernel",
+                {"dy_ptr": _p("bf16"), "ab_ptr": _p("bf16"), "dab_ptr": _p("bf16"), "h": "i32"},
+                {"BH": 1024}, NUM_WARPS))
+    sel = "ten.selective_kernels"
+    consts = {"BK": K, "STEP": 0.01, "FLOOR": 1e-24}
+    out.append(("selective drive", f"{sel}:_drive_kernel",
+                {"z_ptr": _p("bf16"), "p_ptr": _p("bf16"), "nu_ptr": _p("fp32"),
+                 "theta_ptr": _p("fp32"), "ll_ptr": _p("fp32"), "beta_ptr": _p("fp32"),
+                 "n": "i32", "K": "i32"}, consts, NUM_WARPS))
+    out.append(("selective drive backward", f"{sel}:_drive_backward_kernel",
+                {"dll_ptr": _p("fp32"), "dbeta_ptr": _p("fp32"), "z_ptr": _p("bf16"),
+                 "p_ptr": _p("bf16"), "nu_ptr": _p("fp32"), "theta_ptr": _p("fp32"),
+                 "dz_ptr": _p("bf16"), "dp_ptr": _p("bf16"), "dnu_ptr": _p("fp32"),
+                 "dtheta_ptr": _p("fp32"), "n": "i32", "K": "i32"}, consts, NUM_WARPS))
+    return out
+
+
+@dataclass
+class Row:
+    name: str
+    arch: int
+    regs: int | None = None
+    stack: int | None = None  # bytes of stack frame (libdevice's sin/cos reduction uses one)
+    spills: int | None = None  # bytes of spill stores + loads
+    shared: int | None = None
+    programs_per_sm: int | None = None
+    error: str | None = None
+
+    def problems(self) -> list[str]:
+        if self.error:
+            return [f"does not compile: {self.error}"]
+        out = []
+        if self.spills:
+            out.append(f"spills {self.spills} B")
+        if self.programs_per_sm is not None and self.programs_per_sm < MIN_PROGRAMS_PER_SM:
+            out.append(f"{self.programs_per_sm} programs per SM (< {MIN_PROGRAMS_PER_SM})")
+        return out
+
+
+def _tool(name: str) -> str:
+    """A binary Triton bundles (ptxas, cuobjdump)."""
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
+    name, where, sig, consts, warps, arch = args
+    os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not interpreted ones
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, fn = where.split(":")
+    kernel = getattr(importlib.import_module(module), fn)
+    signature = {**sig, **{k: "constexpr" for k in consts}}
+    row = Row(name, arch)
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
+                                  target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": warps})
+    except Exception as e:  # the compiler's error is the finding
+        row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+        return row
+    # ptxas -v on the kernel's PTX: registers, stack frame and spill traffic, as the
+    # cubin Triton built was assembled (same ptxas, same target)
+    gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={gpu}", str(ptx), "-o",
+                                 str(Path(tmp) / "k.cubin")], capture_output=True, text=True,
+                                check=True).stderr
+    row.regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    row.stack = int(re.search(r"(\d+) bytes stack frame", report).group(1))
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
+                                       report).groups())
+    row.spills = stores + loads
+    row.shared = compiled.metadata.shared
+    regs_sm, threads_sm, shared_sm = SM_LIMITS[arch]
+    threads = 32 * warps
+    by_regs = regs_sm // (max(row.regs, 1) * threads)
+    by_threads = threads_sm // threads
+    by_shared = shared_sm // row.shared if row.shared else by_threads
+    row.programs_per_sm = min(by_regs, by_threads, by_shared)
+    return row
+
+
+def check(archs: tuple[int, ...] = (89, 90), workers: int = 2) -> list[Row]:
+    jobs = [(*v, arch) for v in variants() for arch in archs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(compile_one, jobs))
+
+
+def table(rows: list[Row], markdown: bool = False) -> str:
+    head = ["kernel", "arch", "registers", "spill B", "stack B", "shared B", "programs/SM",
+            "problems"]
+    lines = []
+    for r in rows:
+        cells = [r.name, f"sm_{r.arch} ({ARCHS[r.arch]})", str(r.regs), str(r.spills),
+                 str(r.stack), str(r.shared), str(r.programs_per_sm),
+                 "; ".join(r.problems()) or "-"]
+        lines.append(cells)
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(c) + " |" for c in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), *(fmt.format(*c) for c in lines)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=sorted(ARCHS))
+    args = p.parse_args(argv)
+    rows = check(tuple(args.arch))
+    print(table(rows, args.markdown))
+    bad = [f"{r.name} sm_{r.arch}: {p}" for r in rows for p in r.problems()]
+    for line in bad:
+        print(f"kernel_check: {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
