@@ -473,10 +473,14 @@ class Suite:
                 "report_error": report.stderr[-300:] if report.returncode else None}
 
     def gpu_tests(self) -> dict[str, Any]:
-        """The tests marked ``gpu`` (skipped without CUDA), from the files that hold them:
-        collecting the whole suite would import what the lent machine lacks (boto3, moto)."""
+        """The tests marked ``gpu`` (skipped without CUDA) and ``cuda_kernels`` (the Triton
+        kernels, on the GPU here), from the files that hold them: collecting the whole
+        suite would import what the lent machine lacks (boto3, moto)."""
         files = gpu_test_files()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+        # smoke: the gpu tests only (skipped, collected): the main suite already runs the
+        # kernel tests under the interpreter
+        which = "gpu" if self.smoke else "gpu or cuda_kernels"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", which, "-p",
                                "no:cacheprovider", *map(str, files)], capture_output=True,
                               text=True, cwd=ROOT, env=child_env(), timeout=600)
         result = pytest_outcome(proc.returncode, proc.stdout)
@@ -487,7 +491,7 @@ class Suite:
 
 def gpu_test_files() -> list[Path]:
     return sorted(p for p in (ROOT / "tests").rglob("test_*.py")
-                  if "pytest.mark.gpu" in p.read_text())
+                  if re.search(r"pytest\.mark\.(gpu|cuda_kernels)\b", p.read_text()))
 
 
 def pytest_outcome(returncode: int, stdout: str) -> dict[str, Any]:

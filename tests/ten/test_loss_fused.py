@@ -20,9 +20,9 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(
     not HAVE_TRITON, reason="triton is not installed (pip install -e '.[test]' does, on Linux)"
-)
+)]
 
 from ten.loss import (  # noqa: E402
     chunked_linear_cross_entropy,
