@@ -10,7 +10,7 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
     swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
-numerics unchanged) and a Triton kernel registered for CUDA (``register_kernel``): the
+numerics unchanged) and a Triton kernel registered for CUDA (``ten.ops.register_cuda``): the
 device picks, as it does for every aten operator. The kernels (``ten.block_kernels``)
 compute in fp32 whatever the storage dtype; under ``TRITON_INTERPRET=1`` they run on CPU
 tensors there, and the tests hold them to the operators here.
@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ten.ops import define, register_cuda
+
 __all__ = ["LayerNorm", "layer_norm", "swiglu"]
 
 # --- the operators: torch reference -----------------------------------------------------------
@@ -32,8 +34,7 @@ def _acc(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)  # fp32; a float64 model stays exact
 
 
-@torch.library.custom_op("ten::layer_norm", mutates_args=())
-def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+def _layer_norm_impl(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """(y in out_dtype, mean (N,), rstd (N,)) of x (N, d); the statistics in fp32 (fp64
     for a float64 model). Here torch's own kernel; on CUDA ten.block_kernels'."""
@@ -41,15 +42,13 @@ def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
     return y.to(out_dtype), mean.view(-1).to(_acc(x)), rstd.view(-1).to(_acc(x))
 
 
-@_layer_norm.register_fake
-def _(x, weight, bias, eps, out_dtype):
+def _layer_norm_fake(x, weight, bias, eps, out_dtype):
     n = x.shape[0]
     return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(n, dtype=_acc(x)),
             x.new_empty(n, dtype=_acc(x)))
 
 
-@torch.library.custom_op("ten::layer_norm_backward", mutates_args=())
-def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
+def _layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
                          rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(dx in x's dtype, d weight, d bias)."""
     n = x.shape[0]
@@ -59,8 +58,7 @@ def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
     return dx, dw, db
 
 
-@_layer_norm_backward.register_fake
-def _(dy, x, weight, mean, rstd):
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd):
     return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
 
 
@@ -76,24 +74,27 @@ def _ln_backward(ctx, dy, _dmean, _drstd):
     return dx, dw, db, None, None
 
 
-_layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
+_layer_norm_backward = define(
+    "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd) "
+    "-> (Tensor, Tensor, Tensor)", _layer_norm_backward_impl, _layer_norm_backward_fake)
+_layer_norm = define(
+    "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, ScalarType out_dtype) "
+    "-> (Tensor, Tensor, Tensor)", _layer_norm_impl, _layer_norm_fake,
+    backward=_ln_backward, setup_context=_ln_setup)
 
 
-@torch.library.custom_op("ten::swiglu", mutates_args=())
-def _swiglu(ab: Tensor) -> Tensor:
+def _swiglu_impl(ab: Tensor) -> Tensor:
     """silu(a)·b of ab = [a | b] (..., 2H) -> (..., H). Here torch's own kernels (in ab's
     dtype, fp32 arithmetic inside for bf16); on CUDA ten.block_kernels'."""
     a, b = ab.chunk(2, dim=-1)
     return F.silu(a) * b
 
 
-@_swiglu.register_fake
-def _(ab):
+def _swiglu_fake(ab):
     return ab.new_empty(*ab.shape[:-1], ab.shape[-1] // 2)
 
 
-@torch.library.custom_op("ten::swiglu_backward", mutates_args=())
-def _swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
+def _swiglu_backward_impl(dy: Tensor, ab: Tensor) -> Tensor:
     """[d a | d b] for y = silu(a)·b: d a = dy·b·silu'(a), d b = dy·silu(a), written
     into one (..., 2H) buffer (no cat)."""
     a, b = ab.chunk(2, dim=-1)
@@ -104,8 +105,7 @@ def _swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
     return dab
 
 
-@_swiglu_backward.register_fake
-def _(dy, ab):
+def _swiglu_backward_fake(dy, ab):
     return torch.empty_like(ab)
 
 
@@ -118,7 +118,10 @@ def _swiglu_grad(ctx, dy):
     return _swiglu_backward(dy.contiguous(), ab)
 
 
-_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+_swiglu_backward = define("swiglu_backward(Tensor dy, Tensor ab) -> Tensor",
+                          _swiglu_backward_impl, _swiglu_backward_fake)
+_swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake,
+                 backward=_swiglu_grad, setup_context=_swiglu_setup)
 
 
 # --- the public functions ---------------------------------------------------------------------
@@ -156,7 +159,7 @@ class LayerNorm(nn.LayerNorm):
 if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     from ten import block_kernels as _k
 
-    _layer_norm.register_kernel("cuda")(_k.layer_norm)
-    _layer_norm_backward.register_kernel("cuda")(_k.layer_norm_backward)
-    _swiglu.register_kernel("cuda")(_k.swiglu)
-    _swiglu_backward.register_kernel("cuda")(_k.swiglu_backward)
+    register_cuda("layer_norm", _k.layer_norm)
+    register_cuda("layer_norm_backward", _k.layer_norm_backward)
+    register_cuda("swiglu", _k.swiglu)
+    register_cuda("swiglu_backward", _k.swiglu_backward)

@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ten.ops import define
+
 __all__ = ["INTERPRETED", "cross_entropy_rows"]
 
 BLOCK_V = 1024  # logits per load: 2 KB of bf16 per row per step
@@ -75,10 +77,7 @@ def cross_entropy_rows(logits: Tensor, targets: Tensor, scale: Tensor | None) ->
                     None if scale is None else scale.contiguous())
 
 
-# A torch operator (torch.library.custom_op) that writes the logits in place: opaque to
-# torch.compile, and traceable under FakeTensorMode (benchmarks/bench_traffic.py).
-@torch.library.custom_op("ten::cross_entropy_rows", mutates_args=("logits",))
-def _rows_op(logits: Tensor, targets: Tensor, scale: Tensor | None) -> Tensor:
+def _rows_impl(logits: Tensor, targets: Tensor, scale: Tensor | None) -> Tensor:
     R, V = logits.shape
     loss = torch.empty(R, dtype=torch.float32, device=logits.device)
     if R:
@@ -88,6 +87,11 @@ def _rows_op(logits: Tensor, targets: Tensor, scale: Tensor | None) -> Tensor:
     return loss
 
 
-@_rows_op.register_fake
-def _(logits, targets, scale):
+def _rows_fake(logits, targets, scale):
     return logits.new_empty(logits.shape[0], dtype=torch.float32)
+
+
+# A torch operator (ten.ops) that writes the logits in place: opaque to torch.compile, and
+# traceable under FakeTensorMode (benchmarks/bench_traffic.py).
+_rows_op = define("cross_entropy_rows(Tensor(a!) logits, Tensor targets, Tensor? scale) "
+                  "-> Tensor", _rows_impl, _rows_fake)

@@ -52,6 +52,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ten.ops import define
+
 __all__ = ["INTERPRETED", "Plan", "plan", "scan_fused"]
 
 
@@ -351,31 +353,27 @@ def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: boo
     return out, dll
 
 
-# The kernels as torch operators (torch.library.custom_op): opaque to torch.compile (no
-# graph break), and traceable under FakeTensorMode by their fake implementations, which
-# give each output's shape (ten.memory and benchmarks/bench_traffic.py trace through them).
+# The kernels as torch operators (ten.ops): opaque to torch.compile (no graph break), and
+# traceable under FakeTensorMode by their fakes, which give each output's shape (ten.memory
+# and benchmarks/bench_traffic.py trace through them).
 
-@torch.library.custom_op("ten::scan_fused_forward", mutates_args=())
-def _forward_op(beta: Tensor, log_lam: Tensor, state: Tensor | None, block_t: int,
-                block_k: int, group_tiles: int) -> Tensor:
+def _forward_impl(beta: Tensor, log_lam: Tensor, state: Tensor | None, block_t: int,
+                  block_k: int, group_tiles: int) -> Tensor:
     """c (B, T, 2K) from contiguous float32/64 inputs, cut as the plan says."""
     return _run(beta, log_lam, state, Plan(block_t, block_k, group_tiles), reverse=False)[0]
 
 
-@_forward_op.register_fake
-def _(beta, log_lam, state, block_t, block_k, group_tiles):
+def _forward_fake(beta, log_lam, state, block_t, block_k, group_tiles):
     return torch.empty_like(beta)
 
 
-@torch.library.custom_op("ten::scan_fused_backward", mutates_args=())
-def _backward_op(dc: Tensor, log_lam: Tensor, state: Tensor | None, c: Tensor, block_t: int,
-                 block_k: int, group_tiles: int) -> tuple[Tensor, Tensor]:
+def _backward_impl(dc: Tensor, log_lam: Tensor, state: Tensor | None, c: Tensor,
+                   block_t: int, block_k: int, group_tiles: int) -> tuple[Tensor, Tensor]:
     """(dL/dβ, dL/d log λ raw: (B, T, 2K) selective, (B, G, 2K) partial sums fixed)."""
     return _run(dc, log_lam, state, Plan(block_t, block_k, group_tiles), reverse=True, c=c)
 
 
-@_backward_op.register_fake
-def _(dc, log_lam, state, c, block_t, block_k, group_tiles):
+def _backward_fake(dc, log_lam, state, c, block_t, block_k, group_tiles):
     B, T, K2 = dc.shape
     groups = math.ceil(math.ceil(T / block_t) / group_tiles)
     return torch.empty_like(dc), (torch.empty_like(dc) if log_lam.dim() == 3
@@ -405,7 +403,13 @@ def _backward(ctx, dc: Tensor):
     return g, d_log_lam, d_state, None, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_backward_op = define(
+    "scan_fused_backward(Tensor dc, Tensor log_lam, Tensor? state, Tensor c, int block_t, "
+    "int block_k, int group_tiles) -> (Tensor, Tensor)", _backward_impl, _backward_fake)
+_forward_op = define(
+    "scan_fused_forward(Tensor beta, Tensor log_lam, Tensor? state, int block_t, "
+    "int block_k, int group_tiles) -> Tensor", _forward_impl, _forward_fake,
+    backward=_backward, setup_context=_setup_context)
 
 
 def scan_fused(beta: Tensor, log_lam: Tensor, state: Tensor | None = None, *,

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ten.ops import define, register_cuda
+
 __all__ = ["DELTA_BIAS", "MIN_WRITE", "STEP_UNIT", "selective_drive", "step_of"]
 
 # Δ_t = softplus(z_t) / STEP_UNIT, with z's bias starting at softplus⁻¹(STEP_UNIT): the step
@@ -51,22 +53,19 @@ def _forward_parts(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor):
     return step, rate, write, gamma
 
 
-@torch.library.custom_op("ten::selective_drive", mutates_args=())
-def _drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+def _drive_impl(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
     """(log λ (B, T, 2K), β (B, T, 2K)) from z (B, T, K) and p (B, T, 2K)."""
     step, rate, _, gamma = _forward_parts(z, p, nu, theta)
     log_lam = torch.cat([-rate * step, theta * step], dim=-1)
     return log_lam, p * torch.cat([gamma, gamma], dim=-1)
 
 
-@_drive.register_fake
-def _(z, p, nu, theta):
+def _drive_fake(z, p, nu, theta):
     dtype = torch.promote_types(torch.promote_types(z.dtype, torch.float32), nu.dtype)
     return p.new_empty(p.shape, dtype=dtype), p.new_empty(p.shape, dtype=dtype)
 
 
-@torch.library.custom_op("ten::selective_drive_backward", mutates_args=())
-def _drive_backward(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: Tensor,
+def _drive_backward_impl(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: Tensor,
                     theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dz, dp, dν, dθ): the chain rule of the formula above, written out."""
     step, rate, write, gamma = _forward_parts(z, p, nu, theta)
@@ -87,8 +86,7 @@ def _drive_backward(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu:
     return dz.to(z.dtype), dp.to(p.dtype), d_nu.to(nu.dtype), d_theta.to(theta.dtype)
 
 
-@_drive_backward.register_fake
-def _(d_log_lam, d_beta, z, p, nu, theta):
+def _drive_backward_fake(d_log_lam, d_beta, z, p, nu, theta):
     return (torch.empty_like(z), torch.empty_like(p), torch.empty_like(nu),
             torch.empty_like(theta))
 
@@ -106,7 +104,13 @@ def _backward(ctx, d_log_lam, d_beta):
     return _drive_backward(d_log_lam.contiguous(), d_beta.contiguous(), z, p, nu, theta)
 
 
-_drive.register_autograd(_backward, setup_context=_setup)
+_drive_backward = define(
+    "selective_drive_backward(Tensor d_log_lam, Tensor d_beta, Tensor z, Tensor p, "
+    "Tensor nu, Tensor theta) -> (Tensor, Tensor, Tensor, Tensor)", _drive_backward_impl,
+    _drive_backward_fake)
+_drive = define("selective_drive(Tensor z, Tensor p, Tensor nu, Tensor theta) "
+                "-> (Tensor, Tensor)", _drive_impl, _drive_fake, backward=_backward,
+                setup_context=_setup)
 
 
 def selective_drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,5 +124,5 @@ def selective_drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Te
 if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     from ten import selective_kernels as _k
 
-    _drive.register_kernel("cuda")(_k.drive)
-    _drive_backward.register_kernel("cuda")(_k.drive_backward)
+    register_cuda("selective_drive", _k.drive)
+    register_cuda("selective_drive_backward", _k.drive_backward)
