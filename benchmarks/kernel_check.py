@@ -19,6 +19,7 @@ sm_89 is the L40S, sm_90 the H100 and H200. tests/test_kernel_check.py runs it i
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import subprocess
@@ -138,7 +139,6 @@ def _tool(name: str) -> str:
 
 def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
     name, where, sig, consts, warps, arch = args
-    os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not interpreted ones
     import importlib
 
     import triton
@@ -180,9 +180,17 @@ def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
     return row
 
 
+def _compiled_mode() -> None:
+    """In each worker, before triton is imported: kernels built for the compiler."""
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
 def check(archs: tuple[int, ...] = (89, 90), workers: int = 2) -> list[Row]:
+    """Compiles in fresh processes (spawned, not forked): a caller that already imported
+    the kernels for Triton's interpreter (a test session) cannot hand those over."""
     jobs = [(*v, arch) for v in variants() for arch in archs]
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_compiled_mode) as pool:
         return list(pool.map(compile_one, jobs))
 
 
