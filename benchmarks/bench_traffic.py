@@ -132,8 +132,10 @@ class TrafficMode(TorchDispatchMode):
         ins, _ = tree_flatten((args, kwargs))
         outs, _ = tree_flatten(out)
         nbytes = sum(map(_bytes, ins)) + sum(map(_bytes, outs))
+        returned = {id(t) for t in outs}
         for arg, value in zip(func._schema.arguments, args, strict=False):
-            if arg.alias_info is not None and arg.alias_info.is_write:
+            if arg.alias_info is not None and arg.alias_info.is_write and \
+                    id(value) not in returned:  # aten's x.add_() returns x: counted already
                 nbytes += _bytes(value)  # an input written in place is also written
         if func.namespace == "ten" and name == "cross_entropy_rows":
             nbytes += _bytes(args[0])  # its two passes read the logits twice
@@ -237,7 +239,8 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
 
 def trace_scan(cfg: Any, batch: int) -> Tally:
     """One layer's scan as the model runs it (forward, the recompute's forward, backward),
-    on fake tensors shaped as in the flagship; the drive arrives in bf16."""
+    on fake tensors shaped as in the flagship; the drive arrives in fp32, as the model's
+    does (γ is fp32)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ten.scan import scan
@@ -245,15 +248,15 @@ def trace_scan(cfg: Any, batch: int) -> Tally:
     K2, T = 2 * cfg.n_eigenstates, cfg.seq_len
     total = Tally()
     with FakeTensorMode(), torch.device("cpu"):
-        beta = torch.empty(batch, T, K2, dtype=torch.bfloat16, requires_grad=True)
+        beta = torch.empty(batch, T, K2, requires_grad=True)
         shape = (batch, T, K2) if cfg.selective else (K2,)
         log_lam = torch.empty(shape, requires_grad=True)
-        for passes in ((False,), (True,)) if cfg.grad_checkpointing else ((True,),):
+        for backward in (False, True) if cfg.grad_checkpointing else (True,):
             mode = TrafficMode()
             with mode:
                 c, _ = scan(beta, log_lam, None, backend=cfg.scan_backend,
                             chunk_size=cfg.chunk_size)
-                if passes[0]:
+                if backward:
                     c.backward(torch.empty_like(c))
             for t in mode.tallies.values():
                 total.merge(t)

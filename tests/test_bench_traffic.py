@@ -51,3 +51,15 @@ def test_host_syncs_are_the_optimizers(job):
 def test_liger_is_refused_with_the_fix():
     with pytest.raises(SystemExit, match="train.loss=fused"):
         analyse("train.loss=liger")
+
+
+def test_an_in_place_operator_reads_and_writes_its_tensor_once_each():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = bench_traffic.TrafficMode()
+    with FakeTensorMode(), mode:
+        x, y = torch.empty(1000), torch.empty(1000)
+        x.add_(y)  # aten returns x itself: read x, read y, write x
+    assert mode.tallies["elementwise"].bytes == 3 * 4000
+    assert mode.tallies["elementwise"].kernels == 1
