@@ -142,10 +142,12 @@ def _rows_torch(logits: Tensor, t: Tensor, scale: Tensor | None
     loss = (top + sum_exp.log()).squeeze(1) - target_logit  # (R,)
     if scale is None:
         return loss, None
-    # d loss_row / d logits = softmax - onehot(target), times the row's weight
+    # d loss_row / d logits = softmax - onehot(target), times the row's weight, written
+    # back into the logits' buffer (the caller still holds it: no second one)
     d = x.div_(sum_exp)
     d.scatter_add_(1, t, torch.full_like(t, -1, dtype=d.dtype))
-    return loss, d.mul_(scale[:, None].to(d.dtype)).to(logits.dtype)
+    d.mul_(scale[:, None].to(d.dtype))
+    return loss, logits if d is logits else logits.copy_(d)
 
 
 def _rows_fused(logits: Tensor, t: Tensor, scale: Tensor | None
