@@ -1,37 +1,21 @@
 """ten.block_fused: the LayerNorm and SwiGLU operators equal torch's, in values and
 gradients, and their Triton kernels (ten.block_kernels) equal the operators.
 
-Without CUDA the kernels run under Triton's interpreter on CPU tensors: like
-tests/ten/test_scan_fused.py, this module sets ``TRITON_INTERPRET=1`` for the pytest
-process when it is collected, before anything imported triton.
+Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
 
 from __future__ import annotations
-
-import importlib
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
+from ten.block_fused import LayerNorm, layer_norm, swiglu
 
-from ten.block_fused import LayerNorm, layer_norm, swiglu  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
+interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
-
-
-def cpu(*tensors):
-    return [t.cpu() for t in tensors]
 
 
 def rand(*shape, dtype=torch.float32, seed=0):
@@ -85,11 +69,8 @@ def test_layer_norm_gradients_pass_gradcheck_in_fp64():
 @pytest.fixture(scope="module")
 def kernels():
     if not HAVE_TRITON:
-        pytest.skip("triton is not installed")
-    mod = importlib.import_module("ten.block_kernels")
-    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before this module could interpret it")
-    return mod
+        pytest.skip(NO_TRITON)
+    return kernel_module("ten.block_kernels")
 
 
 # d not a power of two; rows not a multiple of the backward's rows per program

@@ -1,47 +1,28 @@
 """The fused loss (one Triton kernel per chunk, ten.loss_fused) must equal the plain loss,
 in values and gradients, as the chunked one does.
 
-Without CUDA the kernel runs under Triton's interpreter on CPU tensors: like
-tests/ten/test_scan_fused.py, this module sets ``TRITON_INTERPRET=1`` for the pytest
-process when it is collected, before anything imported triton.
+Where it runs: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
+from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
-
-pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(
-    not HAVE_TRITON, reason="triton is not installed (pip install -e '.[test]' does, on Linux)"
-)]
-
-from ten.loss import (  # noqa: E402
+from ten.loss import (
     chunked_linear_cross_entropy,
     fused_linear_cross_entropy,
     reference_linear_cross_entropy,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+interpret_without_cuda()
+pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    mod = importlib.import_module("ten.loss_fused")
-    if not mod.INTERPRETED and os.environ.get("TRITON_INTERPRET") == "1":
-        mod = importlib.reload(mod)  # imported before the variable was set
-    if not mod.INTERPRETED and DEVICE == "cpu":
-        pytest.skip("triton was imported compiled before this module could interpret it: "
-                    "run TRITON_INTERPRET=1 python -m pytest tests/ten/test_loss_fused.py")
-    return mod
+    return kernel_module("ten.loss_fused")
 
 
 def problem(n, d, v, ignore=0, seed=0):

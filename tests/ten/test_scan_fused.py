@@ -1,37 +1,22 @@
 """The fused (Triton) scan must equal the reference loop, in values and gradients.
 
-Where to run it. With CUDA the kernels are compiled and every test runs on the GPU. Without
-it they run under Triton's interpreter on CPU tensors (numpy underneath, float64 too).
-Triton takes the mode from ``TRITON_INTERPRET`` once per process: its own library is
-decorated when ``triton`` is first imported and the interpreter must still be on at the
-first launch. So, on a machine without CUDA, this module sets ``TRITON_INTERPRET=1`` for
-the whole pytest process when it is collected, before anything has imported triton
-(``import torch`` and the rest of the suite do not); nothing else there could use compiled
-Triton anyway. Run by hand: ``TRITON_INTERPRET=1 python -m pytest tests/ten/test_scan_fused.py``
-works too. Sizes are tiny (B=2, K=6 lanes in blocks of 4 or 8, T <= 40): the interpreter
-runs every program one after another in Python.
+Where it runs: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU). Sizes
+are tiny (B=2, K=6 lanes in blocks of 4 or 8, T <= 40): the interpreter runs every program
+one after another in Python.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
+from triton_mode import HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
 from ten.scan import scan, scan_ref
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
-
-pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(
-    not HAVE_TRITON, reason="triton is not installed (pip install -e '.[test]' does, on Linux)"
-)]
+interpret_without_cuda()
+pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)]
 
 B, K = 2, 6
 DEVICE = "cpu"  # set by the fixture: "cuda" when the kernels are compiled
@@ -40,12 +25,7 @@ DEVICE = "cpu"  # set by the fixture: "cuda" when the kernels are compiled
 @pytest.fixture(scope="module")
 def fused():
     global DEVICE
-    mod = importlib.import_module("ten.scan_fused")
-    if not mod.INTERPRETED and os.environ.get("TRITON_INTERPRET") == "1":
-        mod = importlib.reload(mod)  # imported before the variable was set
-    if not mod.INTERPRETED and not torch.cuda.is_available():
-        pytest.fail("triton was imported before TRITON_INTERPRET=1 could be set and there is "
-                    "no CUDA: run this file in a process of its own")
+    mod = kernel_module("ten.scan_fused")
     DEVICE = "cpu" if mod.INTERPRETED else "cuda"
     return mod
 

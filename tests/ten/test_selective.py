@@ -2,36 +2,23 @@
 formula (EigenstateMixer.eigenvalues), in values and gradients, and its Triton kernels
 (ten.selective_kernels) equal the operator.
 
-Without CUDA the kernels run under Triton's interpreter on CPU tensors: like
-tests/ten/test_scan_fused.py, this module sets ``TRITON_INTERPRET=1`` for the pytest
-process when it is collected, before anything imported triton.
+Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
+from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-if HAVE_TRITON and not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # process-wide, see the module docstring
+from ten.model import EigenstateMixer
+from ten.presets import ten_config
+from ten.selective import DELTA_BIAS, selective_drive
 
-from ten.model import EigenstateMixer  # noqa: E402
-from ten.presets import ten_config  # noqa: E402
-from ten.selective import DELTA_BIAS, selective_drive  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
-
-
-def cpu(*tensors):
-    return [t.cpu() for t in tensors]
 
 
 def inputs(shape=(2, 5), K=6, dtype=torch.float64, seed=0, z_shift=0.0):
@@ -101,10 +88,8 @@ def test_under_autocast_the_outputs_are_fp32_and_the_gradients_bf16():
 @pytest.fixture(scope="module")
 def kernels():
     if not HAVE_TRITON:
-        pytest.skip("triton is not installed")
-    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before this module could interpret it")
-    return importlib.import_module("ten.selective_kernels")
+        pytest.skip(NO_TRITON)
+    return kernel_module("ten.selective_kernels")
 
 
 # K not a power of two; rows not a multiple of a program's; tiny and large steps
