@@ -64,25 +64,26 @@ def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr
 
 
 @triton.jit
-def _swiglu_forward_kernel(ab_ptr, y_ptr, h, BH: tl.constexpr):
-    r, cb = tl.program_id(0), tl.program_id(1)
-    cols = cb * BH + tl.arange(0, BH)
+def _swiglu_halves(ab_ptr, h, BH: tl.constexpr):
+    """This program's row and columns of ab = [a | b], and a and b there in fp32."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
     mask = cols < h
-    row = r.to(tl.int64)
     a = tl.load(ab_ptr + row * 2 * h + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(ab_ptr + row * 2 * h + h + cols, mask=mask, other=0.0).to(tl.float32)
+    return row, cols, mask, a, b
+
+
+@triton.jit
+def _swiglu_forward_kernel(ab_ptr, y_ptr, h, BH: tl.constexpr):
+    row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH)
     y = a * tl.sigmoid(a) * b
     tl.store(y_ptr + row * h + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr):
-    r, cb = tl.program_id(0), tl.program_id(1)
-    cols = cb * BH + tl.arange(0, BH)
-    mask = cols < h
-    row = r.to(tl.int64)
-    a = tl.load(ab_ptr + row * 2 * h + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(ab_ptr + row * 2 * h + h + cols, mask=mask, other=0.0).to(tl.float32)
+    row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH)
     g = tl.load(dy_ptr + row * h + cols, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
     da = g * b * s * (1.0 + a * (1.0 - s))
