@@ -5,20 +5,27 @@
 #   docker run --gpus all --ipc host --stop-timeout 110 -v ten-cache:/cache \
 #       -e AWS_REGION ten-runner run s3://bucket/runs/my-job/submitted/my-job.yaml  # GPU
 #
-# Base: the CUDA 13.0 "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
+# Base: the CUDA "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
 # container toolkit reads). PyPI's torch 2.13.0 Linux wheel is the CUDA 13.0 build (it
 # requires cuda-toolkit 13.0.3, cuDNN, NCCL and Triton 3.7.1 as pip packages), so a
 # -runtime or -cudnn base would only add ~3 GB of duplicate libraries that every new spot
-# VM has to pull. Hosts need an NVIDIA driver >= 580 (CUDA 13.0). Change CUDA and torch
-# together: the test checks they match. torch 2.13.0 and bitsandbytes 0.50.2 are the
-# versions benchmarks/gpu_suite.py and the tests have run with.
-FROM nvidia/cuda:13.0.0-base-ubuntu24.04
+# VM has to pull. torch 2.13.0 and bitsandbytes 0.50.2 are the versions
+# benchmarks/gpu_suite.py and the tests have run with.
+#
+# Hosts need an NVIDIA driver >= 580 for CUDA 13.0. For older drivers (README: Older
+# drivers) build for CUDA 12: the base and torch's CUDA build follow CUDA_VERSION
+# (torch then comes from the PyTorch index of that CUDA, e.g. cu128):
+#   docker build --build-arg CUDA_VERSION=12.8.1 -t ten-runner:cu128 .
+ARG CUDA_VERSION=13.0.0
+FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04
 
+ARG CUDA_VERSION
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_CUDA=13.0
-ARG TORCH_INDEX=https://pypi.org/simple
+# Empty: PyPI for CUDA 13.0 (its Linux wheel), else https://download.pytorch.org/whl/cuXY.
+ARG TORCH_INDEX=
 ARG BITSANDBYTES_VERSION=0.50.2
 ARG LIGER_VERSION=0.8.5
+ARG PYTEST_VERSION=9.0.3
 ARG DEBIAN_FRONTEND=noninteractive
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -42,38 +49,54 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1
 
 # torch first, in its own layer: the biggest download, and it changes the least.
-RUN python3 -m venv "$VIRTUAL_ENV" \
-    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+RUN cuda="$(echo "${CUDA_VERSION}" | cut -d. -f1,2 | tr -d .)" \
+    && default_index="https://download.pytorch.org/whl/cu${cuda}" \
+    && if [ "${cuda}" = 130 ]; then default_index=https://pypi.org/simple; fi \
+    && python3 -m venv "$VIRTUAL_ENV" \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+        --index-url "${TORCH_INDEX:-${default_index}}" \
+    && python -c 'import sys, torch; sys.exit(torch.version.cuda != sys.argv[1])' \
+        "$(echo "${CUDA_VERSION}" | cut -d. -f1,2)"
 
 # The dependencies and the GPU extra (Liger's fused loss), from pyproject.toml alone (a
-# code change does not rebuild this layer). The constraints keep the CUDA torch above (a
-# dependency can never swap it for another) and pin the GPU libraries.
+# code change does not rebuild this layer), and pytest for the GPU tests the image
+# carries. The constraints keep the CUDA torch above (a dependency can never swap it for
+# another) and pin the GPU libraries.
 WORKDIR /app
 COPY pyproject.toml ./
 RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["gpu"]))' > /tmp/requirements.txt \
     && printf '%s\n' "torch==${TORCH_VERSION}" "bitsandbytes==${BITSANDBYTES_VERSION}" \
         "liger-kernel==${LIGER_VERSION}" > /tmp/constraints.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt "pytest==${PYTEST_VERSION}" \
+        -c /tmp/constraints.txt \
     && rm /tmp/requirements.txt /tmp/constraints.txt
 
-# The code, then the example jobs (so `docker run IMAGE run jobs/tiny-cpu.yaml` works).
+# The code, then the example jobs (so `docker run IMAGE run jobs/tiny-cpu.yaml` works),
+# and the GPU suite and tests, to measure the host the image runs on (BENCHMARKS.md):
+#   docker run --gpus all --entrypoint python IMAGE benchmarks/gpu_suite.py --out /cache
 COPY README.md ./
 COPY ten ./ten
 COPY runner ./runner
 RUN pip install --no-cache-dir --no-deps . \
     && rm -rf build ten_runner.egg-info
 COPY jobs ./jobs
+COPY benchmarks ./benchmarks
+COPY tests ./tests
 
 # Caches on one mountable volume: prepared shards and bucket jobs' run directories
 # (TEN_CACHE_DIR), Hugging Face downloads (HF_HOME), torch.compile/Triton kernels
-# (TORCHINDUCTOR_CACHE_DIR). /app/runs takes local-store runs (storage.url ./runs).
+# (TORCHINDUCTOR_CACHE_DIR), the fused scan's and loss's Triton kernels (TRITON_CACHE_DIR:
+# a new container otherwise compiles them again, seconds each). /app/runs takes
+# local-store runs (storage.url ./runs).
 ENV TEN_CACHE_DIR=/cache/ten \
     HF_HOME=/cache/hf \
-    TORCHINDUCTOR_CACHE_DIR=/cache/torch-compile
+    TORCHINDUCTOR_CACHE_DIR=/cache/torch-compile \
+    TRITON_CACHE_DIR=/cache/triton
 # The CUDA caching allocator grows segments in place instead of stranding odd-sized
 # blocks: long sequences of varying activation sizes fragment less.
 ENV PYTORCH_ALLOC_CONF=expandable_segments:True
-RUN install -d -o ten -g ten /cache /cache/ten /cache/hf /cache/torch-compile /app/runs
+RUN install -d -o ten -g ten /cache /cache/ten /cache/hf /cache/torch-compile /cache/triton \
+        /app/runs
 VOLUME ["/cache"]
 
 # Numeric, so Kubernetes runAsNonRoot can verify it.

@@ -54,8 +54,9 @@ def args_of(keyword: str) -> dict[str, str]:
     for k, args in instructions():
         if k == keyword:
             for word in shlex.split(args):
-                name, _, value = word.partition("=")
-                pairs[name] = value
+                name, eq, value = word.partition("=")
+                if eq or name not in pairs:  # `ARG NAME` again after FROM keeps its value
+                    pairs[name] = value
     return pairs
 
 
@@ -79,24 +80,35 @@ def test_hadolint_is_clean():
 
 
 def test_cuda_base_and_torch_wheel_match():
+    """One build argument, CUDA_VERSION, picks the base image and torch's CUDA build
+    (README: Older drivers), and the build fails if the installed torch is another."""
     base = only("FROM")
-    m = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-(?:base|runtime|cudnn-runtime)-ubuntu"
-                     r"(\d\d\.\d\d)", base)
-    assert m, f"FROM must pin a CUDA base image tag, got {base!r}"
+    m = re.fullmatch(r"nvidia/cuda:\$\{CUDA_VERSION\}-base-ubuntu(\d\d\.\d\d)", base)
+    assert m, f"FROM must take its CUDA from the CUDA_VERSION build argument, got {base!r}"
+    first = DOCKERFILE.read_text().split("\nFROM ")[0]
+    default = re.search(r"^ARG CUDA_VERSION=(\d+)\.(\d+)\.(\d+)$", first, re.M)
+    assert default, "ARG CUDA_VERSION=X.Y.Z before FROM"
     arg = args_of("ARG")
-    # PyPI's Linux torch wheel is one CUDA build (2.13.0: CUDA 13.0); the PyTorch index
-    # has one per CUDA version. Either way the base image's CUDA is the wheel's.
-    assert arg["TORCH_CUDA"] == f"{m[1]}.{m[2]}"
-    assert arg["TORCH_INDEX"] in ("https://pypi.org/simple",
-                                  f"https://download.pytorch.org/whl/cu{m[1]}{m[2]}")
+    assert "CUDA_VERSION" in arg and arg["TORCH_INDEX"] == ""  # empty: derived from CUDA
     assert re.fullmatch(r"\d+\.\d+\.\d+", arg["TORCH_VERSION"]), "pin torch exactly"
     torch_run = instructions()[index_of(lambda k, a: k == "RUN" and "torch==" in a)][1]
     assert '"torch==${TORCH_VERSION}"' in torch_run
-    assert '--index-url "${TORCH_INDEX}"' in torch_run
+    assert '--index-url "${TORCH_INDEX:-${default_index}}"' in torch_run
+    assert "torch.version.cuda != sys.argv[1]" in torch_run
+    # The index each CUDA version gets: PyPI's wheel is the CUDA 13.0 build (torch
+    # 2.13.0), the PyTorch index has one per CUDA version. Run the RUN's own lines.
+    derive = torch_run.split(" && python3 -m venv")[0] + ' && echo "$default_index"'
+    for cuda, index in (("13.0.0", "https://pypi.org/simple"),
+                        ("12.8.1", "https://download.pytorch.org/whl/cu128"),
+                        ("12.6.3", "https://download.pytorch.org/whl/cu126")):
+        out = subprocess.run(["bash", "-c", derive], capture_output=True, text=True,
+                             env={**os.environ, "CUDA_VERSION": cuda}, timeout=30)
+        assert out.stdout.strip() == index, (cuda, out.stdout, out.stderr)
+    assert default.group(1, 2) == ("13", "0")  # the wheel PyPI has for torch 2.13.0
     # The project supports the Python of that Ubuntu release.
     from packaging.specifiers import SpecifierSet
 
-    python = UBUNTU_PYTHON[m[3]]
+    python = UBUNTU_PYTHON[m[1]]
     assert python in SpecifierSet(pyproject()["project"]["requires-python"])
 
 
@@ -208,7 +220,7 @@ def _read_by(name: str, *modules: str) -> bool:
 def test_every_env_var_the_image_sets_is_read():
     env = args_of("ENV")
     assert set(env) == {"VIRTUAL_ENV", "PATH", "PYTHONUNBUFFERED", "TEN_CACHE_DIR", "HF_HOME",
-                        "TORCHINDUCTOR_CACHE_DIR", "PYTORCH_ALLOC_CONF"}, \
+                        "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTORCH_ALLOC_CONF"}, \
         "a new ENV: say here what reads it"
     assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert _read_by("PYTORCH_ALLOC_CONF", "torch.cuda.memory")  # and c10's allocator
@@ -217,9 +229,10 @@ def test_every_env_var_the_image_sets_is_read():
     assert _read_by("TEN_CACHE_DIR", "ten", "runner")
     assert _read_by('"HF_HOME"', "huggingface_hub.constants", "datasets.config")
     assert _read_by('"TORCHINDUCTOR_CACHE_DIR"', "torch._inductor.runtime.cache_dir_utils")
+    assert _read_by("TRITON_CACHE_DIR", "triton.knobs", "triton.runtime.cache")
     # The caches are on the volume, and the user can write them.
     volumes = json.loads(only("VOLUME"))
-    for name in ("TEN_CACHE_DIR", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
+    for name in ("TEN_CACHE_DIR", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert any(env[name].startswith(v.rstrip("/") + "/") for v in volumes), name
         mkdir = next(a for k, a in instructions() if k == "RUN" and "install -d" in a)
         assert env[name] in mkdir.split() and "-o ten" in mkdir
@@ -313,6 +326,8 @@ def test_the_build_context_holds_no_secrets_or_clutter():
     assert {"pyproject.toml", "README.md", "runner/cli.py", "ten/model.py",
             "runner/monitor/liveness.py", "jobs/tiny-cpu.yaml"} <= context
     for f in context:
-        assert f.split("/")[0] in {"pyproject.toml", "README.md", "ten", "runner", "jobs"}, f
+        assert f.split("/")[0] in {"pyproject.toml", "README.md", "ten", "runner", "jobs",
+                                   "benchmarks", "tests"}, f
+        assert not f.startswith("benchmarks/results/"), f  # measurements, not code
         assert "__pycache__" not in f and not f.endswith((".pyc", ".env")), f
         assert Path(f).name not in {".env", "credentials", "config.json"}, f
