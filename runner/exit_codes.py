@@ -18,9 +18,13 @@ class ExitCode(enum.IntEnum):
     HOST_UNREACHABLE = 7  # ssh cannot reach the host
     CLOUD_CREDENTIALS = 8  # no usable cloud credentials, or they are not allowed to do it
     DIVERGED = 9  # the loss or gradients stayed non-finite (lower train.lr): do not retry
+    GPU_UNUSABLE = 10  # a GPU is here but this software cannot use it (the driver is older
+    #                    than the image's CUDA, a CPU-only torch): fix the host image or the
+    #                    container image; every host of that image fails the same way
     PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)
 
 
 # Exits a relaunch cannot fix: the same job file, data or hyper-parameters fail the same
 # way on any machine, so a supervisor stops instead of paying for another attempt.
-DETERMINISTIC_FAILURES = frozenset({ExitCode.CONFIG, ExitCode.DATA, ExitCode.DIVERGED})
+DETERMINISTIC_FAILURES = frozenset({ExitCode.CONFIG, ExitCode.DATA, ExitCode.DIVERGED,
+                                    ExitCode.GPU_UNUSABLE})

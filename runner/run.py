@@ -199,8 +199,10 @@ class JobRun:
             f"({job.data.mode}), run dir {self.run_dir}")
         if job.monitor.health_gate:
             set_phase("the GPU health check")
-            if not self._healthy():
-                return ExitCode.UNHEALTHY_HOST
+            unfit = self._unfit_host()
+            if unfit is not None:
+                self._report_unfit()
+                return unfit
         if job.storage.is_remote and self.is_main:
             set_phase("the bucket restore")
             self.store, self.lease = connect_store(job, self.run_dir, log)
@@ -287,16 +289,36 @@ class JobRun:
         else:
             ranks.wait_for(f"fetched-{ranks.node_rank}")
 
-    def _healthy(self) -> bool:
-        """The pre-flight GPU check: a bad host is reported and not trained on."""
+    def _unfit_host(self) -> ExitCode | None:
+        """The pre-flight GPU check: a host that fails it is reported and not trained on
+        (its exit code; None when it passes)."""
         from runner.monitor.health import preflight
 
         health = preflight(self.job.train.device)
         for line in health.lines:
             self.log(line)
-        if not health.ok:
-            self.log(f"unhealthy host: {health.reason}")
-        return health.ok
+        if health.ok:
+            return None
+        self.log(f"unfit host: {health.reason}")
+        return health.exit_code
+
+    def _report_unfit(self) -> None:
+        """A host that fails the gate never claims the bucket's writer lease, but a
+        managed job's supervisor learns how a remote attempt ended only from the job's
+        status.json in the bucket: open the store just for the heartbeat, whose last
+        beat (written as the run closes) carries the exit code."""
+        if not self.is_main:
+            return
+        if self.job.storage.is_remote:
+            from runner.storage import StorageError, open_store
+
+            storage = self.job.storage
+            try:
+                self.store = open_store(storage.url, storage.endpoint_url or None,
+                                        storage.region or None)
+            except StorageError as e:  # the verdict stands; only its report is lost
+                self.log(f"warning: cannot report this to the bucket: {e}")
+        self._start_monitor()
 
     def _start_monitor(self) -> None:
         """GPU sampler and heartbeat, started before data preparation so the paid time

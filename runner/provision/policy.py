@@ -16,9 +16,10 @@ Which exits relaunch (runner/exit_codes.py):
 * 1 CRASH, 4 STORAGE (often transient: an endpoint or credentials hiccup), an unknown
   exit, a crash signal (SIGSEGV, SIGABRT, ...), a machine that vanished without a final
   heartbeat: relaunch while ``restarts < max_restarts``, each charged; then FAILED.
-* 2 CONFIG, 3 DATA and 9 DIVERGED: FAILED at once. All are deterministic (the same YAML,
-  dataset or learning rate fails the same way on any machine); relaunching would only
-  burn money.
+* 2 CONFIG, 3 DATA, 9 DIVERGED and 10 GPU_UNUSABLE: FAILED at once. All are
+  deterministic (the same YAML, dataset or learning rate fails the same way on any
+  machine, and a driver older than the image's CUDA on every host of that machine
+  image); relaunching would only burn money.
 * 5 UNHEALTHY_HOST (the GPU failed the pre-flight gate): block that zone/host and
   relaunch elsewhere, not charged (bad hardware is the cloud's fault). It is bounded
   because every failure blocks one more place and a provider with nowhere left to go

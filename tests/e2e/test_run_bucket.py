@@ -1,11 +1,14 @@
 """``ten-runner run`` with its checkpoints in a bucket (moto, rclone): the spot-instance
 life — the machine and its disk vanish, the next one resumes from the bucket exactly."""
 
+import json
+import os
 import random
 import shutil
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from runhelpers import (
@@ -190,3 +193,27 @@ def test_second_machine_downloads_prepared_data_instead_of_tokenizing(tmp_path, 
     tok_a = sorted((tmp_path / "cache-a" / "tokenizers").glob("*/tokenizer.model"))
     tok_b = sorted((tmp_path / "cache-b" / "tokenizers").glob("*/tokenizer.model"))
     assert tok_a[0].read_bytes() == tok_b[0].read_bytes()
+
+
+OLD_DRIVER = Path(__file__).resolve().parents[1] / "support" / "old_driver"
+
+
+def test_a_gpu_torch_cannot_use_ends_the_run_with_exit_10_reported_in_the_bucket(
+        tmp_path, corpus, moto_endpoint):
+    """device: auto on a host whose NVML sees a GPU that torch cannot use (here: this
+    machine's CPU-only torch) refuses to train on the CPU; the managed loop, which sees
+    a remote attempt only through the bucket, finds the exit code there."""
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name)
+    job.write_text(job.read_text().replace("device: cpu", "device: auto"))
+    path = os.pathsep.join(filter(None, [str(OLD_DRIVER), os.environ.get("PYTHONPATH")]))
+    code, _, err = run_to_end("run", job, "--no-sample", env={"PYTHONPATH": path})
+    assert code == ExitCode.GPU_UNUSABLE, err
+    verdict = [line for line in err.splitlines() if "unfit host" in line]
+    assert len(verdict) == 1, err
+    assert ("NVML sees 1 GPU(s) (NVIDIA L40S, driver 535.104.05) but torch cannot use "
+            "them: this torch is a CPU-only build") in verdict[0]
+    assert "train.device: cpu" in verdict[0] and "Traceback" not in err
+    status = json.loads(store.get_bytes(f"{name}/status.json"))
+    assert status["state"] == "failed" and status["exit_code"] == ExitCode.GPU_UNUSABLE
+    assert committed_steps(store, name) == [] and not (local / "checkpoints").exists()

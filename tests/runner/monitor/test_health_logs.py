@@ -4,7 +4,8 @@ read and followed from a store."""
 import pytest
 
 from runner.errors import UserError
-from runner.monitor.health import expected_peak_tflops, judge, preflight
+from runner.exit_codes import ExitCode
+from runner.monitor.health import expected_peak_tflops, judge, judge_unusable, preflight
 from runner.monitor.logs import follow_log, read_log
 from runner.monitor.source import open_run
 from runner.storage import open_store
@@ -46,6 +47,58 @@ def test_expected_peaks_come_from_the_mfu_table():
 def test_preflight_on_cpu_is_skipped():
     report = preflight("cpu")
     assert report.ok and report.lines == ["no GPU: health gate skipped"]
+
+
+UNSEEN = {"nvml_gpus": 1, "name": "NVIDIA L40S", "driver": "535.104.05", "driver_cuda": "12.2",
+          "torch_version": "2.13.0+cu130", "torch_cuda": "13.0",
+          "error": "The NVIDIA driver on your system is too old (found version 12020)."}
+
+
+@pytest.mark.parametrize("facts, says", [
+    # CUDA 13 image on a CUDA 12 driver: the driver it needs, and the CUDA 12 build
+    (UNSEEN, ["driver 535.104.05 runs CUDA up to 12.2, this image's torch needs CUDA 13.0 "
+              "(driver >= 580.65.06)", "build the image for CUDA 12 (README: Older drivers)"]),
+    # a CUDA 12 image on a CUDA 11 driver: only a newer driver helps
+    ({**UNSEEN, "driver": "470.82.01", "driver_cuda": "11.4", "torch_cuda": "12.8"},
+     ["needs CUDA 12.8 (driver >= 525.60.13) — use a host or machine image with driver "
+      ">= 525.60.13"]),
+    # a CPU-only torch beside a working GPU
+    ({**UNSEEN, "driver_cuda": "13.0", "torch_cuda": None}, ["this torch is a CPU-only build",
+                                                              "train.device: cpu"]),
+    # the driver is new enough: the GPUs are hidden from torch
+    ({**UNSEEN, "driver_cuda": "13.0", "error": "no CUDA-capable device is detected"},
+     ["(no CUDA-capable device is detected)", "CUDA_VISIBLE_DEVICES", "--gpus all"]),
+])
+def test_a_gpu_torch_cannot_use_is_named_with_its_fix_and_not_retried(facts, says):
+    report = judge_unusable(facts)
+    assert not report.ok and report.exit_code == ExitCode.GPU_UNUSABLE
+    assert report.reason.startswith("GPU unusable: NVML sees 1 GPU(s) (NVIDIA L40S")
+    assert "\n" not in report.reason
+    for text in says:
+        assert text in report.reason
+
+
+def test_device_auto_refuses_the_cpu_when_nvml_sees_a_gpu(monkeypatch):
+    """This machine's torch is a CPU build; an NVML that reports a GPU (an old driver's,
+    as inside a container on such a host) turns auto's quiet CPU run into a refusal."""
+    import types
+
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlSystemGetDriverVersion=lambda: b"535.104.05",
+        nvmlSystemGetCudaDriverVersion=lambda: 12020,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: b"NVIDIA L40S")
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    report = preflight("auto")
+    assert not report.ok and report.exit_code == ExitCode.GPU_UNUSABLE
+    assert report.lines == ["NVIDIA L40S, driver 535.104.05 (CUDA 12.2); torch "
+                            f"{__import__('torch').__version__} built for CUDA none (CPU)"]
+    assert "NVML sees 2 GPU(s)" in report.reason
+    assert preflight("cpu").ok  # asked for on purpose
+
+
+def test_device_auto_without_any_gpu_trains_on_the_cpu():
+    assert preflight("auto").lines == ["no GPU: health gate skipped"]
 
 
 @pytest.mark.gpu

@@ -122,7 +122,7 @@ def test_k8s_job_has_the_documented_shape(name):
     assert rules[0] == {"action": "Ignore", "onPodConditions": [
         {"type": "DisruptionTarget", "status": "True"}]}  # preemption is not counted
     fail_fast = [r for r in rules if r["action"] == "FailJob"]
-    assert fail_fast[0]["onExitCodes"]["values"] == [2, 3, 9]
+    assert fail_fast[0]["onExitCodes"]["values"] == [2, 3, 9, 10]
     assert fail_fast[0]["onExitCodes"]["operator"] == "In"
 
     template = spec["template"]

@@ -87,6 +87,8 @@ ROWS = [
     ("config error", RUN, polled(P.EXITED, 2), 0, 3, (S.FAILED, 0, 0, 0, None, 1, 2)),
     ("data error", RUN, polled(P.EXITED, 3), 0, 3, (S.FAILED, 0, 0, 0, None, 1, 3)),
     ("diverged", RUN, polled(P.EXITED, 9), 0, 3, (S.FAILED, 0, 0, 0, None, 1, 9)),
+    ("gpu unusable (driver too old for the image)", RUN, polled(P.EXITED, 10), 0, 3,
+     (S.FAILED, 0, 0, 0, None, 1, 10)),
     ("unhealthy host", RUN, polled(P.EXITED, 5), 3, 3, (REC, 1, 0, 0, "z1", 1, None)),
     ("unhealthy, no zone known", RUN, polled(P.EXITED, 5, zone=None), 0, 3,
      (REC, 1, 1, 0, None, 1, None)),
@@ -198,7 +200,7 @@ def test_readme_exit_code_table_agrees_with_the_policy():
     import re
 
     rows = re.findall(r"^\| (\d+) \| ([A-Z_]+) \| (.+) \|$", README.read_text(), re.M)
-    assert {int(code) for code, _, _ in rows} == {0, 1, 2, 3, 4, 5, 9, 75}
+    assert {int(code) for code, _, _ in rows} == {0, 1, 2, 3, 4, 5, 9, 10, 75}
     for code, name, decision in rows:
         assert ExitCode(int(code)).name == name
         cause = classify_exit(int(code))
