@@ -197,6 +197,10 @@ class JobRun:
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
+        if job.train.deterministic:  # before the gate's matmul makes the first cuBLAS handle
+            from ten.trainer import make_deterministic
+
+            make_deterministic()
         if job.monitor.health_gate:
             set_phase("the GPU health check")
             unfit = self._unfit_host()

@@ -63,6 +63,8 @@ class TrainConfig:
     precision: str = "auto"
     optimizer: str = "adamw"
     compile: bool = False  # torch.compile every block (regional)
+    # Bit-identical results on a GPU too (ten.trainer.make_deterministic); some speed.
+    deterministic: bool = False
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
     eval_every: int = 100
     eval_batches: int = 20

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -92,6 +93,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def make_deterministic() -> None:
+    """``train.deterministic``: the same inputs give the same bits on a GPU too, so a
+    resumed run's steps equal those of a run never stopped (on a CPU they already do).
+    cuBLAS keeps a fixed workspace only when told before its first handle is made (hence
+    the runner calls this before its health gate's matmul), cuDNN stops benchmarking
+    algorithms, and torch picks deterministic kernels, warning once for an op that has
+    none. The project's own Triton kernels use no atomics: they are deterministic as
+    they are."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype (None: plain fp32). auto = bf16 on GPUs that have it, fp16 on
     older GPUs, fp32 on CPU (bf16 autocast on CPU is slower than fp32)."""
@@ -136,6 +150,8 @@ class Trainer(Checkpointing):
         self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
         self.ckpt_root = self.run_dir / "checkpoints"
         self.stop = StopSignal()
+        if cfg.deterministic:
+            make_deterministic()
         self.device = resolve_device(cfg.device)
         self.dist: DistInfo = init_from_env(self.device.type)
         if self.device.type == "cuda":

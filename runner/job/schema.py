@@ -108,6 +108,9 @@ class TrainSection(Section):
     precision: Literal[ten_config.PRECISIONS] = TRAIN["precision"]
     optimizer: Literal[ten_config.OPTIMIZERS] = TRAIN["optimizer"]
     compile: Bool = Field(TRAIN["compile"], description="torch.compile every block")
+    deterministic: Bool = Field(TRAIN["deterministic"], description=(
+        "bit-identical steps on a GPU too (deterministic algorithms, a fixed cuBLAS "
+        "workspace), so a resumed run matches an uninterrupted one; costs some speed"))
     grad_clip: Float = Field(TRAIN["grad_clip"], ge=0.0,
                              description="max gradient norm; 0 disables")
     loss: Literal[ten_config.LOSSES] = Field(TRAIN["loss"], description=(
