@@ -237,10 +237,10 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
     return mode, model
 
 
-def trace_scan(cfg: Any, batch: int) -> Tally:
-    """One layer's scan as the model runs it (forward, the recompute's forward, backward),
-    on fake tensors shaped as in the flagship; the drive arrives in fp32, as the model's
-    does (γ is fp32)."""
+def trace_scan(cfg: Any, batch: int, recomputed: bool) -> Tally:
+    """One layer's scan as the model runs it (forward, the recompute's forward when its
+    block is checkpointed, backward), on fake tensors shaped as in the flagship; the
+    drive arrives in fp32, as the model's does (γ is fp32)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ten.scan import scan
@@ -251,7 +251,7 @@ def trace_scan(cfg: Any, batch: int) -> Tally:
         beta = torch.empty(batch, T, K2, requires_grad=True)
         shape = (batch, T, K2) if cfg.selective else (K2,)
         log_lam = torch.empty(shape, requires_grad=True)
-        for backward in (False, True) if cfg.grad_checkpointing else (True,):
+        for backward in (False, True) if recomputed else (True,):
             mode = TrafficMode()
             with mode:
                 c, _ = scan(beta, log_lam, None, backend=cfg.scan_backend,
@@ -282,11 +282,14 @@ def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
 
 
 def analyse(cfg: Any, train: Any) -> dict[str, Any]:
+    from ten.lm import recomputed_blocks
+
     batch = train.batch_size
     mode, model = trace_micro_batch(cfg, train, batch)
-    scan = trace_scan(cfg, batch)
+    recomputed = recomputed_blocks(cfg)
     scan_all = Tally()
-    scan_all.merge(scan, cfg.n_layers)
+    scan_all.merge(trace_scan(cfg, batch, True), recomputed)
+    scan_all.merge(trace_scan(cfg, batch, False), cfg.n_layers - recomputed)
     opt, opt_syncs = optimizer_tally(model, train.optimizer)
     accum = train.grad_accum
 

@@ -590,7 +590,7 @@ def _model_fields(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg).items()
             if k in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "seq_len",
                      "chunk_size", "scan_backend", "selective", "conv_width",
-                     "grad_checkpointing")}
+                     "grad_checkpointing", "checkpoint_blocks")}
 
 
 def _train_fields(train: Any) -> dict[str, Any]:

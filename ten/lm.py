@@ -21,8 +21,30 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ten.block_fused import LayerNorm
+from ten.config import FieldError
 from ten.mlp import MLP
 
+
+def recomputed_blocks(config: Any) -> int:
+    """How many blocks, from the first, recompute their forward in backward: every one
+    with ``grad_checkpointing``, or its first ``checkpoint_blocks``. Each checkpointed
+    block trades its saved activations (about 1.4 GiB per 32K tokens for the flagship's
+    blocks) for a second forward; the rest run at full speed."""
+    if not config.grad_checkpointing:
+        return 0
+    n = config.n_layers if config.checkpoint_blocks is None else config.checkpoint_blocks
+    return min(n, config.n_layers)
+
+
+def check_checkpoint_blocks(config: Any) -> None:
+    """A config's ``checkpoint_blocks``: None (every block) or a count >= 0 (one above
+    n_layers means every block too, so a job keeps it when it shrinks the model)."""
+    n = config.checkpoint_blocks
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise FieldError("checkpoint_blocks", "must be null (every block) or a whole number "
+                         ">= 0 (the first N blocks)", n)
 
 class Block(nn.Module):
     """Pre-LN residual block: ``x + mixer(LN(x))``, then ``x + MLP(LN(x))``.
@@ -79,15 +101,17 @@ class LanguageModel(nn.Module):
             block.compile()
 
     def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, tuple[Any, ...]]:
-        """x (B, T, d) through ``self.blocks``, each with its own carried state; with
-        ``config.grad_checkpointing``, each block's activations are recomputed in backward."""
+        """x (B, T, d) through ``self.blocks``, each with its own carried state; the first
+        :func:`recomputed_blocks` of them keep only their input for backward and run their
+        forward again there (gradient checkpointing)."""
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
-        use_ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
+        training = self.training and torch.is_grad_enabled()
+        recomputed = recomputed_blocks(self.config) if training else 0
         new_state = []
         for i, block in enumerate(self.blocks):
             s = None if state is None else state[i]
-            if use_ckpt:
+            if i < recomputed:
                 x, s = checkpoint(block, x, s, use_reentrant=False)
             else:
                 x, s = block(x, s)
@@ -136,14 +160,13 @@ class LanguageModel(nn.Module):
         raise NotImplementedError
 
     def recompute_flops_per_token(self, seq_len: int) -> float:
-        """FLOPs per token run again in backward (for HFU, not MFU): with
-        ``grad_checkpointing`` every block's forward, a third of the blocks' training FLOPs
-        (the head and the loss are not checkpointed), so the blocks cost 4× their forward
-        instead of 3×. 0 without checkpointing."""
-        if not self.config.grad_checkpointing:
-            return 0.0
+        """FLOPs per token run again in backward (for HFU, not MFU): each recomputed
+        block's forward, a third of its training FLOPs (the head and the loss are not
+        checkpointed), so such a block costs 4× its forward instead of 3×. 0 without
+        checkpointing."""
         head = 6.0 * self.output_weight.numel()
-        return (self.flops_per_token(seq_len) - head) / 3.0
+        blocks = self.flops_per_token(seq_len) - head
+        return blocks / 3.0 * recomputed_blocks(self.config) / len(self.blocks)
 
     # --- generation -------------------------------------------------------------------
 

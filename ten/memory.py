@@ -113,8 +113,11 @@ def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
     if need <= device_bytes:
         return None
     knobs = []
-    if not getattr(model_config, "grad_checkpointing", False):
-        knobs.append("set model.grad_checkpointing: true")
+    from ten.lm import recomputed_blocks
+
+    if recomputed_blocks(model_config) < model_config.n_layers:
+        knobs.append("set model.grad_checkpointing: true" if not model_config.grad_checkpointing
+                     else "raise model.checkpoint_blocks (null: every block)")
     if estimate.batch_size > 1:
         knobs.append("lower train.batch_size (raise train.grad_accum to keep the tokens "
                      "per step)")

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm
 from ten.config import FieldError
-from ten.lm import Block, LanguageModel
+from ten.lm import Block, LanguageModel, check_checkpoint_blocks
 from ten.mlp import MLP_KINDS, mlp_hidden_size
 from ten.scan import NAMES as BACKEND_NAMES
 from ten.scan import scan
@@ -70,11 +70,14 @@ class TENConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     grad_checkpointing: bool = False
+    checkpoint_blocks: int | None = None  # with grad_checkpointing: the first N; None: all
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, what: str) -> None:
             if not ok:
                 raise FieldError(field, what, getattr(self, field))
+
+        check_checkpoint_blocks(self)
 
         for f in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "seq_len",
                   "chunk_size"):

@@ -53,12 +53,13 @@ if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema ac
 # Model fields that change how the model computes, not what: the chunked scan is exact for
 # any chunk size, the backends agree, and checkpointing recomputes the same activations. A
 # resume may change them (unlike d_model, say).
-EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing"})
+EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing",
+                              "checkpoint_blocks"})
 
 # Fields both architectures have: an override of one of these shapes the TEN reference
 # *and* the transformer matched to it.
 _SHARED = {"vocab_size", "d_model", "n_layers", "seq_len", "mlp", "norm_eps", "init_std",
-           "grad_checkpointing"}
+           "grad_checkpointing", "checkpoint_blocks"}
 _TEN_FIELDS = {f.name for f in dataclasses.fields(TENConfig)}
 _TRANSFORMER_FIELDS = {f.name for f in dataclasses.fields(TransformerConfig)}
 

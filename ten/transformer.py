@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm
 from ten.config import FieldError
-from ten.lm import Block, LanguageModel
+from ten.lm import Block, LanguageModel, check_checkpoint_blocks
 from ten.mlp import MLP_KINDS
 
 KVCache = tuple[tuple[Tensor, Tensor], ...]  # per layer: keys, values (B, H, T_past, hd)
@@ -39,8 +39,10 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     grad_checkpointing: bool = False
+    checkpoint_blocks: int | None = None  # with grad_checkpointing: the first N; None: all
 
     def __post_init__(self) -> None:
+        check_checkpoint_blocks(self)
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "mlp_hidden"):
             v = getattr(self, f)
             if not (isinstance(v, int) and v >= 1):

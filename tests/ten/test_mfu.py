@@ -64,9 +64,10 @@ def test_mfu_and_hfu(fpt, recompute, tok_s, peak, want_mfu, want_hfu):
     assert got_hfu == (None if want_hfu is None else pytest.approx(want_hfu))
 
 
-def ten(ckpt):
+def ten(ckpt, blocks=None):
     return TENLM(TENConfig(vocab_size=100, d_model=32, n_layers=2, n_eigenstates=8,
-                           n_heads=2, seq_len=16, chunk_size=8, grad_checkpointing=ckpt))
+                           n_heads=2, seq_len=16, chunk_size=8, grad_checkpointing=ckpt,
+                           checkpoint_blocks=blocks))
 
 
 def gpt(ckpt):
@@ -86,3 +87,10 @@ def test_recompute_flops_are_one_more_forward_of_the_blocks(build):
     # so the blocks count 4x their forward FLOPs, the head 3x
     assert total + ckpt.recompute_flops_per_token(16) == pytest.approx(
         head + 4 * (total - head) / 3)
+
+
+def test_recompute_flops_count_only_the_checkpointed_blocks():
+    half, whole = ten(True, blocks=1), ten(True)
+    assert half.recompute_flops_per_token(16) == pytest.approx(
+        whole.recompute_flops_per_token(16) / 2)
+    assert ten(True, blocks=0).recompute_flops_per_token(16) == 0.0

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
+from ten.lm import recomputed_blocks
 from ten.model import TENLM, EigenstateMixer, TENConfig
 from ten.presets import build_model, model_config, ten_config
 from ten.selective import STEP_UNIT
@@ -157,6 +158,37 @@ def test_gradient_checkpointing_gives_same_gradients():
         m(ids)[0].logsumexp(-1).sum().backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-12), name
+
+
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+def test_checkpoint_blocks_recomputes_only_the_first_n_with_the_same_gradients(arch):
+    """checkpoint_blocks: 1 of 2: block 0 runs its forward again in backward, block 1
+    does not, and the gradients are those of the plain model."""
+    torch.manual_seed(1)
+    a = tiny(arch)
+    b = tiny(arch, grad_checkpointing=True, checkpoint_blocks=1)
+    b.load_state_dict(a.state_dict())
+    calls = {i: 0 for i in range(len(b.blocks))}
+    for i, block in enumerate(b.blocks):
+        block.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    ids = torch.randint(0, V, (2, 20))
+    for m in (a, b):
+        m.train()
+        m(ids)[0].logsumexp(-1).sum().backward()
+    assert calls == {0: 2, 1: 1}
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-12), name
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+def test_checkpoint_blocks_that_is_not_a_count_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="checkpoint_blocks.*the first N blocks"):
+        tiny("ten", grad_checkpointing=True, checkpoint_blocks=value)
+
+
+def test_checkpoint_blocks_above_n_layers_checkpoints_every_block():
+    assert recomputed_blocks(tiny("ten", grad_checkpointing=True, checkpoint_blocks=3)
+                             .config) == 2
 
 
 def test_no_weight_decay_group():
