@@ -30,12 +30,15 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     log(f"store {store.url}: writer lease epoch {lease.epoch}")
     ckpt.cleanup(run_dir / "checkpoints", log)  # puts back a step a crash left aside
     local = ckpt.latest_valid(run_dir / "checkpoints", log)
-    remote = latest_committed(store, job.name, log)
-    if remote is not None and (local is None or local.step < remote):
+    # With nothing here, the bucket decides: restore_latest refuses to start from scratch
+    # when it holds committed steps of which none is whole, where a "nothing complete"
+    # from latest_committed would have let the run start over and prune them.
+    if local is None or (latest_committed(store, job.name, log) or -1) > local.step:
         t0 = time.perf_counter()
         step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
                               usable=ckpt.load_problem)
-        log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
+        if step is not None:
+            log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
     return store, lease
 
 

@@ -217,3 +217,25 @@ def test_a_gpu_torch_cannot_use_ends_the_run_with_exit_10_reported_in_the_bucket
     status = json.loads(store.get_bytes(f"{name}/status.json"))
     assert status["state"] == "failed" and status["exit_code"] == ExitCode.GPU_UNUSABLE
     assert committed_steps(store, name) == [] and not (local / "checkpoints").exists()
+
+
+def test_a_bucket_whose_every_committed_step_is_incomplete_is_not_started_over(
+        tmp_path, corpus, moto_endpoint):
+    """Issue 23's first fault: a file missing from every committed step (manifests
+    intact), and a new machine: exit 4, one line, and the steps are still there."""
+    name = f"inc-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, steps=6, every=3)
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    steps = committed_steps(store, name)
+    assert steps == [3, 6]
+    for step in steps:
+        store.delete([f"{name}/checkpoints/step-{step:08d}/trainer.pt"])
+    shutil.rmtree(local)  # a new machine
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == ExitCode.STORAGE, err
+    assert "none downloads and verifies; refusing to start from scratch" in err
+    assert "Traceback" not in err
+    assert committed_steps(store, name) == steps  # nothing pruned, nothing trained
+    assert not (local / "metrics.jsonl").exists() or "step" not in (
+        local / "metrics.jsonl").read_text()
