@@ -156,6 +156,27 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
                           job=job_name, endpoint_url=endpoint_url))
 
 
+@cli.command("export-model")
+@click.argument("run", metavar="RUN")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The folder to write (must not exist, or be empty).")
+@click.option("--step", default=None, type=click.IntRange(0),
+              help="The checkpoint's step (default: the newest committed).")
+@click.option("--job", "job_name", default=None, help="Job name inside a store.")
+@click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
+def export_model(run: str, out: str, step: int | None, job_name: str | None,
+                 endpoint_url: str | None) -> None:
+    """Write RUN's model as a folder other tools load: safetensors weights, the config,
+    the model and tokenizer code for Hugging Face transformers (trust_remote_code=True),
+    the run's tokenizer and a model card. RUN is as for `sample`."""
+    from runner.export_model import export_model as export
+
+    where, job_name, endpoint_url = _resolve(run, job_name, endpoint_url)
+    path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url)
+    click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
+               f"{str(path)!r}, trust_remote_code=True)")
+
+
 def _load(job_file: str, sets: tuple[str, ...] = ()):
     from runner.job import JobError
     from runner.jobfile import load_any

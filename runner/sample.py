@@ -31,30 +31,59 @@ def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature:
     """Text generated from the newest valid checkpoint of a run: a run directory, a local
     store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or the store URL and
     ``job``), whose newest committed checkpoint and tokenizer are downloaded first."""
+    from ten.data import Tokenizer
+
+    run_dir, name, found = trained_checkpoint(where, job, endpoint_url)
+    model = load_trained_model(found.path)
+    text = generate_text(model, Tokenizer(run_dir / "tokenizer.model"), prompt,
+                         max_new_tokens, temperature, top_k, seed)
+    return f"[{name} step {found.step}] {text}"
+
+
+def trained_checkpoint(where: str | Path, job: str | None = None,
+                       endpoint_url: str | None = None, step: int | None = None):
+    """(run directory, job name, the checkpoint) of a trained run: a run directory, a local
+    store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or the store URL and
+    ``job``) brought here first. The newest committed checkpoint, or ``step``'s; the run's
+    tokenizer.model is checked to be there. UserError (one line) when something is not."""
     from runner.errors import UserError
     from ten import checkpoint as ckpt
-    from ten.data import Tokenizer
-    from ten.trainstate import load_model
 
     if "://" in str(where):
-        run_dir, name = fetch_remote_run(str(where), job, endpoint_url)
+        run_dir, name = fetch_remote_run(str(where), job, endpoint_url, step)
     else:
         run_dir = Path(where) / job if job else Path(where)
         name = run_dir.name
-    found = ckpt.latest_valid(run_dir / "checkpoints", report=lambda s: print(s, file=sys.stderr))
+    root = run_dir / "checkpoints"
+    report = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    if step is None:
+        found = ckpt.latest_valid(root, report=report)
+    else:
+        found = next((f for f in ckpt.valid_checkpoints(root, report) if f.step == step), None)
+    if found is None and step is None:
+        raise UserError(f"no committed checkpoint under {root}; run the job first "
+                        "(ten-runner run JOB.yaml)")
     if found is None:
-        raise UserError(f"no committed checkpoint under {run_dir / 'checkpoints'}; "
-                        "run the job first (ten-runner run JOB.yaml)")
-    tok_path = run_dir / "tokenizer.model"
-    if not tok_path.is_file():
-        raise UserError(f"{tok_path} is missing; it is written when the job starts")
+        steps = ", ".join(map(str, ckpt.committed_steps(root))) or "none"
+        raise UserError(f"no valid checkpoint of step {step} under {root}; committed "
+                        f"steps: {steps}")
+    if not (run_dir / "tokenizer.model").is_file():
+        raise UserError(f"{run_dir / 'tokenizer.model'} is missing; it is written when the "
+                        "job starts")
+    return run_dir, name, found
+
+
+def load_trained_model(path: Path) -> Any:
+    """The model of a checkpoint folder, on the CPU, in eval mode; UserError (one line
+    naming the folder) when it does not load."""
+    from runner.errors import UserError
+    from ten import checkpoint as ckpt
+    from ten.trainstate import load_model
+
     try:
-        model = load_model(found.path)
-    except ckpt.CheckpointError as e:  # one line naming the folder, not a traceback
+        return load_model(path)
+    except ckpt.CheckpointError as e:
         raise UserError(str(e)) from None
-    text = generate_text(model, Tokenizer(tok_path), prompt, max_new_tokens, temperature,
-                         top_k, seed)
-    return f"[{name} step {found.step}] {text}"
 
 
 def sample_cache_dir(store_url: str, job: str) -> Path:
@@ -69,17 +98,17 @@ def sample_cache_dir(store_url: str, job: str) -> Path:
     return base / "samples" / re.sub(r"[^A-Za-z0-9._-]+", "_", store_url) / job
 
 
-def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None
-                     ) -> tuple[Path, str]:
-    """Bring a bucket run's newest committed checkpoint and ``<job>/tokenizer.model`` to
-    :func:`sample_cache_dir`; returns (that directory, the job's name). Only the
-    restored checkpoint is kept there."""
+def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
+                     step: int | None = None) -> tuple[Path, str]:
+    """Bring a bucket run's newest committed checkpoint (or ``step``'s) and
+    ``<job>/tokenizer.model`` to :func:`sample_cache_dir`; returns (that directory, the
+    job's name). Only that checkpoint is kept there."""
     import os
     import shutil
 
     from runner.errors import UserError
-    from runner.storage import open_store
-    from runner.storage.checkpoints import restore_latest
+    from runner.storage import StorageError, open_store
+    from runner.storage.checkpoints import download_checkpoint, restore_latest
     from ten import checkpoint as ckpt
 
     if job is None:  # s3://bucket/prefix/JOB
@@ -91,7 +120,13 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None
     where = f"{store.url.rstrip('/')}/{job}"
     run_dir = sample_cache_dir(store.url, job)
     root = run_dir / "checkpoints"
-    step = restore_latest(store, job, root, report=lambda s: print(s, file=sys.stderr))
+    if step is not None:
+        try:
+            download_checkpoint(store, job, step, root)
+        except StorageError as e:
+            raise UserError(f"step {step} of {where} cannot be had: {e}") from None
+    else:
+        step = restore_latest(store, job, root, report=lambda s: print(s, file=sys.stderr))
     if step is None:
         raise UserError(f"no committed checkpoint under {where}/checkpoints; the run has "
                         "not committed one yet (or the URL names no run)")

@@ -1,0 +1,135 @@
+"""``ten-runner export-model``: a trained run becomes a folder that Hugging Face
+transformers loads (trust_remote_code), with the same logits, the same token ids and the
+same greedy text as the runner's own model, and generation that carries its state."""
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+from runhelpers import run_to_end, write_job
+
+from runner.cli import cli
+from runner.exit_codes import ExitCode
+from ten import checkpoint as ckpt
+from ten.data import Tokenizer
+from ten.trainstate import load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches a hub
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["a checkpoint", "The line\nand the next one\n\n  indented\tand tabbed",
+         "naïve café — ünïcödé", ""]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, corpus):
+    """A real run of the tiny preset (selective, with a convolution): two checkpoints."""
+    tmp = tmp_path_factory.mktemp("export")
+    job = write_job(tmp, corpus, steps=12, every=6)
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err
+    return tmp / "store" / "t"
+
+
+@pytest.fixture(scope="module")
+def folder(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exported") / "t-hf"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"exported to {out}" in result.output
+    return out
+
+
+def hf_model(folder):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    return model.eval()
+
+
+def test_the_folder_holds_safetensors_config_code_tokenizer_and_card(folder, run):
+    from safetensors.torch import load_file
+
+    names = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "configuration_ten.py", "modeling_ten.py",
+            "tokenization_ten.py", "tokenizer.model", "tokenizer_config.json",
+            "generation_config.json", "README.md"} <= names
+    weights = load_file(folder / "model.safetensors")  # plain tensors: no code runs
+    mine = load_model(ckpt.latest_valid(run / "checkpoints").path)
+    assert set(weights) == set(mine.state_dict())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "ten" and config["architectures"] == ["TENForCausalLM"]
+    assert config["selective"] is True and config["conv_width"] > 0  # the tiny preset
+    card = (folder / "README.md").read_text()
+    assert "exported at step 12" in card and "held-out loss" in card
+    assert "| tokens seen | 1,536 |" in card  # 12 steps x batch 4 x seq_len 32
+
+
+def test_transformers_gives_the_runners_logits(folder, run):
+    mine = load_model(ckpt.latest_valid(run / "checkpoints").path)
+    theirs = hf_model(folder)
+    ids = torch.randint(0, mine.config.vocab_size, (2, 45), generator=torch.Generator()
+                        .manual_seed(0))  # 45: chunks of 16, the last one short
+    with torch.no_grad():
+        want, _ = mine(ids)
+        got = theirs(ids).logits
+        # and continuing from the carried state is the same as reading it all at once
+        first = theirs(ids[:, :20])
+        rest = theirs(ids[:, 20:], state=first.state).logits
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    assert torch.allclose(torch.cat([first.logits, rest], 1), got, atol=1e-5, rtol=0)
+
+
+def test_auto_tokenizer_encodes_as_the_run_did(folder, run):
+    tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    mine = Tokenizer(run / "tokenizer.model")
+    for text in TEXTS:
+        ids = tok(text).input_ids
+        assert ids == mine.encode(text), text
+        assert tok.decode(ids) == mine.decode(ids)
+    assert tok.eos_token_id == mine.eos_id
+
+
+def test_greedy_generate_is_ten_runner_sample(folder, run):
+    tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = hf_model(folder)
+    ids = tok("a checkpoint", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    code, printed, err = run_to_end("sample", run, "--prompt", "a checkpoint",
+                                    "--temperature", "0", "--max-new-tokens", "12")
+    assert code == 0, err
+    assert printed.strip() == f"[t step 12] {tok.decode(out[0])}"
+
+
+def test_generation_reads_each_new_token_alone(folder):
+    """The carried state: after the prompt, every forward call sees one token, so a
+    token costs the same however long the text before it (not the prefix again)."""
+    model = hf_model(folder)
+    lengths = []
+    model.register_forward_pre_hook(lambda m, args, kw: lengths.append(
+        kw["input_ids"].shape[1]), with_kwargs=True)
+    model.generate(torch.tensor([[5, 6, 7, 8, 9]]), max_new_tokens=6, do_sample=False,
+                   min_new_tokens=6)
+    assert lengths[0] == 5 and lengths[1:] == [1] * (len(lengths) - 1) and len(lengths) >= 5
+
+
+def test_an_older_step_exports_and_a_missing_one_is_named(run, tmp_path):
+    out = tmp_path / "step6"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out),
+                                      "--step", "6"])
+    assert result.exit_code == 0, result.output
+    assert "exported at step 6" in (out / "README.md").read_text()
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(tmp_path / "x"),
+                                      "--step", "5"])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output.count("\n") == 1 and "no valid checkpoint of step 5" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_existing_folder_is_never_overwritten(run, folder):
+    before = sorted(p.name for p in folder.iterdir())
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(folder)])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output.count("\n") == 1 and "already exists and is not empty" in result.output
+    assert sorted(p.name for p in folder.iterdir()) == before
