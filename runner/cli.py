@@ -177,6 +177,47 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
                f"{str(path)!r}, trust_remote_code=True)")
 
 
+@cli.command("eval")
+@click.argument("target", metavar="RUN|FOLDER")
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Text to score: a plain text file, or JSONL with a \"text\" field.")
+@click.option("--seq-len", default=None, type=click.IntRange(1),
+              help="The 1x window (default: the model's training length).")
+@click.option("--max-tokens", default=65536, show_default=True, type=click.IntRange(1),
+              help="Predicted tokens scored per length, at most.")
+@click.option("--step", default=None, type=click.IntRange(0),
+              help="A run's checkpoint step (default: the newest committed).")
+@click.option("--job", "job_name", default=None, help="Job name inside a store.")
+@click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (loss, perplexity, "
+              "bits_per_byte at the 1x length, and by_length).")
+def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
+                 step: int | None, job_name: str | None, endpoint_url: str | None,
+                 as_json: bool) -> None:
+    """Held-out loss, perplexity and bits per byte of a trained model on any text, at
+    its training length and 4x and 16x longer. RUN|FOLDER: a run (as for `sample`) or a
+    folder `export-model` wrote."""
+    from pathlib import Path
+
+    from runner.eval_text import evaluate_text, report
+    from runner.export_model import load_exported
+    from runner.sample import load_trained_model, trained_checkpoint
+    from ten.data import Tokenizer
+
+    folder = Path(target)
+    if (folder / "model.safetensors").is_file():
+        model, tokenizer = load_exported(folder)
+        name = folder.name
+    else:
+        where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+        run_dir, name, found = trained_checkpoint(where, job_name, endpoint_url, step)
+        model, tokenizer = load_trained_model(found.path), Tokenizer(run_dir / "tokenizer.model")
+        name = f"{name} step {found.step}"
+    scores = evaluate_text(model, tokenizer, Path(data), seq_len or model.config.seq_len,
+                           max_tokens=max_tokens)
+    click.echo(report(scores, name, Path(data), as_json))
+
+
 def _load(job_file: str, sets: tuple[str, ...] = ()):
     from runner.job import JobError
     from runner.jobfile import load_any

@@ -18,6 +18,7 @@ folder is never overwritten, and a failed export leaves nothing behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -89,6 +90,28 @@ def _write_folder(folder: Path, model: Any, run_dir: Path, name: str, found: Any
     (folder / "README.md").write_text(model_card(model, name, found, saved, run_dir))
 
 
+def load_exported(folder: Path) -> tuple[Any, Any]:
+    """(model, Tokenizer) of an exported folder, as the runner's own classes (no
+    transformers needed); UserError (one line) when it is not one."""
+    from safetensors.torch import load_file
+
+    from runner.errors import UserError
+    from ten.data import Tokenizer
+    from ten.model import TENConfig
+    from ten.presets import build_model
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        model = build_model(TENConfig(**config["ten_config"]))
+        model.load_state_dict(load_file(folder / "model.safetensors"))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise UserError(f"{folder} is not a folder ten-runner export-model wrote "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                        ) from None
+    return model.eval(), Tokenizer(folder / "tokenizer.model")
+
+
 def hf_config(cfg: Any, tokenizer: Any) -> dict[str, Any]:
     """config.json: the model's shape under configuration_ten.TENConfig's names."""
     return {
@@ -97,6 +120,7 @@ def hf_config(cfg: Any, tokenizer: Any) -> dict[str, Any]:
                      "AutoModelForCausalLM": "modeling_ten.TENForCausalLM"},
         **{f: getattr(cfg, f) for f in CONFIG_FIELDS}, "mlp_hidden": cfg.mlp_hidden,
         "tie_word_embeddings": True, "torch_dtype": "float32",
+        "ten_config": dataclasses.asdict(cfg),  # what load_exported rebuilds exactly
         "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
         **({"bos_token_id": tokenizer.bos_id} if tokenizer.bos_id >= 0 else {}),
     }

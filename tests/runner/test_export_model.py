@@ -133,3 +133,43 @@ def test_an_existing_folder_is_never_overwritten(run, folder):
     assert result.exit_code == ExitCode.CONFIG
     assert result.output.count("\n") == 1 and "already exists and is not empty" in result.output
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_eval_scores_any_text_at_three_lengths_the_same_for_run_and_folder(run, folder,
+                                                                            corpus, tmp_path):
+    """`ten-runner eval`: a run and its exported folder are the same model, so the same
+    numbers; bits per byte is the summed loss in bits over the bytes predicted."""
+    text = tmp_path / "held-out.txt"
+    docs = [json.loads(line)["text"] for line in
+            (corpus / "docs.jsonl").read_text().splitlines()[:60]]
+    text.write_text("\n\n".join(docs))
+    outs = []
+    for target in (str(run), str(folder)):
+        result = CliRunner().invoke(cli, ["eval", target, "--data", str(text), "--json",
+                                          "--max-tokens", "2048"])
+        assert result.exit_code == 0, result.output
+        outs.append(json.loads(result.output))
+    by_run, by_folder = outs
+    assert [s["length"] for s in by_run["by_length"]] == [32, 128, 512]  # seq_len 32
+    for a, b in zip(by_run["by_length"], by_folder["by_length"], strict=True):
+        assert a["tokens"] == b["tokens"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    first = by_run["by_length"][0]
+    assert by_run["loss"] == first["loss"] and 0 < first["loss"] < 8
+    assert first["bits_per_byte"] == pytest.approx(
+        first["loss"] * first["tokens"] / 0.6931471805599453 / first["bytes"])
+    plain = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(text),
+                                     "--max-tokens", "2048"])
+    assert "bits per byte compares models across tokenizers" in plain.output
+    assert plain.output.count("length") == 3
+
+
+def test_eval_of_text_too_short_or_not_text_is_one_line(folder, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("a checkpoint")
+    result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(short)])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output.count("\n") == 1 and "too short for one window" in result.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n[1, 2]\n')
+    result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(bad)])
+    assert result.exit_code == ExitCode.CONFIG and f"{bad}:2:" in result.output

@@ -1,0 +1,125 @@
+"""``ten-runner eval``: how well a trained model predicts any text.
+
+The text (a file: plain text whole, or JSONL with a "text" field per line) is tokenized
+with the model's own tokenizer, documents separated by EOS as in training, and cut into
+windows of the training length and longer (1×, 4×, 16× by default: a recurrent model
+should hold up past the length it was trained at). Per length it reports the mean loss
+per predicted token, its perplexity, and bits per byte: the loss summed over the
+predicted tokens, in bits, over the bytes of text those tokens spell. Perplexity depends
+on the tokenizer (a bigger vocabulary predicts fewer, harder tokens); bits per byte does
+not, so it is the number to compare models with different tokenizers by.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Score:
+    length: int  # tokens per window
+    tokens: int  # predicted tokens counted
+    bytes: int  # bytes of text they spell
+    loss: float  # nats per predicted token
+    perplexity: float
+    bits_per_byte: float
+
+
+def read_documents(path: Path) -> list[str]:
+    """A .jsonl file's "text" fields, else the whole file as one document."""
+    from runner.errors import UserError
+
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+    if Path(path).suffix != ".jsonl":
+        docs = [raw]
+    else:
+        docs = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line)["text"])
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{path}:{n}: not a JSON object with a \"text\" string") \
+                    from None
+    if not any(d.strip() for d in docs if isinstance(d, str)):
+        raise UserError(f"{path} holds no text to evaluate on")
+    return [d for d in docs if isinstance(d, str)]
+
+
+def piece_bytes(tokenizer: Any) -> list[int]:
+    """Bytes of text each token id spells: its piece with "▁" as a space, a byte-fallback
+    piece one byte, control pieces (EOS, ...) none."""
+    sp = tokenizer._sp
+    sizes = []
+    for i in range(tokenizer.vocab_size):
+        piece = sp.id_to_piece(i)
+        if sp.is_control(i) or sp.is_unknown(i):
+            sizes.append(0)
+        elif sp.is_byte(i):
+            sizes.append(1)
+        else:
+            sizes.append(len(piece.replace("\u2581", " ").encode("utf-8")))
+    return sizes
+
+
+def score(model: Any, tokenizer: Any, documents: list[str], length: int,
+          max_tokens: int, batch_size: int = 4) -> Score:
+    """Mean loss over windows of ``length`` predicted tokens (each window starts with an
+    empty state), at most ``max_tokens`` of them, from the start of the text."""
+    import torch
+    import torch.nn.functional as F
+
+    from runner.errors import UserError
+
+    stream = torch.as_tensor(tokenizer.encode_documents(documents).astype("int64"))
+    windows = (len(stream) - 1) // length
+    windows = min(windows, max(1, max_tokens // length))
+    if windows < 1:
+        raise UserError(f"the text is {len(stream)} tokens: too short for one window of "
+                        f"{length}; give more text or a shorter --seq-len")
+    sizes = torch.tensor(piece_bytes(tokenizer))
+    x = stream[: windows * length + 1]
+    inputs = x[:-1].view(windows, length)
+    targets = x[1:].view(windows, length)
+    nll = 0.0
+    with torch.no_grad():
+        for i in range(0, windows, batch_size):
+            logits, _ = model(inputs[i:i + batch_size])
+            nll += F.cross_entropy(logits.float().flatten(0, 1),
+                                   targets[i:i + batch_size].flatten(), reduction="sum").item()
+    n, nbytes = targets.numel(), int(sizes[targets].sum())
+    loss = nll / n
+    return Score(length=length, tokens=n, bytes=nbytes, loss=loss,
+                 perplexity=math.exp(min(loss, 50.0)),
+                 bits_per_byte=nll / math.log(2) / max(nbytes, 1))
+
+
+def evaluate_text(model: Any, tokenizer: Any, path: Path, seq_len: int,
+                  multiples: tuple[int, ...] = (1, 4, 16), max_tokens: int = 65536
+                  ) -> list[Score]:
+    documents = read_documents(path)
+    return [score(model, tokenizer, documents, seq_len * m, max_tokens) for m in multiples]
+
+
+def report(scores: list[Score], name: str, path: Path, as_json: bool) -> str:
+    first = scores[0]
+    if as_json:
+        return json.dumps({"model": name, "data": str(path), "loss": first.loss,
+                           "perplexity": first.perplexity,
+                           "bits_per_byte": first.bits_per_byte,
+                           "by_length": [asdict(s) for s in scores]}, indent=1)
+    lines = [f"{name} on {path}:"]
+    lines += [f"  length {s.length:>6}: loss {s.loss:.4f}, perplexity {s.perplexity:.2f}, "
+              f"bits per byte {s.bits_per_byte:.4f} ({s.tokens:,} tokens, {s.bytes:,} bytes)"
+              for s in scores]
+    lines.append("perplexity depends on the tokenizer; bits per byte compares models "
+                 "across tokenizers")
+    return "\n".join(lines)
