@@ -184,3 +184,24 @@ def test_sample_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
     assert again.exit_code == 0, again.output  # the same run, named with --job
     assert again.output == result.output
     assert list((tmp_path / "cache" / "samples").glob("*/tiny/checkpoints/step-00000007"))
+
+
+def test_export_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
+    """export-model takes a bucket run as sample does, newest step or --step."""
+    from runner.storage.checkpoints import upload_checkpoint
+
+    url, endpoint, remote = bucket
+    monkeypatch.setenv("TEN_CACHE_DIR", str(tmp_path / "cache"))
+    local, step_dir = trained
+    upload_checkpoint(remote, "tiny", step_dir)
+    remote.put_bytes("tiny/tokenizer.model", (local / "tokenizer.model").read_bytes())
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(cli, ["export-model", f"{url}/tiny", "--endpoint-url",
+                                      endpoint, "--out", str(out), "--step", "7"])
+    assert result.exit_code == 0, result.output
+    assert "exported at step 7" in (out / "README.md").read_text()
+    assert (out / "model.safetensors").stat().st_size > 0
+    result = CliRunner().invoke(cli, ["export-model", f"{url}/tiny", "--endpoint-url",
+                                      endpoint, "--out", str(tmp_path / "x"), "--step", "8"])
+    assert result.exit_code == ExitCode.CONFIG and result.output.count("\n") == 1
+    assert "step 8 of" in result.output and "is not committed" in result.output
