@@ -88,7 +88,7 @@ def load_trained_model(path: Path) -> Any:
 
 def sample_cache_dir(store_url: str, job: str) -> Path:
     """Where a bucket run's checkpoint is kept for sampling: under ``$TEN_CACHE_DIR`` (or
-    ~/.cache/ten), apart from any training working copy (``<cache>/runs/<job>``) so
+    ~/.cache/ten), apart from any training working copy (``<cache>/runs/<store>/<job>``) so
     sampling never touches a run in progress on this machine."""
     import os
     import re

@@ -46,9 +46,9 @@ def test_two_machines_stop_together_and_resume_from_the_bucket(tmp_path, corpus,
     code, _, err = run_to_end("run", one, "--no-sample")
     assert code == 0, err
     name = f"nodes-{uuid.uuid4().hex[:6]}"
-    job, store, _ = bucket_job(tmp_path, corpus, moto_endpoint, name, steps=STEPS, batch=4,
-                               gpus=1, every=100)
-    local = [tmp_path / f"node{r}" / "runs" / name for r in (0, 1)]
+    job, store, working = bucket_job(tmp_path, corpus, moto_endpoint, name, steps=STEPS,
+                                     batch=4, gpus=1, every=100)
+    local = [tmp_path / f"node{r}" / "runs" / working.parent.name / name for r in (0, 1)]
 
     procs = start_nodes(launch, job, tmp_path, free_port())
     wait_for_step(local[0] / "metrics.jsonl", procs[0], 4)

@@ -23,6 +23,7 @@ from runhelpers import (
 )
 
 from runner.exit_codes import ExitCode
+from runner.job.layout import store_key
 from runner.storage import open_store
 from runner.storage.checkpoints import committed_steps, latest_committed
 
@@ -38,7 +39,8 @@ def bucket_job(tmp_path, corpus, endpoint, name, extra="", **kw):
     text = job.read_text().replace(f"storage: {{url: {tmp_path / 'store'}}}",
                                    f"storage: {{url: '{url}', endpoint_url: '{endpoint}'}}")
     job.write_text(text + extra)
-    return job, open_store(url, endpoint_url=endpoint), corpus / "cache" / "runs" / name
+    local = corpus / "cache" / "runs" / store_key(url, endpoint) / name
+    return job, open_store(url, endpoint_url=endpoint), local
 
 
 def reference(tmp_path, corpus, steps=40):
@@ -239,3 +241,24 @@ def test_a_bucket_whose_every_committed_step_is_incomplete_is_not_started_over(
     assert committed_steps(store, name) == steps  # nothing pruned, nothing trained
     assert not (local / "metrics.jsonl").exists() or "step" not in (
         local / "metrics.jsonl").read_text()
+
+
+def test_two_bucket_jobs_of_one_name_keep_apart_on_one_machine(tmp_path, corpus,
+                                                               moto_endpoint):
+    """Issue 23's second fault: job B of the same name on a fresh prefix, on a machine
+    that ran job A, trains its own steps into its own bucket instead of "resuming" from
+    A's working copy and finishing with nothing committed."""
+    name = f"twin-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    job_a, store_a, local_a = bucket_job(tmp_path / "a", corpus, moto_endpoint, name,
+                                         steps=6, every=3)
+    job_b, store_b, local_b = bucket_job(tmp_path / "b", corpus, moto_endpoint, name,
+                                         steps=6, every=3)
+    assert local_a != local_b
+    for job in (job_a, job_b):
+        code, _, err = run_to_end("run", job, "--no-sample")
+        assert code == 0, err
+    assert "resum" not in err and "restored" not in err  # B started from nothing
+    assert committed_steps(store_b, name) == committed_steps(store_a, name) == [3, 6]
+    assert losses(local_a) == losses(local_b)  # the same job, trained twice, apart
