@@ -146,7 +146,10 @@ def upload_checkpoint(store: Store, job_prefix: str, local_ckpt_dir: Path,
     if lease is not None:
         lease.check()
     current = _latest_hint(store, job_prefix)
-    if current is None or current <= step:  # LATEST only moves forward
+    # LATEST only moves forward, except off a step that was never committed (garbage, or
+    # an upload that died before its manifest): left there, it would name it forever.
+    if current is None or current <= step or store.head(
+            f"{_step_prefix(job_prefix, current)}/{MANIFEST}") is None:
         store.put_bytes(f"{job_prefix.strip('/')}/{LATEST}", step_name(step).encode())
     return prefix
 

@@ -411,3 +411,15 @@ def test_a_planted_pickle_in_the_bucket_falls_back_to_the_previous_step(store, t
     assert tc.committed_steps(local) == [4]  # the refused copy is not left behind
     assert [n for n in notes if "skipping unusable remote checkpoint" in n and
             "step-00000008" in n and "not plain tensors" in n]
+
+
+def test_latest_naming_an_uncommitted_step_is_repaired_by_the_next_upload(store, tmp_path):
+    """Issue 23's fourth fault: a LATEST above every committed step (step-00000099) still
+    said 99 after the job finished; a LATEST naming a committed newer step stays."""
+    local = tmp_path / "checkpoints"
+    store.put_bytes(f"{JOB}/LATEST", b"step-00000099")
+    upload_checkpoint(store, JOB, make_ckpt(local, 1))
+    assert store.get_bytes(f"{JOB}/LATEST") == b"step-00000001"
+    upload_checkpoint(store, JOB, make_ckpt(local, 2))
+    upload_checkpoint(store, JOB, local / "step-00000001")  # an older one again
+    assert store.get_bytes(f"{JOB}/LATEST") == b"step-00000002"
