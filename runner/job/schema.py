@@ -12,7 +12,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from runner.storage.base import check_prefix
@@ -35,8 +43,29 @@ def _integral(value: Any) -> Any:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_integral), Strict()]
-Float = Annotated[float, Strict()]  # ints are accepted as floats, strings and bools are not
+# Every number a job holds ends up in a 64-bit integer (steps, tokens, seeds: torch's
+# generators take at most 2^64 - 1) or takes part in float arithmetic that must not
+# overflow (lr x a schedule): bounds for all of them, on top of each field's own.
+MAX_INT = 2**63 - 1
+MAX_FLOAT = 1e15
+
+
+def _int64(value: int) -> int:
+    if not -MAX_INT - 1 <= value <= MAX_INT:
+        raise job_error(f"is too large: at most {MAX_INT:,} (a 64-bit integer)",
+                        show_value=False)
+    return value
+
+
+def _bounded(value: float) -> float:
+    if abs(value) > MAX_FLOAT:
+        raise job_error(f"is too large: at most {MAX_FLOAT:g} in size")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral), Strict(), AfterValidator(_int64)]
+# ints are accepted as floats, strings and bools are not
+Float = Annotated[float, Strict(), AfterValidator(_bounded)]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 
@@ -83,7 +112,8 @@ class DataSection(Section):
     text_field: Str | None = Field(None, description="text column; null: the dataset's own")
     data_files: Str | None = Field(None, description="local files standing in for a hub name")
     num_proc: Int | None = Field(None, ge=1, description="tokenizing processes; null: all cores")
-    val_fraction: Float = Field(0.01, ge=0.0, lt=1.0, description="documents held out")
+    val_fraction: Float = Field(0.01, gt=0.0, lt=1.0, description=(
+        "documents held out for evaluation (more than 0: every run ends with one)"))
     max_documents: Int | None = Field(None, ge=1, description="read at most this many")
     shuffle: Bool = True
     num_workers: Int = Field(TRAIN["num_workers"], ge=0,
@@ -97,7 +127,7 @@ class TrainSection(Section):
     batch_size: Int = Field(TRAIN["batch_size"], ge=1, description="sequences per micro-batch")
     grad_accum: Int = Field(TRAIN["grad_accum"], ge=1,
                             description="micro-batches per optimizer step")
-    lr: Float = Field(TRAIN["lr"], gt=0.0, description="peak learning rate")
+    lr: Float = Field(TRAIN["lr"], gt=0.0, le=10.0, description="peak learning rate")
     min_lr_ratio: Float = Field(TRAIN["min_lr_ratio"], ge=0.0, le=1.0,
                                 description="final lr = lr * ratio")
     warmup_steps: Int = Field(TRAIN["warmup_steps"], ge=0)
@@ -162,6 +192,20 @@ class StorageSection(Section):
         elif scheme not in ("", "file"):
             raise job_error(f"unsupported scheme {scheme + '://'!r}",
                             hint="use a local path, file:// or s3://", show_value=False)
+        return url
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _parsable_endpoint(cls, url: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if not url:  # None or empty: AWS S3 itself
+            return url
+        try:  # what botocore does with it first; an unparsable one crashed the run
+            urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as e:
+            raise job_error(f"is not a URL ({e})", hint="e.g. http://localhost:9000",
+                            show_value=False) from None
         return url
 
     @property

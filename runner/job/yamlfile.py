@@ -117,7 +117,13 @@ def parse_scalar(text: str) -> Any:
 
 def _build(loader: _Loader, node: Node, path: Path_, lines: dict[Path_, int]) -> Any:
     if isinstance(node, ScalarNode):
-        return loader.construct_object(node, deep=True)
+        try:
+            return loader.construct_object(node, deep=True)
+        except ValueError:  # Python refuses to read an integer of over 4,300 digits
+            mark = node.start_mark
+            raise YamlProblem(mark.line + 1, mark.column + 1,
+                              f"a number of {len(str(node.value))} characters: no job "
+                              "value needs one") from None
     if node.tag not in (_SEQ, _MAP):
         mark = node.start_mark
         raise YamlProblem(mark.line + 1, mark.column + 1,

@@ -21,6 +21,8 @@ KEY = re.compile(rf"(?<![\w./-])({'|'.join(SECTIONS)})((?:\.[a-z_][a-z0-9_]*)+)"
 # Dotted words that are not job keys, each with why.
 NOT_KEYS = {
     "model.pt": "the checkpoint's weights file",
+    "model.safetensors": "the weights file of a folder `export-model` writes",
+    "model.generate": "transformers' generate(), in the exported model card's example",
     "resources.infra": "a SkyPilot task key, in the task `export --to skypilot` writes",
 }
 

@@ -100,3 +100,30 @@ def test_the_real_command_on_a_huge_dataset_path(tmp_path):
     assert out.returncode == ExitCode.CONFIG, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 2
     assert "data.dataset: too long for a dataset name or path (5,000 characters)" in out.stderr
+
+
+HOSTILE_NUMBERS = {  # issue 23, faults 12-14: each passed validate and crashed run
+    "train.seed=99999999999999999999": "train.seed: is too large: at most 9,223,372,036",
+    "train.max_steps=1e100": "train.max_steps: is too large",
+    "train.lr=1e300": "train.lr: must be <= 10",
+    "train.max_steps=" + "9" * 5000: "a number of 5000 characters: no job value needs one",
+    "data.val_fraction=0": "data.val_fraction: must be > 0",
+    "storage.endpoint_url=http://[::1": "storage.endpoint_url: is not a URL (Invalid IPv6 URL)",
+    "resources.price_per_hour=1e300": "is too large: at most 1e+15",
+}
+
+
+@pytest.mark.parametrize("assignment", HOSTILE_NUMBERS, ids=lambda s: s[:40])
+def test_numbers_a_run_cannot_use_are_refused_by_validate(assignment):
+    with pytest.raises(JobError) as err:
+        parse_job(MINIMAL, sets=[assignment], check_model=False)
+    assert len(err.value.errors) == 1
+    assert HOSTILE_NUMBERS[assignment] in err.value.errors[0], err.value.errors
+
+
+def test_a_5000_digit_integer_in_a_file_is_one_line_with_its_place(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(MINIMAL.replace("max_steps: 10", "max_steps: " + "9" * 5000))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == ExitCode.CONFIG and "Traceback" not in result.output
+    assert f"{path}:" in result.output and "a number of 5000 characters" in result.output
