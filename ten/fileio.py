@@ -52,14 +52,19 @@ def describe_os_error(e: OSError, path: Path | str | None = None, what: str = "w
 
 
 def free_space_note(path: Path | str) -> str:
-    """`` (N MB free on DIR)`` for the nearest existing folder of ``path``, or ``""``."""
+    """`` (N MB free on DIR)`` for the nearest existing folder of ``path``, or ``""``;
+    `` (no inodes left on DIR, N MB free)`` when the file system ran out of files, not
+    bytes (ENOSPC says "No space left on device" for both)."""
     p = Path(path).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
     try:
         free = shutil.disk_usage(p).free
+        stats = os.statvfs(p)
     except OSError:
         return ""
+    if stats.f_files and not stats.f_favail:  # f_files 0: a file system without inodes
+        return f" (no inodes left on {p}: too many files, {_size(free)} free)"
     return f" ({_size(free)} free on {p})"
 
 
