@@ -20,6 +20,7 @@ import glob
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +185,19 @@ def _jsonl_texts(path: Path, field: str) -> Iterator[Any]:
                 keys = sorted(row) if isinstance(row, dict) else type(row).__name__
                 raise DataError(f"{path}:{lineno}: no text field {field!r} (available: {keys}); "
                                 "set data.text_field")
-            yield row[field]
+            yield _without_lone_surrogates(row[field])
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(text: Any) -> Any:
+    """JSON can spell a lone UTF-16 surrogate ("\\ud800"), which is no character: no UTF-8
+    encodes it and sentencepiece refuses the whole batch. It becomes U+FFFD, as invalid
+    UTF-8 bytes do, and is counted with them."""
+    if not isinstance(text, str) or text.isascii():
+        return text
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _parquet_texts(path: Path, field: str) -> Iterator[Any]:

@@ -152,6 +152,19 @@ def test_invalid_utf8_is_replaced_and_counted(cfg, tmp_path, docs):
         data.train.read(0, len(data.train)).tolist())
 
 
+def test_a_lone_surrogate_is_replaced_and_counted_not_fatal(cfg, tmp_path, docs):
+    """Issue 23, fault 15: one JSON document spelling a lone surrogate ("\\ud800") among
+    good ones failed tokenizer training for the whole job (a pybind11 message)."""
+    path = tmp_path / "surrogate.jsonl"
+    lines = [json.dumps({"text": d}) for d in docs[:30]]
+    lines[5] = '{"text": "lone \\ud800 surrogate"}'
+    path.write_text("\n".join(lines) + "\n")
+    data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0))
+    assert data.manifest["documents"]["invalid_utf8"] == 1
+    assert "lone \ufffd surrogate" in data.tokenizer.decode(
+        data.train.read(0, len(data.train)).tolist())
+
+
 def test_download_mode_writes_identical_shards(cfg, tmp_path):
     pre = open_data(cfg)
     down = open_data(cfg.replace(mode="download", cache_dir=str(tmp_path / "down"),
