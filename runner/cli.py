@@ -201,7 +201,7 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
 
     from runner.eval_text import evaluate_text, report
     from runner.export_model import load_exported
-    from runner.sample import load_trained_model, trained_checkpoint
+    from runner.sample import trained_model
     from ten.data import Tokenizer
 
     folder = Path(target)
@@ -210,8 +210,8 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
         name = folder.name
     else:
         where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
-        run_dir, name, found = trained_checkpoint(where, job_name, endpoint_url, step)
-        model, tokenizer = load_trained_model(found.path), Tokenizer(run_dir / "tokenizer.model")
+        run_dir, name, found, model = trained_model(where, job_name, endpoint_url, step)
+        tokenizer = Tokenizer(run_dir / "tokenizer.model")
         name = f"{name} step {found.step}"
     scores = evaluate_text(model, tokenizer, Path(data), seq_len or model.config.seq_len,
                            max_tokens=max_tokens)

@@ -38,18 +38,17 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     """Write the folder for a run (see the module doc); returns its path. UserError (one
     line) for a run that cannot be exported or an ``out`` that already exists."""
     from runner.errors import UserError
-    from runner.sample import load_trained_model, trained_checkpoint
+    from runner.sample import trained_model
     from ten.trainstate import read_config
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists and is not empty; choose a new --out folder")
-    run_dir, name, found = trained_checkpoint(where, job, endpoint_url, step)
+    run_dir, name, found, model = trained_model(where, job, endpoint_url, step)
     saved = read_config(found.path)
     if saved["model_class"] != "TENLM":
         raise UserError(f"{name} is a {saved['model_class']}: only TEN models export for "
                         "now (the transformer baseline does not)")
-    model = load_trained_model(found.path)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -33,8 +33,7 @@ def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature:
     ``job``), whose newest committed checkpoint and tokenizer are downloaded first."""
     from ten.data import Tokenizer
 
-    run_dir, name, found = trained_checkpoint(where, job, endpoint_url)
-    model = load_trained_model(found.path)
+    run_dir, name, found, model = trained_model(where, job, endpoint_url)
     text = generate_text(model, Tokenizer(run_dir / "tokenizer.model"), prompt,
                          max_new_tokens, temperature, top_k, seed)
     return f"[{name} step {found.step}] {text}"
@@ -71,6 +70,25 @@ def trained_checkpoint(where: str | Path, job: str | None = None,
         raise UserError(f"{run_dir / 'tokenizer.model'} is missing; it is written when the "
                         "job starts")
     return run_dir, name, found
+
+
+def trained_model(where: str | Path, job: str | None = None, endpoint_url: str | None = None,
+                  step: int | None = None, attempts: int = 3):
+    """(run directory, job name, checkpoint, model) of a trained run (see
+    :func:`trained_checkpoint`). A run in progress prunes old checkpoints while it is
+    read: the newest one vanishing between being found and being loaded (or downloaded)
+    is a race, not damage, so the newest is looked up again."""
+    from runner.errors import UserError
+    from runner.storage import StorageError
+
+    for attempt in range(attempts):
+        try:
+            run_dir, name, found = trained_checkpoint(where, job, endpoint_url, step)
+            return run_dir, name, found, load_trained_model(found.path)
+        except (UserError, StorageError):
+            if step is not None or attempt + 1 == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 def load_trained_model(path: Path) -> Any:

@@ -205,3 +205,34 @@ def test_export_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
                                       endpoint, "--out", str(tmp_path / "x"), "--step", "8"])
     assert result.exit_code == ExitCode.CONFIG and result.output.count("\n") == 1
     assert "step 8 of" in result.output and "is not committed" in result.output
+
+
+def test_sample_while_the_run_prunes_its_newest_checkpoint(trained, tmp_path, monkeypatch):
+    """Issue 23, fault 21: a checkpoint pruned between being found and being loaded
+    (a run in progress with keep_last: 1) is a race: the reader looks again and samples
+    the newest one left, instead of exiting 2 "cannot load model.pt"."""
+    import shutil
+
+    from runner import sample as sample_mod
+    from ten import checkpoint as ckpt
+
+    local, step_dir = trained
+    run = tmp_path / "run"
+    shutil.copytree(local, run)
+    newer = ckpt.save(run / "checkpoints", 9, {
+        "model.pt": ckpt.load(step_dir, "model.pt"),
+        "config.json": (step_dir / "config.json").read_bytes()})
+    found_first = sample_mod.trained_checkpoint
+
+    def found_then_pruned(*args, **kwargs):
+        found = found_first(*args, **kwargs)
+        if found[2].step == 9:  # the pruner wins the race once
+            shutil.rmtree(newer)
+        return found
+
+    monkeypatch.setattr(sample_mod, "trained_checkpoint", found_then_pruned)
+    result = CliRunner().invoke(cli, ["sample", str(run), "--prompt", "a",
+                                      "--max-new-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("[run step 7] a")
+    assert ckpt.committed_steps(run / "checkpoints") == [7]
