@@ -202,10 +202,17 @@ class StorageSection(Section):
         if not url:  # None or empty: AWS S3 itself
             return url
         try:  # what botocore does with it first; an unparsable one crashed the run
-            urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port that is not a number
         except ValueError as e:
             raise job_error(f"is not a URL ({e})", hint="e.g. http://localhost:9000",
                             show_value=False) from None
+        if parts.username is not None or parts.password is not None:
+            # it would be written into job.json and every checkpoint's config.json
+            raise job_error("carries credentials (user:password@host)",
+                            hint="give the keys as AWS_ACCESS_KEY_ID and "
+                                 "AWS_SECRET_ACCESS_KEY in the environment",
+                            show_value=False)
         return url
 
     @property

@@ -110,6 +110,9 @@ HOSTILE_NUMBERS = {  # issue 23, faults 12-14: each passed validate and crashed 
     "data.val_fraction=0": "data.val_fraction: must be > 0",
     "storage.endpoint_url=http://[::1": "storage.endpoint_url: is not a URL (Invalid IPv6 URL)",
     "resources.price_per_hour=1e300": "is too large: at most 1e+15",
+    # issue 23, fault 20: kept verbatim in job.json and every checkpoint's config.json
+    "storage.endpoint_url=http://minio:s3cr3tpass@host:9000":
+        "storage.endpoint_url: carries credentials (user:password@host)",
 }
 
 
@@ -119,6 +122,7 @@ def test_numbers_a_run_cannot_use_are_refused_by_validate(assignment):
         parse_job(MINIMAL, sets=[assignment], check_model=False)
     assert len(err.value.errors) == 1
     assert HOSTILE_NUMBERS[assignment] in err.value.errors[0], err.value.errors
+    assert "s3cr3t" not in err.value.errors[0]  # a credential is never printed
 
 
 def test_a_5000_digit_integer_in_a_file_is_one_line_with_its_place(tmp_path):
