@@ -98,26 +98,32 @@ def emergency_report(notice: Notice, committed_at: float) -> str:
     return f"{head}, {-margin:.1f} s AFTER the deadline"
 
 
+_AWS_ACTIONS = ("terminate", "stop", "hibernate")
+
+
 def parse_aws_instance_action(status: int, body: bytes | str, now: float) -> Notice | None:
     """IMDS ``spot/instance-action``: 404 while nothing is scheduled, 200 once it is.
 
     The body is ``{"action": "terminate"|"stop"|"hibernate", "time": ISO-8601 UTC}``.
-    Any of the three actions ends the process, so all are notices. The item exists
-    only when an interruption is scheduled, so a 200 whose body cannot be read is
-    still a notice, with the documented two minutes as deadline: a false alarm
-    costs one checkpoint, a missed notice costs everything since the last one.
+    Any of the three actions ends the process, so all are notices; an unreadable time
+    gets the documented two minutes as deadline. A 200 with anything else (a captive
+    portal's or proxy's page, bad JSON) is not a notice but a MetadataError, which the
+    watcher reports and polls past: taken as a notice, it stopped every attempt of a
+    job after one step, forever.
     """
     if status == 404:
         return None
     if status != 200:
         raise MetadataError(f"AWS spot/instance-action returned HTTP {status}")
-    fallback = now + _WINDOW_S["aws"]
     try:
         doc = json.loads(_text(body))
     except ValueError:
-        return Notice("aws", now, fallback, f"unreadable instance-action {_snippet(body)}")
-    if not isinstance(doc, dict):
-        return Notice("aws", now, fallback, f"unreadable instance-action {_snippet(body)}")
+        doc = None
+    if not isinstance(doc, dict) or doc.get("action") not in _AWS_ACTIONS:
+        raise MetadataError(f"AWS spot/instance-action answered HTTP 200 with something "
+                            f"that is not an instance-action ({_snippet(body)}); is a proxy "
+                            "answering for the metadata service?")
+    fallback = now + _WINDOW_S["aws"]
     action, when = doc.get("action"), doc.get("time")
     deadline = _parse_iso_utc(when)
     return Notice("aws", now, fallback if deadline is None else deadline,

@@ -38,6 +38,16 @@ T_RFC = "Fri, 15 Jan 2027 08:00:25 GMT"  # NOW + 25 s
 # ---------------------------------------------------------------- parsers
 
 
+@pytest.mark.parametrize("body", [
+    '{"action": "terminate", "time": ', "[1, 2]", b"<html><body>Sign in to the Wi-Fi</body>",
+    b"\x00\xff" * 100, json.dumps({"action": "reboot"}), ""])
+def test_a_200_that_is_not_an_instance_action_is_an_error_not_a_notice(body):
+    """Issue 23: behind a proxy answering 200 to everything, each attempt stopped after
+    one step; such an answer is reported (and polled past), never a notice."""
+    with pytest.raises(MetadataError, match="not an instance-action"):
+        parse_aws_instance_action(200, body, NOW)
+
+
 @pytest.mark.parametrize(
     "status, body, deadline, detail",
     [
@@ -49,10 +59,7 @@ T_RFC = "Fri, 15 Jan 2027 08:00:25 GMT"  # NOW + 25 s
          "spot hibernate"),
         (200, json.dumps({"action": "terminate", "time": "2027-01-15T08:01:40"}), NOW + 100,
          "spot terminate"),  # no zone: IMDS times are UTC
-        # the item exists only when an interruption is scheduled: unreadable → notice,
-        # with the documented two minutes as deadline
-        (200, '{"action": "terminate", "time": ', NOW + 120, "unreadable"),
-        (200, "[1, 2]", NOW + 120, "unreadable"),
+        # an unreadable time: the documented two minutes as deadline
         (200, json.dumps({"action": "terminate", "time": "soon"}), NOW + 120, "spot terminate"),
         (200, json.dumps({"action": "terminate"}), NOW + 120, "spot terminate"),
     ],
