@@ -127,7 +127,7 @@ class TrainSection(Section):
     batch_size: Int = Field(TRAIN["batch_size"], ge=1, description="sequences per micro-batch")
     grad_accum: Int = Field(TRAIN["grad_accum"], ge=1,
                             description="micro-batches per optimizer step")
-    lr: Float = Field(TRAIN["lr"], gt=0.0, le=10.0, description="peak learning rate")
+    lr: Float = Field(TRAIN["lr"], gt=0.0, description="peak learning rate")
     min_lr_ratio: Float = Field(TRAIN["min_lr_ratio"], ge=0.0, le=1.0,
                                 description="final lr = lr * ratio")
     warmup_steps: Int = Field(TRAIN["warmup_steps"], ge=0)
