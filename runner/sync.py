@@ -7,7 +7,10 @@ training never waits on the network, except for the last checkpoint of a run and
 emergency one after a preemption notice or signal, which :meth:`flush` waits for.
 
 If uploads fall behind, only the newest pending checkpoint is kept in the queue: an
-older one that was never started is superseded (and logged), never uploaded late.
+older one that was never started is superseded (and logged), never uploaded late. A
+failed upload is tried again after ``retry_delays`` (unless a newer checkpoint
+supersedes it first): a bucket hiccup must not leave committed work only on a disk a
+spot reclaim takes away until the next checkpoint, maybe hundreds of steps later.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ class CheckpointSync:
     def __init__(self, store: Store, job_prefix: str, keep_last: int,
                  milestone_every: int | None, lease: Lease | None,
                  log: Callable[[str], None] = print,
-                 on_lease_lost: Callable[[str], None] | None = None) -> None:
+                 on_lease_lost: Callable[[str], None] | None = None,
+                 retry_delays: tuple[float, ...] = (5.0, 20.0, 60.0)) -> None:
         self.store, self.job_prefix = store, job_prefix
+        self.retry_delays = retry_delays
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.lease, self.log, self.on_lease_lost = lease, log, on_lease_lost
         self._pending: Path | None = None
@@ -81,6 +86,7 @@ class CheckpointSync:
         self._thread.join(timeout=5)
 
     def _worker(self) -> None:
+        retries = 0
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:
@@ -94,6 +100,22 @@ class CheckpointSync:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+            failed = path.name not in self.uploaded and not self.lease_lost and \
+                (path / "manifest.json").is_file()
+            retries = retries + 1 if failed else 0
+            if failed and retries <= len(self.retry_delays):
+                self._retry_later(path, retries)
+
+    def _retry_later(self, path: Path, retry: int) -> None:
+        """Queue ``path`` again after its delay, unless a newer checkpoint (or close)
+        comes first."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is not None or self._closed,
+                                timeout=self.retry_delays[retry - 1])
+            if self._pending is None and not self._closed:
+                self.log(f"retrying the upload of {path.name} "
+                         f"({retry}/{len(self.retry_delays)})")
+                self._pending = path
 
     def _upload(self, path: Path) -> None:
         if self.lease_lost:
@@ -120,8 +142,8 @@ class CheckpointSync:
                 self.on_lease_lost(str(e))
         except (StorageError, OSError) as e:
             self.error = str(e)
-            self.log(f"upload of {path.name} failed: {e}; the next checkpoint will retry")
+            self.log(f"upload of {path.name} failed: {e}; it will be tried again")
         except Exception as e:  # noqa: BLE001 - a bug, but a dead worker would hang flush()
             self.error = f"{type(e).__name__}: {e}"
-            self.log(f"upload of {path.name} failed unexpectedly ({self.error}); the next "
-                     "checkpoint will retry")
+            self.log(f"upload of {path.name} failed unexpectedly ({self.error}); it will be "
+                     "tried again")

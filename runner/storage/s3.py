@@ -39,12 +39,15 @@ from botocore.exceptions import (
     ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
     ReadTimeoutError,
+    ResponseStreamingError,
 )
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.utils import ChunksizeAdjuster
+from urllib3.exceptions import HTTPError as Urllib3Error
 
 from runner.storage.base import ObjectInfo, StorageError, Store, check_key, check_prefix
 
@@ -58,8 +61,12 @@ _CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _TRANSIENT = {"NoSuchUpload", "RequestTimeout", "SlowDown", "ServiceUnavailable",
               "InternalError", "InternalServerError", "503", "500", "502", "504"}
 CHECK_ATTEMPTS = 3  # the opening check's tries (the store's own calls get max_attempts)
+# A connection that failed, or a response that broke off: a body cut short
+# (IncompleteRead), a reset while botocore reads an error body (urllib3's ProtocolError,
+# which escapes botocore's own classes).
 _CONNECTION = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
-               ConnectionClosedError)
+               ConnectionClosedError, ResponseStreamingError, IncompleteReadError,
+               Urllib3Error)
 
 
 def _safe_endpoint(endpoint_url: str | None) -> str | None:
@@ -210,7 +217,7 @@ class S3Store(Store):
         for attempt in range(attempts):
             try:
                 return fn()
-            except (BotoCoreError, ClientError) as e:
+            except (BotoCoreError, ClientError, Urllib3Error) as e:
                 if attempt + 1 < attempts and _transient(e):
                     time.sleep(min(8.0, 0.5 * 2 ** attempt) * random.uniform(0.5, 1.5))
                     continue
