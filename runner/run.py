@@ -421,10 +421,14 @@ class JobRun:
         """Before exiting: the newest checkpoint must be committed in the bucket (waiting
         for it is the only time training waits on the network). Then, after a notice,
         how long that took against its deadline. False when the bucket lacks it."""
+        from runner import stopping
+
         committed_at = self.commits[-1][2] if self.commits else None
         if self.sync is not None and self.commits:
             last = self.commits[-1][0]
-            if not self.sync.commit_now(last):
+            with stopping.deferred(self.log, f"the upload of {last.name}"):
+                uploaded = self.sync.commit_now(last)
+            if not uploaded:
                 why = self.sync.lease_lost or self.sync.error or "upload failed"
                 self.log(f"storage error: {last.name} is committed in {self.run_dir} but not "
                          f"in {self.store.url}: {why}")

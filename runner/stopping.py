@@ -105,6 +105,29 @@ def raise_if_received() -> None:
         raise Interrupted(_guard.received)
 
 
+@contextlib.contextmanager
+def deferred(log: Callable[[str], None], what: str):
+    """While ``what`` (the final upload) runs, a stop signal is noted, not raised: the
+    run is ending anyway, and abandoning the upload would leave committed steps only on
+    a disk a reclaim takes away. More signals cannot cut it short; only SIGKILL can (a
+    container runtime sends it once its stop timeout is over)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        if _guard.received is None:
+            _guard.received = signum
+        log(f"{signal.Signals(signum).name} during {what}: finishing it first")
+
+    previous = {sig: signal.signal(sig, note) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def handled() -> None:
     """The main thread has taken the stop in hand: the watchdog stands down."""
     _guard.handled.set()

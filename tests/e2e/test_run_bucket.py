@@ -262,3 +262,28 @@ def test_two_bucket_jobs_of_one_name_keep_apart_on_one_machine(tmp_path, corpus,
     assert "resum" not in err and "restored" not in err  # B started from nothing
     assert committed_steps(store_b, name) == committed_steps(store_a, name) == [3, 6]
     assert losses(local_a) == losses(local_b)  # the same job, trained twice, apart
+
+
+def test_signals_during_the_final_upload_do_not_abandon_it(tmp_path, corpus, rclone_endpoint):
+    """Issue 23, fault 5: with a slow bucket, more SIGTERMs during the last upload made
+    the run exit with its last step committed only on the local disk. They are noted;
+    the upload finishes."""
+    from faultproxy import FaultProxy
+
+    proxy = FaultProxy(rclone_endpoint).start()
+    try:
+        name = f"slow-{uuid.uuid4().hex[:6]}"
+        job, store, _ = bucket_job(tmp_path, corpus, proxy.endpoint, name, steps=12, every=6)
+        proxy.delay("PUT", "step-00000012/manifest.json", seconds=4.0)
+        proc = cli("run", job, "--no-sample")
+        assert proxy.delayed.wait(180), "the last checkpoint's upload never started"
+        for _ in range(5):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proxy.stop()
+    assert proc.returncode in (ExitCode.OK, ExitCode.PREEMPTED), err
+    direct = open_store(store.url, endpoint_url=rclone_endpoint)
+    assert latest_committed(direct, name) == 12, err
+    assert "finishing it first" in err and "may not be in the bucket" not in err

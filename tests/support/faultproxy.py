@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ class _Rule:
     suffix: str
     times: int
     status: int | None = None  # answer this instead of forwarding; None: cut the body
+    delay_s: float = 0.0  # forward intact, this much later
 
 
 class FaultProxy:
@@ -33,6 +35,7 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port)
         self.rules: list[_Rule] = []
         self.hits = 0  # damaged responses sent
+        self.delayed = threading.Event()  # a delayed request has arrived
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -49,6 +52,12 @@ class FaultProxy:
         """Answer ``status`` without forwarding (until :meth:`clear`)."""
         with self._lock:
             self.rules.append(_Rule(method, suffix, times, status))
+
+    def delay(self, method: str, suffix: str, seconds: float, times: int = 1) -> None:
+        """Hold the next matching requests ``seconds`` before forwarding them;
+        :attr:`delayed` is set when the first one arrives."""
+        with self._lock:
+            self.rules.append(_Rule(method, suffix, times, delay_s=seconds))
 
     def clear(self) -> None:
         with self._lock:
@@ -76,6 +85,10 @@ class FaultProxy:
             def _forward(self) -> None:
                 body = self._body()
                 rule = proxy._take(self.command, self.path)
+                if rule is not None and rule.delay_s:
+                    proxy.delayed.set()
+                    time.sleep(rule.delay_s)
+                    rule = None  # then forwarded as it is
                 if rule is not None and rule.status is not None:
                     self.send_response(rule.status)
                     self.send_header("Content-Length", "0")
