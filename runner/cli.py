@@ -197,25 +197,12 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
     """Held-out loss, perplexity and bits per byte of a trained model on any text, at
     its training length and 4x and 16x longer. RUN|FOLDER: a run (as for `sample`) or a
     folder `export-model` wrote."""
-    from pathlib import Path
+    from runner.eval_text import evaluate
 
-    from runner.eval_text import evaluate_text, report
-    from runner.export_model import load_exported
-    from runner.sample import trained_model
-    from ten.data import Tokenizer
-
-    folder = Path(target)
-    if (folder / "model.safetensors").is_file():
-        model, tokenizer = load_exported(folder)
-        name = folder.name
-    else:
-        where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
-        run_dir, name, found, model = trained_model(where, job_name, endpoint_url, step)
-        tokenizer = Tokenizer(run_dir / "tokenizer.model")
-        name = f"{name} step {found.step}"
-    scores = evaluate_text(model, tokenizer, Path(data), seq_len or model.config.seq_len,
-                           max_tokens=max_tokens)
-    click.echo(report(scores, name, Path(data), as_json))
+    if not (Path(target) / "model.safetensors").is_file():  # a run, not an export
+        target, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    click.echo(evaluate(target, Path(data), seq_len, max_tokens, as_json, job=job_name,
+                        endpoint_url=endpoint_url, step=step))
 
 
 def _load(job_file: str, sets: tuple[str, ...] = ()):

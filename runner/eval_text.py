@@ -102,6 +102,25 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
                  bits_per_byte=nll / math.log(2) / max(nbytes, 1))
 
 
+def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_json: bool,
+             **run: Any) -> str:
+    """The report for a folder ``export-model`` wrote, or a run (``run``: job,
+    endpoint_url, step, as :func:`runner.sample.trained_model` takes them)."""
+    from runner.export_model import load_exported
+    from runner.sample import trained_model
+    from ten.data import Tokenizer
+
+    if (Path(target) / "model.safetensors").is_file():
+        model, tokenizer = load_exported(Path(target))
+        name = Path(target).name
+    else:
+        run_dir, job, found, model = trained_model(target, **run)
+        tokenizer, name = Tokenizer(run_dir / "tokenizer.model"), f"{job} step {found.step}"
+    scores = evaluate_text(model, tokenizer, data, seq_len or model.config.seq_len,
+                           max_tokens=max_tokens)
+    return report(scores, name, data, as_json)
+
+
 def evaluate_text(model: Any, tokenizer: Any, path: Path, seq_len: int,
                   multiples: tuple[int, ...] = (1, 4, 16), max_tokens: int = 65536
                   ) -> list[Score]:

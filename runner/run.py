@@ -294,35 +294,31 @@ class JobRun:
             ranks.wait_for(f"fetched-{ranks.node_rank}")
 
     def _unfit_host(self) -> ExitCode | None:
-        """The pre-flight GPU check: a host that fails it is reported and not trained on
-        (its exit code; None when it passes)."""
+        """The pre-flight GPU check: the exit code of a host not to train on, or None."""
         from runner.monitor.health import preflight
 
         health = preflight(self.job.train.device)
         for line in health.lines:
             self.log(line)
-        if health.ok:
-            return None
-        self.log(f"unfit host: {health.reason}")
-        return health.exit_code
+        if not health.ok:
+            self.log(f"unfit host: {health.reason}")
+        return None if health.ok else health.exit_code
 
     def _report_unfit(self) -> None:
-        """A host that fails the gate never claims the bucket's writer lease, but a
-        managed job's supervisor learns how a remote attempt ended only from the job's
-        status.json in the bucket: open the store just for the heartbeat, whose last
-        beat (written as the run closes) carries the exit code."""
-        if not self.is_main:
-            return
-        if self.job.storage.is_remote:
-            from runner.storage import StorageError, open_store
+        """A host that fails the gate claims no writer lease, but a managed job learns how
+        a remote attempt ended only from status.json in the bucket: the store is opened
+        for the heartbeat alone, whose last beat (as the run closes) holds the code."""
+        from runner.storage import StorageError, open_store
 
-            storage = self.job.storage
-            try:
+        storage = self.job.storage
+        try:
+            if storage.is_remote and self.is_main:
                 self.store = open_store(storage.url, storage.endpoint_url or None,
                                         storage.region or None)
-            except StorageError as e:  # the verdict stands; only its report is lost
-                self.log(f"warning: cannot report this to the bucket: {e}")
-        self._start_monitor()
+        except StorageError as e:  # the verdict stands; only its report is lost
+            self.log(f"warning: cannot report this to the bucket: {e}")
+        if self.is_main:
+            self._start_monitor()
 
     def _start_monitor(self) -> None:
         """GPU sampler and heartbeat, started before data preparation so the paid time
