@@ -228,7 +228,8 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     record = JobRecord(job_id=job_id, job_name=job.name, target=target,
                        state=State.PENDING.value, details={
                            "job_file": str(copy), "source": str(Path(job_file).resolve()),
-                           "cwd": os.getcwd(), "storage": job.storage.url,
+                           "cwd": os.getcwd(),  # as written: ${VAR}s unresolved
+                           "storage": job.redacted_dict()["storage"]["url"],
                            "max_restarts": job.resources.max_restarts, "poll_s": poll_s,
                            **({"limits": dict(vars(limits))} if limits else {}), **extra})
     record.transition(State.PENDING.value, f"submitted --to {target}")

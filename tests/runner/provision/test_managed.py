@@ -3,6 +3,7 @@ ends with nothing left running, and the record tells the story in order."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from pathlib import Path
@@ -449,3 +450,25 @@ def test_the_jobs_max_preemptions_caps_relaunches(tmp_path, corpus):
     assert record.state == "FAILED" and record.preemptions == 2
     assert len(cloud.launches) == 2 and record.details["limits"]["max_preemptions"] == 1
     cloud.assert_clean()
+
+
+def test_the_job_record_holds_the_storage_url_as_written_not_its_secrets(tmp_path, corpus,
+                                                                          monkeypatch):
+    """Issue 23, fault 17: `jobs --json` and `status ID --json` printed the resolved
+    storage.url, ${VAR} values included."""
+    from runhelpers import write_job
+
+    from runner.job import load_job
+    from runner.provision.jobs import submit_managed
+
+    monkeypatch.setenv("RUNS_TOKEN", "tok-s3cr3t-runs")
+    path = write_job(tmp_path, corpus, name="written")
+    text = path.read_text()
+    path.write_text(text.replace(f"storage: {{url: {tmp_path / 'store'}}}",
+                                 f"storage: {{url: '{tmp_path}/${{RUNS_TOKEN}}'}}"))
+    job = load_job(path, check_model=False)
+    cloud = FakeCloud([Script.runs(1, 0)])
+    record = submit_managed(job, path, "local", provider=cloud, detach=False, poll_s=0.001,
+                            log=lambda line: None)
+    assert record.details["storage"] == f"{tmp_path}/${{RUNS_TOKEN}}"
+    assert "s3cr3t" not in json.dumps(record.details)
