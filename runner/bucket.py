@@ -33,7 +33,8 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     # With nothing here, the bucket decides: restore_latest refuses to start from scratch
     # when it holds committed steps of which none is whole, where a "nothing complete"
     # from latest_committed would have let the run start over and prune them.
-    if local is None or (latest_committed(store, job.name, log) or -1) > local.step:
+    if local is None or (remote := latest_committed(store, job.name, log)) is not None \
+            and remote > local.step:
         t0 = time.perf_counter()
         step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
                               usable=ckpt.load_problem)

@@ -114,11 +114,12 @@ def deferred(log: Callable[[str], None], what: str):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    noted: list[int] = []
 
-    def note(signum: int, frame: object) -> None:
+    def note(signum: int, frame: object) -> None:  # no I/O here: it may land mid-write
         if _guard.received is None:
             _guard.received = signum
-        log(f"{signal.Signals(signum).name} during {what}: finishing it first")
+        noted.append(signum)
 
     previous = {sig: signal.signal(sig, note) for sig in SIGNALS}
     try:
@@ -126,6 +127,10 @@ def deferred(log: Callable[[str], None], what: str):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if noted:
+            names = ", ".join(sorted({signal.Signals(s).name for s in noted}))
+            log(f"{len(noted)} stop signal(s) ({names}) during {what}: finishing it first, "
+                "as it did")
 
 
 def handled() -> None:

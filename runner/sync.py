@@ -86,7 +86,7 @@ class CheckpointSync:
         self._thread.join(timeout=5)
 
     def _worker(self) -> None:
-        retries = 0
+        retries, last = 0, None
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:
@@ -102,7 +102,8 @@ class CheckpointSync:
                     self._cond.notify_all()
             failed = path.name not in self.uploaded and not self.lease_lost and \
                 (path / "manifest.json").is_file()
-            retries = retries + 1 if failed else 0
+            retries = retries + 1 if failed and path == last else int(failed)
+            last = path
             if failed and retries <= len(self.retry_delays):
                 self._retry_later(path, retries)
 
