@@ -18,6 +18,7 @@ from ten.trainstate import load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches a hub
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # a whole training run in a subprocess (the module's fixture)
 
 TEXTS = ["a checkpoint", "The line\nand the next one\n\n  indented\tand tabbed",
          "naïve café — ünïcödé", ""]
