@@ -82,10 +82,8 @@ def _write_folder(folder: Path, model: Any, run_dir: Path, name: str, found: Any
         "clean_up_tokenization_spaces": False,
         "model_max_length": model.config.seq_len, **specials})
     _json(folder / "special_tokens_map.json", specials)
-    _json(folder / "generation_config.json", {
-        "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
-        **({"bos_token_id": tokenizer.bos_id} if tokenizer.bos_id >= 0 else {}),
-        "use_cache": False})  # the model carries its own state (modeling_ten.py)
+    # use_cache off: the model carries its own state (modeling_ten.py)
+    _json(folder / "generation_config.json", {**_token_ids(tokenizer), "use_cache": False})
     (folder / "README.md").write_text(model_card(model, name, found, saved, run_dir))
 
 
@@ -120,9 +118,16 @@ def hf_config(cfg: Any, tokenizer: Any) -> dict[str, Any]:
         **{f: getattr(cfg, f) for f in CONFIG_FIELDS}, "mlp_hidden": cfg.mlp_hidden,
         "tie_word_embeddings": True, "torch_dtype": "float32",
         "ten_config": dataclasses.asdict(cfg),  # what load_exported rebuilds exactly
-        "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
-        **({"bos_token_id": tokenizer.bos_id} if tokenizer.bos_id >= 0 else {}),
+        **_token_ids(tokenizer),
     }
+
+
+def _token_ids(tokenizer: Any) -> dict[str, int]:
+    """eos/pad (and bos, when the tokenizer has one) ids, as config files name them."""
+    ids = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    if tokenizer.bos_id >= 0:
+        ids["bos_token_id"] = tokenizer.bos_id
+    return ids
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, str]:

@@ -109,11 +109,12 @@ def sample_cache_dir(store_url: str, job: str) -> Path:
     ~/.cache/ten), apart from any training working copy (``<cache>/runs/<store>/<job>``) so
     sampling never touches a run in progress on this machine."""
     import os
-    import re
+
+    from runner.job.layout import store_key
 
     cache = os.environ.get("TEN_CACHE_DIR")
     base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "ten"
-    return base / "samples" / re.sub(r"[^A-Za-z0-9._-]+", "_", store_url) / job
+    return base / "samples" / store_key(store_url) / job
 
 
 def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,

@@ -185,6 +185,8 @@ def torch_facts() -> dict[str, Any]:
 def nvml_facts() -> dict[str, Any]:
     """The GPUs the driver itself reports (NVML ignores CUDA_VISIBLE_DEVICES and works
     with any CUDA): nvml_gpus, name, driver, driver_cuda. Empty without NVML."""
+    from runner.monitor.nvml import _text  # NVML's strings: bytes in older bindings
+
     try:
         import pynvml
 
@@ -209,6 +211,3 @@ def nvml_facts() -> dict[str, Any]:
             pass
     return facts
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
