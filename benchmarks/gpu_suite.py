@@ -61,6 +61,7 @@ for _path in (str(BENCHMARKS), str(ROOT)):
         sys.path.insert(0, _path)
 
 GB = 1e9  # peak memory in decimal GB, as the targets are written
+PROFILE_TOP = 40  # the profile's slowest kernels kept, by name (where the MFU work is)
 FLAGSHIP_JOB = ROOT / "jobs" / "l40s-small-32k.yaml"
 # What --smoke changes in the flagship job: sizes a CPU runs in seconds, the CPU, fp32
 # (bf16 autocast on a CPU is slower than fp32) and the optimizer (the job check refuses
@@ -410,14 +411,20 @@ class Suite:
         del step
         _free()
         split: dict[str, float] = {}
+        kernels = []
         for event in prof.key_averages():
             us = event.self_device_time_total if cuda else event.self_cpu_time_total
             if us <= 0 or (not cuda and not event.key.startswith("aten::")):
                 continue
             kind = kernel_kind(event.key)
             split[kind] = split.get(kind, 0.0) + us / 1e3
+            kernels.append({"name": event.key[:160], "kind": kind, "ms": us / 1e3,
+                            "calls": event.count})
         total = sum(split.values()) or 1.0
+        kernels.sort(key=lambda k: -k["ms"])
         return {"ms": split, "share": {k: v / total for k, v in split.items()},
+                "kernels": len(kernels), "launches": sum(k["calls"] for k in kernels),
+                "top": kernels[:PROFILE_TOP],
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 

@@ -3,7 +3,8 @@ mode's eigenvalues and drive, forward and backward, with the operator's signatur
 
 A program owns BR rows (tokens) and every eigenstate lane (BK ≥ K), so ν and θ are read
 once per program and the backward's ν and θ gradients are summed in registers over its
-rows, written per program, and summed by torch. Arithmetic in fp32; 1 - exp(-x) and
+rows, written per program, and summed by torch. Arithmetic in ``ACC`` (fp32; fp64 for fp64
+tensors, so a float64 model and the gradient checks stay exact); 1 - exp(-x) and
 log(1 + y) are computed in forms that do not cancel (the step starts at 1 and |λ| near
 0.999, where 2a ~ 0.002).
 """
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ten.block_kernels import acc, compute_dtype
 from ten.selective import MIN_WRITE, STEP_UNIT
 
 __all__ = ["drive", "drive_backward"]
@@ -47,11 +49,12 @@ def _one_minus_exp_neg(x):
 
 
 @triton.jit
-def _parts(z_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr):
+def _parts(z_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr,
+           ACC: tl.constexpr):
     """Δ, rate, 1 - |λ|² (floored), γ and the mask of a (BR, BK) tile."""
     mask = (rows[:, None] < n) & (k[None, :] < K)
-    z = tl.load(z_ptr + rows[:, None] * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
-    rate = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(tl.float32))[None, :]
+    z = tl.load(z_ptr + rows[:, None] * K + k[None, :], mask=mask, other=0.0).to(ACC)
+    rate = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(ACC))[None, :]
     step = _softplus(z) / STEP
     write = tl.maximum(_one_minus_exp_neg(2.0 * rate * step), FLOOR)
     return z, step, rate, write, tl.sqrt(write), mask
@@ -59,14 +62,15 @@ def _parts(z_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr
 
 @triton.jit
 def _drive_kernel(z_ptr, p_ptr, nu_ptr, theta_ptr, ll_ptr, beta_ptr, n, K,
-                  BK: tl.constexpr, STEP: tl.constexpr, FLOOR: tl.constexpr):
+                  BK: tl.constexpr, STEP: tl.constexpr, FLOOR: tl.constexpr,
+                  ACC: tl.constexpr):
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     k = tl.arange(0, BK)
-    _, step, rate, _, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR)
-    theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+    _, step, rate, _, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR, ACC)
+    theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(ACC)[None, :]
     re = rows[:, None] * (2 * K) + k[None, :]  # [re | im] offsets in a (.., 2K) row
-    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(tl.float32)
-    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(tl.float32)
+    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(ACC)
+    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(ACC)
     tl.store(ll_ptr + re, -rate * step, mask=mask)
     tl.store(ll_ptr + re + K, theta * step, mask=mask)
     tl.store(beta_ptr + re, p_re * gamma, mask=mask)
@@ -76,19 +80,20 @@ def _drive_kernel(z_ptr, p_ptr, nu_ptr, theta_ptr, ll_ptr, beta_ptr, n, K,
 @triton.jit
 def _drive_backward_kernel(dll_ptr, dbeta_ptr, z_ptr, p_ptr, nu_ptr, theta_ptr, dz_ptr,
                            dp_ptr, dnu_ptr, dtheta_ptr, n, K, BK: tl.constexpr,
-                           STEP: tl.constexpr, FLOOR: tl.constexpr):
+                           STEP: tl.constexpr, FLOOR: tl.constexpr, ACC: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
     k = tl.arange(0, BK)
-    z, step, rate, write, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR)
-    theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+    z, step, rate, write, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR,
+                                               ACC)
+    theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(ACC)[None, :]
     re = rows[:, None] * (2 * K) + k[None, :]
-    d_re = tl.load(dll_ptr + re, mask=mask, other=0.0).to(tl.float32)
-    d_im = tl.load(dll_ptr + re + K, mask=mask, other=0.0).to(tl.float32)
-    db_re = tl.load(dbeta_ptr + re, mask=mask, other=0.0).to(tl.float32)
-    db_im = tl.load(dbeta_ptr + re + K, mask=mask, other=0.0).to(tl.float32)
-    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(tl.float32)
-    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(tl.float32)
+    d_re = tl.load(dll_ptr + re, mask=mask, other=0.0).to(ACC)
+    d_im = tl.load(dll_ptr + re + K, mask=mask, other=0.0).to(ACC)
+    db_re = tl.load(dbeta_ptr + re, mask=mask, other=0.0).to(ACC)
+    db_im = tl.load(dbeta_ptr + re + K, mask=mask, other=0.0).to(ACC)
+    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(ACC)
+    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(ACC)
     d_gamma = db_re * p_re + db_im * p_im
     dg_da = tl.where(write > FLOOR, (1.0 - write) / gamma, 0.0)
     d_a = tl.where(mask, -d_re + d_gamma * dg_da, 0.0)
@@ -99,7 +104,7 @@ def _drive_backward_kernel(dll_ptr, dbeta_ptr, z_ptr, p_ptr, nu_ptr, theta_ptr, 
     tl.store(dp_ptr + re, (db_re * gamma).to(dp_ptr.dtype.element_ty), mask=mask)
     tl.store(dp_ptr + re + K, (db_im * gamma).to(dp_ptr.dtype.element_ty), mask=mask)
     out = pid.to(tl.int64) * K + k
-    rate_k = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(tl.float32))
+    rate_k = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(ACC))
     tl.store(dnu_ptr + out, tl.sum(d_a * step, axis=0) * rate_k, mask=k < K)  # ν = log rate
     tl.store(dtheta_ptr + out, tl.sum(tl.where(mask, d_im * step, 0.0), axis=0), mask=k < K)
 
@@ -117,7 +122,8 @@ def drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tens
     beta = p.new_empty(p.shape, dtype=dtype)
     if n:
         _drive_kernel[(programs,)](z, p, nu, theta, log_lam, beta, n, K, BK=bk,
-                                   STEP=STEP_UNIT, FLOOR=MIN_WRITE, num_warps=4)
+                                   STEP=STEP_UNIT, FLOOR=MIN_WRITE, ACC=acc(z, p, nu, theta),
+                                   num_warps=4)
     return log_lam, beta
 
 
@@ -125,10 +131,11 @@ def drive_backward(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: 
                    theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     n, K, programs, bk = _cut(z)
     dz, dp = torch.empty_like(z), torch.empty_like(p)
-    d_nu = z.new_zeros((max(programs, 1), K), dtype=torch.float32)
-    d_theta = z.new_zeros((max(programs, 1), K), dtype=torch.float32)
+    tensors = (d_log_lam, d_beta, z, p, nu, theta)
+    d_nu = z.new_zeros((max(programs, 1), K), dtype=compute_dtype(*tensors))
+    d_theta = torch.zeros_like(d_nu)
     if n:
-        _drive_backward_kernel[(programs,)](d_log_lam, d_beta, z, p, nu, theta, dz, dp, d_nu,
-                                            d_theta, n, K, BK=bk, STEP=STEP_UNIT,
-                                            FLOOR=MIN_WRITE, num_warps=4)
+        _drive_backward_kernel[(programs,)](*tensors, dz, dp, d_nu, d_theta, n, K, BK=bk,
+                                            STEP=STEP_UNIT, FLOOR=MIN_WRITE,
+                                            ACC=acc(*tensors), num_warps=4)
     return dz, dp, d_nu.sum(0).to(nu.dtype), d_theta.sum(0).to(theta.dtype)

@@ -27,7 +27,8 @@ def rand(*shape, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_layer_norm_equals_torchs_in_values_and_gradients(dtype):
-    torch_ln, ours = nn.LayerNorm(24, dtype=dtype), LayerNorm(24, dtype=dtype)
+    torch_ln = nn.LayerNorm(24, dtype=dtype, device=DEVICE)
+    ours = LayerNorm(24, dtype=dtype, device=DEVICE)
     with torch.no_grad():
         torch_ln.weight.normal_(), torch_ln.bias.normal_()
     ours.load_state_dict(torch_ln.state_dict())  # the same parameters and keys
@@ -42,9 +43,9 @@ def test_layer_norm_equals_torchs_in_values_and_gradients(dtype):
 
 
 def test_under_autocast_the_norm_is_already_in_the_matmul_dtype():
-    ln = LayerNorm(16)
+    ln = LayerNorm(16, device=DEVICE)
     x = rand(4, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = ln(x)
     assert y.dtype == torch.bfloat16  # a linear reading it casts nothing
     torch.testing.assert_close(y, F.layer_norm(x, (16,)).to(torch.bfloat16))
@@ -98,3 +99,23 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
     torch.testing.assert_close(kernels.swiglu(ab).cpu(), torch.ops.ten.swiglu.default(ab.cpu()))
     torch.testing.assert_close(kernels.swiglu_backward(dy, ab).cpu(),
                                torch.ops.ten.swiglu_backward.default(*cpu(dy, ab)))
+
+
+def test_in_fp64_the_kernels_compute_in_fp64(kernels):
+    """A float64 model and the gradient checks run the kernels in fp64 on a GPU: they
+    must not round through fp32 (the first H200 run failed gradcheck on that, and the
+    LayerNorm backward did not compile)."""
+    x, w, b = (rand(*s, dtype=torch.float64, seed=i) for i, s in enumerate([(37, 24), (24,),
+                                                                           (24,)]))
+    dy = rand(37, 24, dtype=torch.float64, seed=3)
+    ref = torch.ops.ten.layer_norm.default(*cpu(x, w, b), 1e-5, torch.float64)
+    got = kernels.layer_norm(x, w, b, 1e-5, torch.float64)
+    ref_b = torch.ops.ten.layer_norm_backward.default(*cpu(dy, x, w), ref[1], ref[2])
+    got_b = kernels.layer_norm_backward(dy, x, w, *(t.to(DEVICE) for t in ref[1:]))
+    ab, g = rand(2, 3, 14, dtype=torch.float64), rand(2, 3, 7, dtype=torch.float64, seed=1)
+    want = (*ref, *ref_b, torch.ops.ten.swiglu.default(ab.cpu()),
+            torch.ops.ten.swiglu_backward.default(*cpu(g, ab)))
+    have = (*got, *got_b, kernels.swiglu(ab), kernels.swiglu_backward(g, ab))
+    for r, o in zip(want, have, strict=True):
+        assert o.dtype == torch.float64
+        torch.testing.assert_close(o.cpu(), r, rtol=1e-12, atol=1e-12)

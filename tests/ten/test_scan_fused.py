@@ -185,6 +185,8 @@ def test_fused_compiled_on_cuda_float32_at_size(fused, selective):
         w = torch.randn_like(c0)
         g0 = torch.autograd.grad((c0 * w).sum() + l0.sum(), ref_in)
         g1 = torch.autograd.grad((c1 * w.float().cuda()).sum() + l1.sum(), gpu_in)
-        assert (c0 - c1.double().cpu()).abs().max() < 1e-4
+        # relative to the largest value, as the gradients: fp32 over T steps (the first
+        # H200 run measured 2e-4 absolute on values up to 9.4)
+        assert (c0 - c1.double().cpu()).abs().max() / c0.abs().max() < 1e-4
         for a, g in zip(g0, g1, strict=True):
             assert (a - g.double().cpu()).abs().max() / a.abs().max() < 1e-4

@@ -119,3 +119,19 @@ def test_the_kernels_keep_bf16_inputs_bf16_gradients(kernels):
     torch.testing.assert_close(beta.cpu(), ref[1], rtol=1e-5, atol=1e-6)
     dz, dp, _, _ = kernels.drive_backward(log_lam, beta, zb, pb, nu, theta)
     assert dz.dtype == dp.dtype == torch.bfloat16
+
+
+def test_in_fp64_the_kernels_compute_in_fp64(kernels):
+    """A float64 model and the gradient checks run the kernels in fp64 on a GPU: they
+    must not round through fp32 (the first H200 run failed the checks above on that)."""
+    z, p, nu, theta = (t.detach() for t in inputs((3, 7), 6))
+    g = torch.Generator().manual_seed(2)
+    d_ll, d_beta = (torch.randn(p.shape, generator=g, dtype=p.dtype).to(DEVICE)
+                    for _ in range(2))
+    ref = torch.ops.ten.selective_drive.default(*cpu(z, p, nu, theta))
+    got = kernels.drive(z, p, nu, theta)
+    ref_b = torch.ops.ten.selective_drive_backward.default(*cpu(d_ll, d_beta, z, p, nu, theta))
+    got_b = kernels.drive_backward(d_ll, d_beta, z, p, nu, theta)
+    for r, o in zip((*ref, *ref_b), (*got, *got_b), strict=True):
+        assert o.dtype == torch.float64
+        torch.testing.assert_close(o.cpu(), r, rtol=1e-12, atol=1e-12)
