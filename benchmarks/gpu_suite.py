@@ -616,8 +616,13 @@ def child_env() -> dict[str, str]:
 
 
 def source_commit() -> str | None:
-    """The commit measured: git's, or on a machine with no .git (the lent one) the one
-    device_bundle.sh wrote beside the bundle."""
+    """The commit measured: on the lent machine (device_run.sh sets TEN_DEVSITE) the one
+    device_bundle.sh stamped beside the bundle, since a git found there is not this tree's
+    (the first H200 run reported the session's starting commit for a later tree); else
+    git's."""
+    stamp = Path(os.environ.get("TEN_DEVSITE", ROOT / ".devsite")) / "COMMIT"
+    if "TEN_DEVSITE" in os.environ and stamp.is_file():
+        return stamp.read_text().strip() or None
     try:
         proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, cwd=ROOT, timeout=30)
@@ -625,7 +630,6 @@ def source_commit() -> str | None:
             return proc.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    stamp = Path(os.environ.get("TEN_DEVSITE", ROOT / ".devsite")) / "COMMIT"
     return stamp.read_text().strip() or None if stamp.is_file() else None
 
 
@@ -754,6 +758,7 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
                                  f"{paths[0]} is {parts[0].get(key)!r}: not one run")
     merged = {k: v for k, v in parts[0].items() if k not in SECTIONS}
     merged["parts"] = [p.name for p in paths]
+    merged["part_commits"] = [r.get("commit") for r in parts]
     merged["seconds"] = {}
     for r in parts:
         merged.update({k: r[k] for k in SECTIONS if k in r})

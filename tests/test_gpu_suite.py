@@ -148,9 +148,22 @@ def test_merge_joins_the_parts_of_one_run(tmp_path):
     assert r["memory"] == {}  # the later part's run of a section wins
     assert json.loads((tmp_path / "merged" / "nvidia-h100-80gb-hbm3-2026-11-25.json")
                       .read_text())["parts"] == ["part1.json", "part2.json"]
+    assert r["part_commits"] == ["abc1234", "abc1234"]
     paths[1].write_text(json.dumps({**two, "device": "NVIDIA L40S"}))
     with pytest.raises(SystemExit, match="not one run"):
         gpu_suite.merge(paths, tmp_path / "merged")
+
+
+def test_on_the_lent_machine_the_commit_is_the_bundles_stamp(tmp_path, monkeypatch):
+    """device_run.sh sets TEN_DEVSITE; a git found there named the session's starting
+    commit for a later tree (the first H200 run). Elsewhere git's HEAD."""
+    (tmp_path / "COMMIT").write_text("1234abc+dirty\n")
+    monkeypatch.setenv("TEN_DEVSITE", str(tmp_path))
+    assert gpu_suite.source_commit() == "1234abc+dirty"
+    monkeypatch.delenv("TEN_DEVSITE")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=ROOT).stdout.strip()
+    assert gpu_suite.source_commit() == head
 
 
 @pytest.mark.parametrize("code, stdout, error", [
