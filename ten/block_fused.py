@@ -1,5 +1,6 @@
 """The block's element-wise work as torch operators with fused CUDA kernels: a LayerNorm
-that writes its output in the matmul's dtype, and SwiGLU.
+that writes its output in the matmul's dtype, SwiGLU, and the mixer's short causal
+convolution.
 
 Why (benchmarks/bench_traffic.py, one flagship micro-batch): in torch ops a pre-LN block
 writes the LayerNorm's output in fp32 and autocast casts it again for every linear that
@@ -8,6 +9,10 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
 
     layer_norm    x (fp32) -> y (bf16 under autocast), the row's mean and 1/std kept
     swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write
+    causal_conv   a depthwise convolution over the last W tokens, on (B, T, d) as the
+                  model holds it: torch's conv wants (B, d, T), and on an H200 its
+                  depthwise kernels and the transposes around them took 12.5 ms of a
+                  77 ms flagship micro-batch (benchmarks/gpu_suite.py's profile)
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
 numerics unchanged) and a Triton kernel registered for CUDA (``ten.ops.register_cuda``): the
@@ -26,7 +31,7 @@ from torch import Tensor, nn
 
 from ten.ops import define, register_cuda
 
-__all__ = ["LayerNorm", "layer_norm", "swiglu"]
+__all__ = ["LayerNorm", "causal_conv", "layer_norm", "swiglu"]
 
 # --- the operators: torch reference -----------------------------------------------------------
 
@@ -124,6 +129,56 @@ _swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake,
                  backward=_swiglu_grad, setup_context=_swiglu_setup)
 
 
+def _conv_weight(xp: Tensor, weight: Tensor) -> Tensor:
+    """The (d, W) weight as torch's depthwise conv takes it: (d, 1, W) in xp's dtype."""
+    return weight.unsqueeze(1).to(xp.dtype)
+
+
+def _causal_conv_impl(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """y (B, T, d), y[:, t] = bias + sum_j weight[:, j]·xp[:, t + j], from xp (B, W-1+T, d)
+    (the previous W - 1 inputs, then this chunk's) and weight (d, W). Here torch's conv
+    (the CPU's numerics as nn.Conv1d's); on CUDA ten.block_kernels'."""
+    y = F.conv1d(xp.transpose(1, 2), _conv_weight(xp, weight), bias.to(xp.dtype),
+                 groups=xp.shape[-1])
+    return y.transpose(1, 2).contiguous()
+
+
+def _causal_conv_fake(xp, weight, bias):
+    B, rows, d = xp.shape
+    return xp.new_empty(B, rows - weight.shape[1] + 1, d)
+
+
+def _causal_conv_backward_impl(dy: Tensor, xp: Tensor, weight: Tensor,
+                               bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d xp, d weight, d bias): torch's conv backward, as autograd of nn.Conv1d runs it."""
+    dxp, dw, db = torch.ops.aten.convolution_backward(
+        dy.to(xp.dtype).transpose(1, 2), xp.transpose(1, 2), _conv_weight(xp, weight),
+        [xp.shape[-1]], [1], [0], [1], False, [0], xp.shape[-1], [True, True, True])
+    return (dxp.transpose(1, 2).contiguous(), dw.squeeze(1).to(weight.dtype),
+            db.to(bias.dtype))
+
+
+def _causal_conv_backward_fake(dy, xp, weight, bias):
+    return torch.empty_like(xp), torch.empty_like(weight), torch.empty_like(bias)
+
+
+def _conv_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _conv_grad(ctx, dy):
+    xp, weight, bias = ctx.saved_tensors
+    return _causal_conv_backward(dy.contiguous(), xp, weight, bias)
+
+
+_causal_conv_backward = define(
+    "causal_conv_backward(Tensor dy, Tensor xp, Tensor weight, Tensor bias) "
+    "-> (Tensor, Tensor, Tensor)", _causal_conv_backward_impl, _causal_conv_backward_fake)
+_causal_conv = define("causal_conv(Tensor xp, Tensor weight, Tensor bias) -> Tensor",
+                      _causal_conv_impl, _causal_conv_fake, backward=_conv_grad,
+                      setup_context=_conv_setup)
+
+
 # --- the public functions ---------------------------------------------------------------------
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
@@ -138,6 +193,13 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
 def swiglu(ab: Tensor) -> Tensor:
     """silu(a)·b of ab = [a | b] along the last dimension."""
     return _swiglu(ab.contiguous())
+
+
+def causal_conv(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The depthwise convolution of xp (B, W-1+T, d) with weight (d, W) (or nn.Conv1d's
+    (d, 1, W)) and bias (d,): y (B, T, d) in xp's dtype, y[:, t] = bias + Σ_j
+    weight[:, j]·xp[:, t + j]."""
+    return _causal_conv(xp.contiguous(), weight.reshape(weight.shape[0], -1), bias)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -163,3 +225,5 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("layer_norm_backward", _k.layer_norm_backward)
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
+    register_cuda("causal_conv", _k.causal_conv)
+    register_cuda("causal_conv_backward", _k.causal_conv_backward)

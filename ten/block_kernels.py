@@ -1,9 +1,11 @@
 """Triton kernels for ``ten.block_fused``'s operators (registered there for CUDA): the
-LayerNorm forward and backward, SwiGLU forward and backward. Each launcher has the
-signature of the operator's torch implementation. One program per row (LayerNorm; ROWS
-rows per program in backward, whose partial weight gradients torch then sums) or per row
-and block of columns (SwiGLU); loops over a runtime count are while loops (Triton 3.6's
-interpreter takes no runtime bound in range()).
+LayerNorm, SwiGLU and the causal convolution, each forward and backward. Each launcher has
+the signature of the operator's torch implementation. One program per row (LayerNorm; ROWS
+rows per program in backward, whose partial weight gradients torch then sums), per row and
+block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
+convolution, whose backward writes weight-gradient shares torch sums); loops over a
+runtime count are while loops (Triton 3.6's interpreter takes no runtime bound in
+range()).
 
 Arithmetic is in ``ACC``: fp32 for bf16, fp16 and fp32 tensors, fp64 for fp64 ones (a
 float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
@@ -15,7 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["acc", "compute_dtype", "layer_norm", "layer_norm_backward", "swiglu", "swiglu_backward"]
+__all__ = ["acc", "causal_conv", "causal_conv_backward", "compute_dtype", "layer_norm",
+           "layer_norm_backward", "swiglu", "swiglu_backward"]
 
 
 @triton.jit
@@ -94,6 +97,65 @@ def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: t
     tl.store(dab_ptr + row * 2 * h + cols, da.to(dab_ptr.dtype.element_ty), mask=mask)
     tl.store(dab_ptr + row * 2 * h + h + cols, db.to(dab_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _conv_forward_kernel(xp_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
+                         BT: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+    """y[b, t] = bias + Σ_j w[:, j]·xp[b, t + j] on this program's (BT, BD) tile of row b:
+    W overlapping loads of xp (the cache serves all but the first), one write."""
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    c = tl.program_id(1) * BD + tl.arange(0, BD)
+    b = tl.program_id(2).to(tl.int64)
+    cmask = c < d
+    mask = (t[:, None] < T) & cmask[None, :]
+    acc = tl.zeros((BT, BD), ACC) + tl.load(b_ptr + c, mask=cmask, other=0.0).to(ACC)[None, :]
+    for j in tl.static_range(W):
+        w = tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(ACC)
+        x = tl.load(xp_ptr + (b * (T + W - 1) + t[:, None] + j) * d + c[None, :], mask=mask,
+                    other=0.0).to(ACC)
+        acc += w[None, :] * x
+    tl.store(y_ptr + (b * T + t[:, None]) * d + c[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
+                          W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr,
+                          TILES: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+    """For the rows s of xp in this program's TILES tiles of BT: d xp[s] = Σ_j
+    w[:, j]·dy[s - j]; and its share of d w[:, j] = Σ_s xp[s]·dy[s - j] and d bias =
+    Σ_t dy[t] (each pair (t, j) counted by the one tile holding s = t + j), summed in
+    registers over its tiles (as WP >= W rows, a power of two) and written to row
+    (b, program) for torch to sum."""
+    c = tl.program_id(1) * BD + tl.arange(0, BD)
+    b = tl.program_id(2).to(tl.int64)
+    cmask = c < d
+    rows = T + W - 1
+    taps = tl.arange(0, WP)
+    dw = tl.zeros((WP, BD), ACC)
+    db = tl.zeros((BD,), ACC)
+    for i in range(0, TILES):  # a constexpr bound: fine for every interpreter
+        s = (tl.program_id(0) * TILES + i) * BT + tl.arange(0, BT)
+        smask = (s[:, None] < rows) & cmask[None, :]
+        x = tl.load(xp_ptr + (b * rows + s[:, None]) * d + c[None, :], mask=smask,
+                    other=0.0).to(ACC)
+        dx = tl.zeros((BT, BD), ACC)
+        for j in tl.static_range(W):
+            t = s - j
+            tmask = (t[:, None] >= 0) & (t[:, None] < T) & cmask[None, :]
+            g = tl.load(dy_ptr + (b * T + t[:, None]) * d + c[None, :], mask=tmask,
+                        other=0.0).to(ACC)
+            dx += tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(ACC)[None, :] * g
+            dw += tl.where(taps[:, None] == j, tl.sum(x * g, axis=0)[None, :], 0.0)
+            if j == 0:
+                db += tl.sum(g, axis=0)
+        tl.store(dxp_ptr + (b * rows + s[:, None]) * d + c[None, :],
+                 dx.to(dxp_ptr.dtype.element_ty), mask=smask)
+    share = b * tl.num_programs(0) + tl.program_id(0)
+    tl.store(dw_ptr + (share * W + taps[:, None]) * d + c[None, :], dw,
+             mask=(taps[:, None] < W) & cmask[None, :])
+    tl.store(db_ptr + share * d + c, db, mask=cmask)
+
+
 LN_ROWS = 16  # rows per backward program: partial weight gradients are n / 16 rows
 
 
@@ -156,3 +218,42 @@ def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
         _swiglu_backward_kernel[(rows, triton.cdiv(h, bh))](dy, ab, dab, h, BH=bh,
                                                             ACC=acc(dy, ab), num_warps=4)
     return dab
+
+
+# A conv program's channels, and tokens: forward one tile, backward CONV_TILES tiles (its
+# weight-gradient share summed over them: fewer shares for torch to add up). Registers and
+# programs per SM: benchmarks/kernel_check.py.
+CONV_BD, CONV_BT, CONV_BACKWARD_BT, CONV_TILES = 128, 16, 8, 8
+
+
+def _conv_grid(rows: int, d: int, B: int, per_program: int) -> tuple[int, int, int]:
+    return triton.cdiv(rows, per_program), triton.cdiv(d, CONV_BD), B
+
+
+def causal_conv(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    B, rows, d = xp.shape
+    W = weight.shape[1]
+    T = rows - W + 1
+    y = xp.new_empty(B, T, d)
+    if y.numel():
+        _conv_forward_kernel[_conv_grid(T, d, B, CONV_BT)](
+            xp, weight.contiguous(), bias, y, T, d, W=W, BT=CONV_BT, BD=CONV_BD,
+            ACC=acc(xp, weight, bias), num_warps=4)
+    return y
+
+
+def causal_conv_backward(dy: Tensor, xp: Tensor, weight: Tensor,
+                         bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    B, rows, d = xp.shape
+    W = weight.shape[1]
+    grid = _conv_grid(rows, d, B, CONV_BACKWARD_BT * CONV_TILES)
+    dxp = torch.empty_like(xp)
+    dtype = compute_dtype(dy, xp, weight)
+    dw = xp.new_zeros((B * grid[0], W, d), dtype=dtype)  # each program's share
+    db = xp.new_zeros((B * grid[0], d), dtype=dtype)
+    if xp.numel():
+        _conv_backward_kernel[grid](dy, xp, weight.contiguous(), dxp, dw, db, rows - W + 1,
+                                    d, W=W, WP=triton.next_power_of_2(W),
+                                    BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
+                                    BD=CONV_BD, ACC=acc(dy, xp, weight), num_warps=4)
+    return dxp, dw.sum(0).t().to(weight.dtype), db.sum(0).to(bias.dtype)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ten.block_fused import LayerNorm
+from ten.block_fused import LayerNorm, causal_conv
 from ten.config import FieldError
 from ten.lm import Block, LanguageModel, check_checkpoint_blocks
 from ten.mlp import MLP_KINDS, mlp_hidden_size
@@ -118,7 +118,7 @@ class ShortConv(nn.Module):
         if tail is None:
             tail = x.new_zeros(B, self.width - 1, d)
         xp = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, W-1+T, d)
-        y = self.conv(xp.transpose(1, 2)).transpose(1, 2)
+        y = causal_conv(xp, self.conv.weight, self.conv.bias)  # on (B, T, d): no transposes
         return y, xp[:, xp.shape[1] - (self.width - 1):]
 
 

@@ -1,5 +1,5 @@
-"""ten.block_fused: the LayerNorm and SwiGLU operators equal torch's, in values and
-gradients, and their Triton kernels (ten.block_kernels) equal the operators.
+"""ten.block_fused: the LayerNorm, SwiGLU and causal convolution operators equal torch's,
+in values and gradients, and their Triton kernels (ten.block_kernels) equal the operators.
 
 Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-from ten.block_fused import LayerNorm, layer_norm, swiglu
+from ten.block_fused import LayerNorm, causal_conv, layer_norm, swiglu
 
 interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
@@ -65,6 +65,22 @@ def test_layer_norm_gradients_pass_gradcheck_in_fp64():
     assert torch.autograd.gradcheck(lambda *a: layer_norm(*a, 1e-5), (x, w, b))
 
 
+@pytest.mark.parametrize("W", [2, 4])
+def test_causal_conv_is_nn_conv1ds_depthwise_convolution_with_gradients(W):
+    conv = nn.Conv1d(6, 6, W, groups=6, dtype=torch.float64, device=DEVICE)
+    xp = rand(2, W - 1 + 9, 6, dtype=torch.float64).requires_grad_()
+    want = conv(xp.transpose(1, 2)).transpose(1, 2)
+    got = causal_conv(xp, conv.weight, conv.bias)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    dy = rand(*want.shape, dtype=torch.float64, seed=1)
+    params = (xp, conv.weight, conv.bias)
+    for w, g in zip(torch.autograd.grad(want, params, dy), torch.autograd.grad(got, params, dy),
+                    strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    weight, bias = (t.detach().clone().requires_grad_() for t in (conv.weight, conv.bias))
+    assert torch.autograd.gradcheck(causal_conv, (xp, weight.view(6, W), bias))
+
+
 # --- the kernels against the operators ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -92,6 +108,29 @@ def test_layer_norm_kernels_equal_the_operator(kernels, n, d, out):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
 
 
+# T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two
+@pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype):
+    """In fp32 from the stored inputs, one rounding at the end: against the operator on
+    the inputs widened to fp32 (torch's bf16 conv rounds the weights and its sums to bf16
+    on the way, which the kernel does not)."""
+    xp, dy = rand(B, W - 1 + T, d).to(dtype), rand(B, T, d, seed=3).to(dtype)
+    w, b = rand(d, W, seed=1), rand(d, seed=2)  # fp32 parameters, as under autocast
+    wide = cpu(xp.float(), w, b)
+    ref = torch.ops.ten.causal_conv.default(*wide).to(dtype)
+    got = kernels.causal_conv(xp, w, b)
+    assert got.dtype == dtype
+    tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got.cpu(), ref, **tol)
+    dxp, dw, db = torch.ops.ten.causal_conv_backward.default(dy.cpu().float(), *wide)
+    got_dxp, got_dw, got_db = kernels.causal_conv_backward(dy, xp, w, b)
+    assert (got_dxp.dtype, got_dw.dtype, got_db.dtype) == (dtype, w.dtype, b.dtype)
+    torch.testing.assert_close(got_dxp.cpu(), dxp.to(dtype), **tol)
+    for r, g in ((dw, got_dw), (db, got_db)):
+        torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("h", [5, 1100])  # below one block; a block and a ragged one
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
@@ -113,9 +152,15 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     ref_b = torch.ops.ten.layer_norm_backward.default(*cpu(dy, x, w), ref[1], ref[2])
     got_b = kernels.layer_norm_backward(dy, x, w, *(t.to(DEVICE) for t in ref[1:]))
     ab, g = rand(2, 3, 14, dtype=torch.float64), rand(2, 3, 7, dtype=torch.float64, seed=1)
+    xp, cw, cb = (rand(*s, dtype=torch.float64, seed=i) for i, s in enumerate([(2, 40, 9),
+                                                                               (9, 4), (9,)]))
+    cdy = rand(2, 37, 9, dtype=torch.float64, seed=5)
     want = (*ref, *ref_b, torch.ops.ten.swiglu.default(ab.cpu()),
-            torch.ops.ten.swiglu_backward.default(*cpu(g, ab)))
-    have = (*got, *got_b, kernels.swiglu(ab), kernels.swiglu_backward(g, ab))
+            torch.ops.ten.swiglu_backward.default(*cpu(g, ab)),
+            torch.ops.ten.causal_conv.default(*cpu(xp, cw, cb)),
+            *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, xp, cw, cb)))
+    have = (*got, *got_b, kernels.swiglu(ab), kernels.swiglu_backward(g, ab),
+            kernels.causal_conv(xp, cw, cb), *kernels.causal_conv_backward(cdy, xp, cw, cb))
     for r, o in zip(want, have, strict=True):
         assert o.dtype == torch.float64
         torch.testing.assert_close(o.cpu(), r, rtol=1e-12, atol=1e-12)
