@@ -226,4 +226,11 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
     register_cuda("causal_conv", _k.causal_conv)
-    register_cuda("causal_conv_backward", _k.causal_conv_backward)
+
+    def _causal_conv_backward_cuda(dy: Tensor, xp: Tensor, weight: Tensor,
+                                   bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if weight.shape[1] > _k.CONV_MAX_WIDTH:  # wider than the kernel's accumulators
+            return _causal_conv_backward_impl(dy, xp, weight, bias)
+        return _k.causal_conv_backward(dy, xp, weight, bias)
+
+    register_cuda("causal_conv_backward", _causal_conv_backward_cuda)

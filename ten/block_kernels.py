@@ -119,20 +119,29 @@ def _conv_forward_kernel(xp_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
 
 @triton.jit
 def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
-                          W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr,
-                          TILES: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+                          W: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr,
+                          BD: tl.constexpr, ACC: tl.constexpr):
     """For the rows s of xp in this program's TILES tiles of BT: d xp[s] = Σ_j
     w[:, j]·dy[s - j]; and its share of d w[:, j] = Σ_s xp[s]·dy[s - j] and d bias =
-    Σ_t dy[t] (each pair (t, j) counted by the one tile holding s = t + j), summed in
-    registers over its tiles (as WP >= W rows, a power of two) and written to row
-    (b, program) for torch to sum."""
+    Σ_t dy[t] (each pair (t, j) counted by the one tile holding s = t + j), written to
+    row (b, program) for torch to sum. W <= CONV_MAX_WIDTH: the taps' weights loaded once
+    and one accumulator tile per tap, in the loads' layout, summed over the tiles
+    element-wise and across rows once at the end. (A sum across rows, or a weight vector
+    loaded in the loop, changes layout through shared memory behind a barrier; one per
+    tap and tile made the first version 5x slower than torch's on an H200.)"""
     c = tl.program_id(1) * BD + tl.arange(0, BD)
     b = tl.program_id(2).to(tl.int64)
     cmask = c < d
     rows = T + W - 1
-    taps = tl.arange(0, WP)
-    dw = tl.zeros((WP, BD), ACC)
-    db = tl.zeros((BD,), ACC)
+    w0 = tl.load(w_ptr + c * W, mask=cmask, other=0.0).to(ACC)[None, :]
+    w1 = tl.load(w_ptr + c * W + 1, mask=cmask & (W > 1), other=0.0).to(ACC)[None, :]
+    w2 = tl.load(w_ptr + c * W + 2, mask=cmask & (W > 2), other=0.0).to(ACC)[None, :]
+    w3 = tl.load(w_ptr + c * W + 3, mask=cmask & (W > 3), other=0.0).to(ACC)[None, :]
+    dw0 = tl.zeros((BT, BD), ACC)
+    dw1 = tl.zeros((BT, BD), ACC)
+    dw2 = tl.zeros((BT, BD), ACC)
+    dw3 = tl.zeros((BT, BD), ACC)
+    db = tl.zeros((BT, BD), ACC)
     for i in range(0, TILES):  # a constexpr bound: fine for every interpreter
         s = (tl.program_id(0) * TILES + i) * BT + tl.arange(0, BT)
         smask = (s[:, None] < rows) & cmask[None, :]
@@ -144,16 +153,31 @@ def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
             tmask = (t[:, None] >= 0) & (t[:, None] < T) & cmask[None, :]
             g = tl.load(dy_ptr + (b * T + t[:, None]) * d + c[None, :], mask=tmask,
                         other=0.0).to(ACC)
-            dx += tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(ACC)[None, :] * g
-            dw += tl.where(taps[:, None] == j, tl.sum(x * g, axis=0)[None, :], 0.0)
             if j == 0:
-                db += tl.sum(g, axis=0)
+                dx += w0 * g
+                dw0 += x * g
+                db += g
+            elif j == 1:
+                dx += w1 * g
+                dw1 += x * g
+            elif j == 2:
+                dx += w2 * g
+                dw2 += x * g
+            else:
+                dx += w3 * g
+                dw3 += x * g
         tl.store(dxp_ptr + (b * rows + s[:, None]) * d + c[None, :],
                  dx.to(dxp_ptr.dtype.element_ty), mask=smask)
-    share = b * tl.num_programs(0) + tl.program_id(0)
-    tl.store(dw_ptr + (share * W + taps[:, None]) * d + c[None, :], dw,
-             mask=(taps[:, None] < W) & cmask[None, :])
-    tl.store(db_ptr + share * d + c, db, mask=cmask)
+    out = dw_ptr + (b * tl.num_programs(0) + tl.program_id(0)) * W * d + c
+    tl.store(out, tl.sum(dw0, axis=0), mask=cmask)
+    if W > 1:
+        tl.store(out + d, tl.sum(dw1, axis=0), mask=cmask)
+    if W > 2:
+        tl.store(out + 2 * d, tl.sum(dw2, axis=0), mask=cmask)
+    if W > 3:
+        tl.store(out + 3 * d, tl.sum(dw3, axis=0), mask=cmask)
+    tl.store(db_ptr + (b * tl.num_programs(0) + tl.program_id(0)) * d + c, tl.sum(db, axis=0),
+             mask=cmask)
 
 
 LN_ROWS = 16  # rows per backward program: partial weight gradients are n / 16 rows
@@ -224,6 +248,7 @@ def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
 # weight-gradient share summed over them: fewer shares for torch to add up). Registers and
 # programs per SM: benchmarks/kernel_check.py.
 CONV_BD, CONV_BT, CONV_BACKWARD_BT, CONV_TILES = 128, 16, 8, 8
+CONV_MAX_WIDTH = 4  # the backward kernel's accumulators; wider convolutions run torch's
 
 
 def _conv_grid(rows: int, d: int, B: int, per_program: int) -> tuple[int, int, int]:
@@ -246,6 +271,9 @@ def causal_conv_backward(dy: Tensor, xp: Tensor, weight: Tensor,
                          bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     B, rows, d = xp.shape
     W = weight.shape[1]
+    if W > CONV_MAX_WIDTH:
+        raise ValueError(f"the convolution's backward kernel takes widths up to "
+                         f"{CONV_MAX_WIDTH}, got {W}")
     grid = _conv_grid(rows, d, B, CONV_BACKWARD_BT * CONV_TILES)
     dxp = torch.empty_like(xp)
     dtype = compute_dtype(dy, xp, weight)
@@ -253,7 +281,6 @@ def causal_conv_backward(dy: Tensor, xp: Tensor, weight: Tensor,
     db = xp.new_zeros((B * grid[0], d), dtype=dtype)
     if xp.numel():
         _conv_backward_kernel[grid](dy, xp, weight.contiguous(), dxp, dw, db, rows - W + 1,
-                                    d, W=W, WP=triton.next_power_of_2(W),
-                                    BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
+                                    d, W=W, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
                                     BD=CONV_BD, ACC=acc(dy, xp, weight), num_warps=4)
     return dxp, dw.sum(0).t().to(weight.dtype), db.sum(0).to(bias.dtype)

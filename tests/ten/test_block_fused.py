@@ -109,7 +109,8 @@ def test_layer_norm_kernels_equal_the_operator(kernels, n, d, out):
 
 
 # T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two
-@pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2)])
+@pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2),
+                                        (1, 9, 8, 1), (1, 12, 8, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype):
     """In fp32 from the stored inputs, one rounding at the end: against the operator on
@@ -129,6 +130,14 @@ def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype):
     torch.testing.assert_close(got_dxp.cpu(), dxp.to(dtype), **tol)
     for r, g in ((dw, got_dw), (db, got_db)):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
+def test_the_conv_backward_kernel_refuses_widths_beyond_its_accumulators(kernels):
+    """Wider convolutions run torch's backward on CUDA (ten.block_fused's dispatch)."""
+    W = kernels.CONV_MAX_WIDTH + 1
+    xp, w, b = rand(1, W - 1 + 8, 4), rand(4, W, seed=1), rand(4, seed=2)
+    with pytest.raises(ValueError, match=f"widths up to {W - 1}, got {W}"):
+        kernels.causal_conv_backward(rand(1, 8, 4, seed=3), xp, w, b)
 
 
 @pytest.mark.parametrize("h", [5, 1100])  # below one block; a block and a ragged one
