@@ -318,6 +318,18 @@ class Suite:
         return {"T": T, "ms": 1e3 * r["sec"],
                 "peak_mem_gb": None if math.isnan(r["peak_mb"]) else r["peak_mb"] * 2**20 / GB}
 
+    def conv(self) -> dict[str, Any]:
+        """The short convolution at the flagship's shape, forward + backward: torch's
+        depthwise conv1d on transposed activations against ten's operator (its Triton
+        kernels on CUDA), benchmarks/bench_conv.py."""
+        import torch
+        from bench_conv import compare
+
+        cfg = self.flagship_config()
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return compare(1, cfg.seq_len, cfg.d_model, cfg.conv_width or 4, dtype, self.device,
+                       self.sizes.steps * 4)
+
     def chunk(self) -> dict[str, Any]:
         """The chunked scan's forward + backward at the flagship's T and K per chunk size."""
         T = self.flagship_config().seq_len
@@ -650,16 +662,16 @@ def environment(device: Any) -> dict[str, Any]:
 
 # --- running sections: one process each, a time limit, results written as they come ---------
 
-SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "compile",
+SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "compile",
             "selective", "profile", "monitor", "gpu_tests")
 # The recipe's three device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
-         2: ("scan", "chunk", "profile", "gpu_tests"),
+         2: ("scan", "conv", "chunk", "profile", "gpu_tests"),
          3: ("compile", "monitor")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
-             "scan": 180, "compile": 360, "selective": 240, "profile": 120, "monitor": 420,
-             "gpu_tests": 240}
+             "scan": 180, "conv": 60, "compile": 360, "selective": 240, "profile": 120,
+             "monitor": 420, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 
@@ -800,6 +812,11 @@ def markdown(r: dict[str, Any]) -> str:
         for T, x in tvt.items():
             lines.append(f"| {T} | {x['batch']} | {f(x['ten'].get('tokens_per_s'), '.0f')} | "
                          f"{f(x['transformer'].get('tokens_per_s'), '.0f')} | {f(x['ratio'])} |")
+    conv = r.get("conv") or {}
+    if "speedup" in conv:
+        lines += ["", f"Short convolution, forward + backward at T = {conv['T']}: "
+                  f"{f(conv['causal_conv_ms'])} ms, torch's {f(conv['torch_ms'])} ms "
+                  f"({f(conv['speedup'])}×)."]
     errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]
