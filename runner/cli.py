@@ -439,6 +439,9 @@ _register_extra_commands()
 
 
 def main() -> None:
+    from runner.runlog import keep_standard_streams
+
+    keep_standard_streams()
     cli()
 
 

@@ -41,7 +41,9 @@ def exit_process(code: int) -> NoReturn:
     finalization, but leaves an ignored signal ignored)."""
     import signal
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    from runner.stopping import SIGNALS
+
+    for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if code == ExitCode.PREEMPTED:
         for stream in (sys.stdout, sys.stderr):

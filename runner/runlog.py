@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -60,14 +62,59 @@ class ScrubbedStream:
     """A text stream that passes everything through ``scrub`` before ``stream``: installed
     as sys.stderr/sys.stdout for the length of a run, so what the libraries print on
     their own (progress bars naming a dataset path, warnings, tracebacks) cannot show a
-    resolved secret either."""
+    resolved secret either.
+
+    And a run must not depend on its console: once a write or flush fails (the pipe's
+    reader exited, the terminal hung up, the descriptor was closed), the console is gone
+    for good. Writes are dropped (run.log keeps every line) and the descriptor is pointed
+    at /dev/null, so that native code writing to it and the interpreter's last flush
+    cannot fail either."""
 
     def __init__(self, stream, scrub: Callable[[str], str]) -> None:
         self._stream, self._scrub = stream, scrub
+        self._gone = False
 
     def write(self, text: str) -> int:
-        self._stream.write(self._scrub(text))
+        if not self._gone:
+            try:
+                self._stream.write(self._scrub(text))
+            except (OSError, ValueError):  # EPIPE, EIO, a closed file
+                self._lose()
         return len(text)
 
-    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._lose()
+
+    def _lose(self) -> None:
+        self._gone = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            _to_devnull(self._stream.fileno())
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
         return getattr(self._stream, name)
+
+
+def _to_devnull(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)  # fd itself when fd is the lowest closed one
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def keep_standard_streams() -> None:
+    """Before anything else opens a file: descriptors 0-2 closed at start (``1>&- 2>&-``)
+    are opened on /dev/null, or the next file opened (the run's lock, run.log) would take
+    their number and receive whatever is written to stdout; and a stream Python left as
+    None for them gets one."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            _to_devnull(fd)
+    for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115

@@ -1,5 +1,5 @@
 """Stop signals outside the training loop: every phase of ``ten-runner run`` answers
-SIGTERM/SIGINT with exit 75 and one line, within seconds.
+SIGTERM/SIGINT/SIGHUP with exit 75 and one line, within seconds.
 
 Inside the loop the trainer's own handler (ten.step.StopSignal) turns a signal into
 "finish this step, commit a checkpoint, exit 75". Everywhere else — start-up, the
@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from runner.exit_codes import ExitCode
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # as ten.step.StopSignal's
 GRACE_S = 5.0  # how long native code may keep the main thread from a stop
 
 
@@ -66,7 +66,7 @@ def _handler(signum: int, frame: object) -> None:
 
 
 def install(log: Callable[[str], None] | None = None) -> None:
-    """Make SIGTERM/SIGINT raise :class:`Interrupted` in this (main) thread from now on,
+    """Make the stop signals raise :class:`Interrupted` in this (main) thread from now on,
     and start the watchdog. Idempotent; a no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return

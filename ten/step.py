@@ -21,9 +21,13 @@ from ten.nonfinite import step_unless
 
 
 class StopSignal:
-    """Turns the first SIGTERM/SIGINT into a flag the loop checks after each step; a
-    second SIGINT interrupts at once (the user insists). ``request`` raises the same
-    flag from another thread (a preemption-notice watcher)."""
+    """Turns the first SIGTERM/SIGINT/SIGHUP (a supervisor, Ctrl-C, the terminal or ssh
+    session closing) into a flag the loop checks after each step; a second SIGINT
+    interrupts at once (the user insists). ``request`` raises the same flag from another
+    thread (a preemption-notice watcher)."""
+
+    # runner.stopping.SIGNALS too: it installs before torch is imported, so not from here
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -42,7 +46,7 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in self.SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -34,26 +34,34 @@ CURSOR_VERSION = 1
 WORKER_TIMEOUT_S = 300
 
 
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a terminal's Ctrl-C is the trainer's business.
+# What a terminal sends its whole foreground process group: Ctrl-C, and the hang-up when
+# it closes (an ssh session ending).
+GROUP_SIGNALS = {signal.SIGINT, signal.SIGHUP}
 
-    Ctrl-C (SIGINT) reaches every process of the foreground group. A worker that died
-    of it would take with it the batches the trainer still needs to finish its step and
-    commit a checkpoint; the main process decides when everyone stops. Workers are
-    forked with SIGINT blocked (:func:`start_workers`), so one that arrives before this
-    runs stays pending and is discarded here. SIGTERM keeps its default: supervisors
-    (docker, tini, torchrun) send it to the main process only, and multiprocessing
-    relies on it to stop workers at exit.
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a terminal's Ctrl-C or hang-up is the trainer's
+    business.
+
+    Both reach every process of the foreground group. A worker that died of one would
+    take with it the batches the trainer still needs to finish its step and commit a
+    checkpoint; the main process decides when everyone stops. Workers are forked with
+    them blocked (:func:`start_workers`), so one that arrives before this runs stays
+    pending and is discarded here. SIGTERM keeps its default: supervisors (docker, tini,
+    torchrun) send it to the main process only, and multiprocessing relies on it to stop
+    workers at exit.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for sig in GROUP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
 
 
 def start_workers(loader: DataLoader) -> Iterator[Any]:
-    """``iter(loader)`` with SIGINT blocked while its workers are forked: they inherit
-    the mask, so none can die of a Ctrl-C before :func:`ignore_stop_signals` runs. The
-    main process gets any SIGINT that came meanwhile as soon as the mask is restored."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """``iter(loader)`` with the group's signals blocked while its workers are forked:
+    they inherit the mask, so none can die of a Ctrl-C or hang-up before
+    :func:`ignore_stop_signals` runs. The main process gets any that came meanwhile as
+    soon as the mask is restored."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
     try:
         return iter(loader)
     finally:

@@ -1,5 +1,6 @@
 """``ten-runner run`` as a user runs it: real subprocesses, real signals, kill -9."""
 
+import json
 import os
 import random
 import signal
@@ -67,6 +68,43 @@ def test_sigterm_commits_the_current_step_and_exits_preempted(tmp_path, corpus):
     code, _, err = run_to_end("run", job, "--no-sample")
     assert code == 0, err
     assert f"step {last_logged:08d}" in err or f"step-{last_logged:08d}" in err
+
+
+def test_a_hang_up_is_a_stop_and_the_dead_console_does_not_end_the_run(tmp_path, corpus):
+    """The ssh session or terminal closes: SIGHUP, and every later write to the console
+    fails. The run commits the step it is on and exits 75 as for SIGTERM, its lines
+    going on into run.log (issue 23, faults 6 and 7: it died at once, status "running")."""
+    job = write_job(tmp_path, corpus, every=100)
+    run = tmp_path / "store" / "t"
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(run / "metrics.jsonl", proc, 5)
+    proc.stdout.close(), proc.stderr.close()  # the terminal is gone ...
+    proc.send_signal(signal.SIGHUP)  # ... and says so
+    assert proc.wait(timeout=120) == ExitCode.PREEMPTED
+    log = (run / "run.log").read_text()
+    assert "stopped by SIGHUP" in log and "Traceback" not in log
+    assert ckpt.committed_steps(run / "checkpoints") == [max(losses(run))]
+    assert json.loads((run / "status.json").read_text())["state"] != "running"
+
+
+@pytest.mark.parametrize("console", ["closed", "read-then-closed"])
+def test_a_run_does_not_depend_on_its_console(tmp_path, corpus, console):
+    """``ten-runner run job.yaml 1>&- 2>&-``, or piped into ``head -n 3``: training goes
+    on to its end and every line still reaches run.log (it exited 1, nothing trained)."""
+    job = write_job(tmp_path, corpus, steps=12)
+    run = tmp_path / "store" / "t"
+    command = [sys.executable, "-m", "runner.cli", "run", str(job), "--no-sample"]
+    if console == "closed":
+        proc = subprocess.Popen(["sh", "-c", 'exec "$@" 1>&- 2>&-', "sh", *command])
+    else:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(3):
+            proc.stdout.readline()
+        proc.stdout.close()
+    assert proc.wait(timeout=300) == 0
+    assert ckpt.committed_steps(run / "checkpoints")[-1] == 12
+    log = (run / "run.log").read_text()
+    assert "Traceback" not in log and "done" in log
 
 
 def test_ctrl_c_to_the_whole_process_group_spares_loader_workers(tmp_path, corpus):
