@@ -15,12 +15,14 @@ Both run the runner image (``resources.image``, ENTRYPOINT ``tini -- ten-runner`
 With ``job_url`` (an ``s3://`` URL, e.g. the copy ``submit`` uploaded) nothing is
 embedded and the container runs ``ten-runner run <url>``, which fetches it.
 
-Secrets never enter the output: variables are classified by name (and by the field that
-references them) with :func:`runner.job.secrets.looks_secret`; a secret appears only as
-a name (SkyPilot ``secrets: {NAME: null}``, supplied by ``sky jobs launch --secret
-NAME``) or a reference (a Kubernetes ``secretKeyRef`` into ``ten-<job>-secrets``).
-Non-secret variables set in this shell are copied in, so the export runs what
-``validate`` just checked; unset ones keep the job's own ``${VAR:-default}``.
+No variable's value enters the output, whatever its name (a password in a URL under a
+harmless name was copied in once): each appears only as a name. SkyPilot: ``secrets:
+{NAME: null}`` for names that look secret (:func:`runner.job.secrets.looks_secret`, by
+the name or the field referencing it), ``envs: {NAME: null}`` for the rest, both
+supplied from the launching shell (``sky jobs launch --secret NAME --env NAME``).
+Kubernetes: a ``secretKeyRef`` into ``ten-<job>-secrets`` for every one, the header
+giving the ``kubectl create secret`` line that fills it from the shell. Variables unset
+here with a default in the job stay optional, so the job's ``${VAR:-default}`` applies.
 """
 
 from __future__ import annotations
@@ -59,13 +61,11 @@ _AWS_SETTINGS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_D
 
 @dataclass(frozen=True)
 class Variable:
-    """An environment variable the container needs. ``value`` is only ever set for a
-    non-secret variable (copied from this shell); a secret is a name, nothing more."""
+    """An environment variable the container needs, by name: its value never travels."""
 
     name: str
-    secret: bool
+    secret: bool  # SkyPilot: a secret rather than an env (redacted in its dashboard)
     required: bool  # no default in the job (or the runner needs it): the run fails without
-    value: str | None = None
     local: bool = False  # set in this shell at export time (so `--secret NAME` works)
 
 
@@ -152,13 +152,8 @@ def needed_variables(job: Job, text: str, env: Mapping[str, str], *,
             if name in env:
                 add(name, False, False)
     add("HF_TOKEN", True, False)
-    out = []
-    for name in sorted(found):
-        v = found[name]
-        local = name in env
-        out.append(Variable(name, v.secret, v.required, local=local,
-                            value=env[name] if local and not v.secret else None))
-    return out
+    return [Variable(name, found[name].secret, found[name].required, local=name in env)
+            for name in sorted(found)]
 
 
 def _merge(a: Variable | None, b: Variable) -> Variable:
@@ -186,9 +181,9 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
     resources["job_recovery"] = {"strategy": "FAILOVER",
                                  "max_restarts_on_errors": res.max_restarts,
                                  "recover_on_exit_codes": [int(ExitCode.PREEMPTED)]}
-    envs = {v.name: v.value for v in variables
-            if not v.secret and (v.value is not None or v.required)}
-    secrets = {v.name: None for v in variables if v.secret and (v.required or v.local)}
+    given = [v for v in variables if v.required or v.local]  # supplied at launch, by name
+    envs = {v.name: None for v in given if not v.secret}
+    secrets = {v.name: None for v in given if v.secret}
     task: dict[str, Any] = {"name": job.name, "resources": resources}
     if envs:
         task["envs"] = envs
@@ -200,14 +195,15 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
 
     header = [f"SkyPilot managed job for {job.name!r}, exported by ten-runner. Launch:",
               *_continued(["sky jobs launch", f"-n {job.name}", "THIS_FILE",
+                           *(f"--env {name}" for name in envs),
                            *(f"--secret {name}" for name in secrets)])]
-    if secrets:
-        header.append("(--secret NAME reads NAME from your shell: this file holds no "
-                      "secret values)")
-    header += _optional_lines(variables, lambda v: v.secret and not v.required and not v.local,
+    if given:
+        header.append("(--env NAME and --secret NAME read NAME from your shell: this file "
+                      "holds no values)")
+    header += _optional_lines(variables, lambda v: v.secret and v not in given,
                               "--secret NAME")
-    header += _optional_lines(variables, lambda v: not v.secret and v.value is None
-                              and not v.required, "--env NAME=...")
+    header += _optional_lines(variables, lambda v: not v.secret and v not in given,
+                              "--env NAME")
     if not res.gpus:
         header.append(f"CPU only: set resources.gpus in the job for {GPU} GPUs.")
     header.append("Pin a cloud/region with resources.infra (e.g. aws/us-east-1) if needed.")
@@ -228,17 +224,14 @@ def _heredoc(text: str, path: str) -> list[str]:
 # -- Kubernetes --------------------------------------------------------------------------
 
 def _k8s_env(variables: list[Variable], secret_name: str) -> list[dict[str, Any]]:
-    """The container's env: known non-secret values inline, the rest from the Secret by
-    name (optional where the job file has a default)."""
+    """The container's env: every variable from the Secret, by name (optional where the
+    job file has a default)."""
     env: list[dict[str, Any]] = []
     for v in variables:
-        if v.value is not None:  # non-secret, known now
-            env.append({"name": v.name, "value": v.value})
-        else:  # secret, or not known at export time: from the Secret, by name only
-            ref: dict[str, Any] = {"name": secret_name, "key": v.name}
-            if not v.required:
-                ref["optional"] = True
-            env.append({"name": v.name, "valueFrom": {"secretKeyRef": ref}})
+        ref: dict[str, Any] = {"name": secret_name, "key": v.name}
+        if not v.required:
+            ref["optional"] = True
+        env.append({"name": v.name, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -298,14 +291,14 @@ def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
 
     # Keys for the Secret: what must be there, and the optional ones this shell has (an
     # empty value is not a missing one: ${VAR:-default} would see "" and not the default).
-    keys = [v.name for v in variables if v.value is None and (v.required or v.local)]
+    keys = [v.name for v in variables if v.required or v.local]
     header = [f"Kubernetes Job for {job.name!r}, exported by ten-runner. This file holds no "
-              "secret values."]
+              "values of variables, only their names."]
     if keys:
-        header.append("Create the Secret it reads:")
+        header.append("Create the Secret it reads them from (from your shell):")
         header += _continued([f"kubectl create secret generic {secret_name}",
                               *(f'--from-literal={k}="${k}"' for k in keys)])
-    header += _optional_lines(variables, lambda v: v.value is None and v.name not in keys,
+    header += _optional_lines(variables, lambda v: v.name not in keys,
                               f"keys of {secret_name}")
     header.append("Apply: kubectl apply -f THIS_FILE")
     if res.spot:

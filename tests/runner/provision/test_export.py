@@ -245,22 +245,39 @@ def test_no_secret_value_reaches_the_output(name, target, tmp_path, monkeypatch)
         assert ref["secretKeyRef"]["key"] == "MY_API_TOKEN"
 
 
-def test_secrets_are_names_in_skypilot_and_refs_in_k8s(monkeypatch):
-    monkeypatch.setenv("TEN_BUCKET", "my-bucket")  # not secret: copied in
+def test_every_variable_travels_by_name_in_skypilot_and_by_ref_in_k8s(monkeypatch):
+    monkeypatch.setenv("TEN_BUCKET", "my-bucket")  # set here, not secret: still a name
     path = job_path("l40s-small-32k")
     task = sky(path)
     assert task["secrets"] == {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
-    assert task["envs"] == {"TEN_BUCKET": "my-bucket"}
+    assert task["envs"] == {"TEN_BUCKET": None}  # `sky jobs launch --env TEN_BUCKET`
+    assert "--env TEN_BUCKET" in export(path, "skypilot")
     _, kjob = k8s(path)
     (container,) = kjob["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["TEN_BUCKET"] == {"name": "TEN_BUCKET", "value": "my-bucket"}
+    assert env["TEN_BUCKET"]["valueFrom"]["secretKeyRef"] == {  # the job has a default
+        "name": "ten-l40s-small-32k-secrets", "key": "TEN_BUCKET", "optional": True}
     secret_ref = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
     assert secret_ref == {"name": "ten-l40s-small-32k-secrets", "key": "AWS_SECRET_ACCESS_KEY"}
     # Unset here, with a default in the job: optional, so the job's default applies.
     assert env["S3_ENDPOINT_URL"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert '--from-literal=TEN_BUCKET="$TEN_BUCKET"' in export(path, "k8s")  # set here
+
+
+@pytest.mark.parametrize("target", ["skypilot", "k8s"])
+def test_a_value_under_a_harmless_name_stays_out_too(target, tmp_path, monkeypatch):
+    """A private value under a name no rule calls secret (a password in a URL was the
+    case found): it was copied in (issue 23, fault 16). No ${VAR}'s value enters an
+    export, whatever its name; nor the endpoint boto3 reads from this shell."""
+    monkeypatch.setenv("DATASET_NAME", "private-org/" + SECRET)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio.internal:9000")
+    path = variant(tmp_path, "l40s-small-32k", {"dataset: finewebedu":
+                                                 "dataset: '${DATASET_NAME}'"})
+    out = export(path, target)
+    assert SECRET not in out and "minio.internal" not in out
+    assert "DATASET_NAME" in out and "AWS_ENDPOINT_URL" in out  # by name
 
 
 def test_a_variable_without_default_is_required(tmp_path, monkeypatch):
