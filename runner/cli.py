@@ -114,7 +114,7 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     stopped by a signal or a preemption notice (everything trained is committed; run
     again to resume)."""
     from runner import stopping
-    from runner.run import exit_process
+    from runner.stopping import exit_process
 
     try:
         stopping.install()  # from the first moment: a stop before the loop exits 75 too

@@ -20,8 +20,8 @@ class BucketDataCache:
     whatever it did not fetch, prepared here or found in the local cache; the upload
     first checks for the marker (one HEAD), so a copy already there costs nothing more."""
 
-    def __init__(self, store: Any, log: RunLog) -> None:
-        self.store, self.log = store, log
+    def __init__(self, store: Any, log: RunLog, scrub: Any = None) -> None:
+        self.store, self.log, self.scrub = store, log, scrub  # scrub: the job's
         self.threads: list[threading.Thread] = []
 
     def fetch(self, key: str, directory: Path) -> bool:
@@ -45,7 +45,7 @@ class BucketDataCache:
             from runner.storage.datasets import upload_dataset
 
             try:
-                if upload_dataset(self.store, key, directory):  # else: already there
+                if upload_dataset(self.store, key, directory, scrub=self.scrub):
                     self.log(f"{key} shared in {self.store.url}")
             except (StorageError, OSError) as e:
                 self.log(f"could not share {key}: {e}")

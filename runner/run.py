@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from runner.bucket import connect_store, fetch_checkpoint
 from runner.datacache import BucketDataCache, open_data
@@ -28,28 +28,6 @@ from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl
 from runner.spot import start_notice_watcher, step_warning
 from ten.fileio import atomic_copy, atomic_write
-
-
-def exit_process(code: int) -> NoReturn:
-    """End ``ten-runner run`` with ``code``. After a preemption everything that matters
-    is committed, and the notice window is running out: background work still in flight
-    (a prepared-data upload to the bucket, which is safe to abandon: nothing trusts it
-    without its manifest) must not hold the exit, as Python's exit would by joining its
-    thread pools. Other codes exit normally, with stop signals ignored from here on: the
-    run's outcome is decided, so a SIGTERM during the interpreter's teardown must not
-    turn it into a death by signal (Python resets its own handlers to the default during
-    finalization, but leaves an ignored signal ignored)."""
-    import signal
-
-    from runner.stopping import SIGNALS
-
-    for sig in SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    if code == ExitCode.PREEMPTED:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(int(code))
-    raise SystemExit(int(code))
 
 
 def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
@@ -348,8 +326,8 @@ class JobRun:
         self.resources.callback(self._last_beat)
 
     def _open_data(self):
-        job = self.job
-        self.cache = BucketDataCache(self.store, self.log) if self.store is not None else None
+        store, job = self.store, self.job
+        self.cache = None if store is None else BucketDataCache(store, self.log, job.scrub)
         data = open_data(job, self.log, self.cache)
         return data, job.model_settings(data.tokenizer.vocab_size)
 

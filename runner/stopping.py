@@ -13,6 +13,9 @@ interpreter; native code (tokenizer training, a long read) can hold it for minut
 So the C-level handler also writes the signal to a wake-up pipe, and a watchdog thread
 reading it ends the process with 75 after :data:`GRACE_S` unless the main thread has
 handled the stop by then (:func:`handled`) or the trainer's handler is in charge.
+
+:func:`exit_process` is the run's last act: once its outcome is decided, stop signals
+are ignored and the exit code cannot turn into a death by signal.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from runner.exit_codes import ExitCode
 
@@ -164,6 +168,25 @@ def _watch(read_fd: int) -> None:
                 with contextlib.suppress(Exception):
                     stream.flush()
             os._exit(int(ExitCode.PREEMPTED))
+
+
+def exit_process(code: int) -> NoReturn:
+    """End ``ten-runner run`` with ``code``. After a preemption everything that matters
+    is committed, and the notice window is running out: background work still in flight
+    (a prepared-data upload to the bucket, which is safe to abandon: nothing trusts it
+    without its manifest) must not hold the exit, as Python's exit would by joining its
+    thread pools. Other codes exit normally, with stop signals ignored from here on: the
+    run's outcome is decided, so a SIGTERM during the interpreter's teardown must not
+    turn it into a death by signal (Python resets its own handlers to the default during
+    finalization, but leaves an ignored signal ignored)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if code == ExitCode.PREEMPTED:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a console that is gone
+                stream.flush()
+        os._exit(int(code))
+    raise SystemExit(int(code))
 
 
 def _after_fork_in_child() -> None:

@@ -13,6 +13,7 @@ marker is the last one standing names a complete set all the same.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -50,8 +51,12 @@ def is_committed(store: Store, fingerprint: str) -> bool:
     return store.head(f"{_base(fingerprint)}/{COMMITTED}") is not None
 
 
-def upload_dataset(store: Store, fingerprint: str, local_dir: Path, workers: int = 4) -> bool:
+def upload_dataset(store: Store, fingerprint: str, local_dir: Path, workers: int = 4,
+                   scrub: Callable[[str], str] | None = None) -> bool:
     """Upload every file under ``local_dir``, then the COMMITTED marker (last, if absent).
+    ``scrub`` (the job's) rewrites the JSON files on the way (ten.data's manifest names
+    the dataset as resolved, ``${VAR}`` values in it); the marker records what was
+    uploaded, so a download verifies the scrubbed copy.
 
     Returns False, having written nothing that stays, when another writer committed
     this fingerprint first."""
@@ -66,9 +71,13 @@ def upload_dataset(store: Store, fingerprint: str, local_dir: Path, workers: int
     parts = f"parts-{uuid.uuid4().hex[:16]}"
 
     def put(rel: str) -> tuple[str, dict]:
-        path = local_dir / rel
+        key, path = check_key(f"{base}/{parts}/{rel}"), local_dir / rel
+        if scrub is not None and rel.endswith(".json"):
+            data = scrub(path.read_text(encoding="utf-8")).encode()
+            store.put_bytes(key, data)
+            return rel, {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         sha = sha256_file(path)
-        info = store.put_file(check_key(f"{base}/{parts}/{rel}"), path, sha256=sha)
+        info = store.put_file(key, path, sha256=sha)
         return rel, {"size": info.size, "sha256": sha}
 
     with ThreadPoolExecutor(max(1, workers)) as pool:

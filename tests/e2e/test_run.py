@@ -220,7 +220,7 @@ def test_a_preempted_exit_does_not_wait_for_background_uploads(tmp_path):
     script = (
         "import time\n"
         "from concurrent.futures import ThreadPoolExecutor\n"
-        "from runner.run import exit_process\n"
+        "from runner.stopping import exit_process\n"
         "ThreadPoolExecutor(1).submit(time.sleep, 60)  # an upload waiting on the network\n"
         "print('committed', flush=True)\n"
         "exit_process({code})\n")

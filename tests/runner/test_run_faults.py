@@ -189,7 +189,7 @@ def test_a_stop_during_the_final_teardown_keeps_the_exit_code():
     script = (
         "import atexit, os, signal, time\n"
         "from runner import stopping\n"
-        "from runner.run import exit_process\n"
+        "from runner.stopping import exit_process\n"
         "stopping.install()\n"
         "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n"
         "exit_process(0)\n")

@@ -95,3 +95,21 @@ def test_local_lock_and_temporary_files_are_not_shared(store, tmp_path):
     marker = json.loads(store.get_bytes(f"datasets/{FP}/COMMITTED"))
     assert sorted(marker["files"]) == ["shards/train-000.bin", "shards/val-000.bin",
                                        "tokenizer.model"]
+
+
+def test_the_shared_manifest_names_no_resolved_variable(store, tmp_path):
+    """ten.data's manifest records the dataset as the job resolved it (``command``,
+    ``source.name``): the bucket's copy goes through the job's scrub, as every log line
+    does (issue 23, fault 18). The scrubbed copy is what the marker verifies."""
+    src = make_dataset(tmp_path / "src", b"A")
+    secret = "s3://private-bucket-7Qx/corpus.jsonl"
+    manifest = {"command": f"ten.data prepare --dataset {secret}",
+                "source": {"name": secret, "fingerprint": "f"}}
+    (src / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    assert upload_dataset(store, FP, src, scrub=lambda text: text.replace(secret, "***"))
+    shared = [k for k in store.list(f"datasets/{FP}/") if k.endswith("manifest.json")]
+    assert len(shared) == 1 and secret.encode() not in store.get_bytes(shared[0])
+    out = tmp_path / "out"
+    assert download_dataset(store, FP, out) is True  # verifies against the scrubbed copy
+    assert json.loads((out / "shards" / "manifest.json").read_text())["source"]["name"] == "***"
+    assert (src / "shards" / "manifest.json").read_text() == json.dumps(manifest)  # untouched
