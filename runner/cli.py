@@ -14,6 +14,7 @@ import click
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from runner.target import resolve_target, submitted_record
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -151,7 +152,7 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
     submitted job's id."""
     from runner.sample import sample_run
 
-    where, job_name, endpoint_url = _resolve(run, job_name, endpoint_url)
+    where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     click.echo(sample_run(where, prompt, max_new_tokens, temperature, top_k, seed,
                           job=job_name, endpoint_url=endpoint_url))
 
@@ -171,7 +172,7 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
     the run's tokenizer and a model card. RUN is as for `sample`."""
     from runner.export_model import export_model as export
 
-    where, job_name, endpoint_url = _resolve(run, job_name, endpoint_url)
+    where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url)
     click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
                f"{str(path)!r}, trust_remote_code=True)")
@@ -200,7 +201,7 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
     from runner.eval_text import evaluate
 
     if not (Path(target) / "model.safetensors").is_file():  # a run, not an export
-        target, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+        target, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
     click.echo(evaluate(target, Path(data), seq_len, max_tokens, as_json, job=job_name,
                         endpoint_url=endpoint_url, step=step))
 
@@ -213,36 +214,6 @@ def _load(job_file: str, sets: tuple[str, ...] = ()):
         return load_any(job_file, sets=sets)
     except JobError as err:
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
-
-
-def _submitted(target: str):
-    """The record of a submitted job when ``target`` is a job id, else None."""
-    from runner.provision.registry import is_job_id, load_record
-
-    return load_record(target) if is_job_id(target) else None
-
-
-def _resolve(target: str, job: str | None, endpoint_url: str | None):
-    """A job file, a store URL or path, a run directory, or a submitted job's id ->
-    (where, job, endpoint)."""
-    record = _submitted(target)
-    if record is not None:
-        from runner.provision.jobs import load_job_copy
-
-        spec = load_job_copy(record)
-        where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
-        return where, spec.name, endpoint_url or spec.storage.endpoint_url or None
-    if target.endswith((".yaml", ".yml")):
-        from runner.job import JobError
-        from runner.jobfile import load_any
-
-        try:
-            spec = load_any(target, check_model=False)
-        except JobError as err:
-            raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
-        where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
-        return where, job or spec.name, endpoint_url or spec.storage.endpoint_url or None
-    return target, job, endpoint_url
 
 
 _TARGET = click.argument("target", default="./runs")
@@ -264,12 +235,12 @@ def status(target: str, job_name: str | None, endpoint_url: str | None,
     elsewhere; a heartbeat that stopped arriving shows as stale."""
     from runner.monitor.status import format_status_table, read_statuses, status_records
 
-    record = _submitted(target)
+    record = submitted_record(target)
     if record is not None:
         click.echo(_to_json(_submitted_data(record)) if as_json
                    else _describe_submitted(record))
         return
-    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    where, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
     statuses = read_statuses(where, job_name, endpoint_url)
     if as_json:  # "[]" too, so a script can always parse stdout; the exit code says why
         click.echo(_to_json(status_records(statuses)))
@@ -293,7 +264,7 @@ def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bo
     from runner.monitor.logs import follow_log, read_log
     from runner.monitor.source import open_run
 
-    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
+    where, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
     if not follow:
         click.echo(read_log(where, job_name, endpoint_url), nl=False)
         return
@@ -321,9 +292,9 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
     s3://bucket/prefix/JOB, a job file or a submitted job's id."""
     from runner.monitor.report import write_report
 
-    where, job_name, endpoint_url = _resolve(target, job_name, endpoint_url)
-    png, page = write_report(where, job_name, out_dir, endpoint_url,
-                             price_per_hour=price_per_hour, gpus=gpus)
+    t = resolve_target(target, job_name, endpoint_url)
+    png, page = write_report(t.where, t.job, out_dir, t.endpoint_url,
+                             price_per_hour=price_per_hour, gpus=gpus, scrub=t.scrub)
     click.echo(f"wrote {png}\nwrote {page}")
 
 

@@ -39,9 +39,10 @@ def load_run(store_or_path: str, job: str | None = None,
 
 def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
                  endpoint_url: str | None = None, price_per_hour: float | None = None,
-                 gpus: int = 1) -> tuple[Path, Path]:
+                 gpus: int = 1, scrub: Any = None) -> tuple[Path, Path]:
     """Write ``<out_dir>/<job>-report.png`` and ``.html``; returns both paths.
-    ``price_per_hour`` defaults to the one the heartbeat recorded."""
+    ``price_per_hour`` defaults to the one the heartbeat recorded; ``scrub`` (a job
+    file's) rewrites the page (it names where the run was read from)."""
     from runner.errors import UserError
     from runner.exit_codes import ExitCode
 
@@ -57,7 +58,8 @@ def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
     png = out / f"{run['job']}-report.png"
     render_png(run["metrics"], run["events"], run["gpu"], png, title=run["job"])
     page = out / f"{run['job']}-report.html"
-    page.write_text(render_html(run, summary, png), encoding="utf-8")
+    text = render_html(run, summary, png)
+    page.write_text(scrub(text) if scrub else text, encoding="utf-8")
     return png, page
 
 

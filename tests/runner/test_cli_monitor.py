@@ -58,6 +58,25 @@ def test_logs_and_report(store, tmp_path):
     assert "data:image/png;base64," in html.read_text()
 
 
+def test_a_job_files_variables_stay_out_of_reports_and_errors(store, tmp_path, monkeypatch):
+    """``report JOB.yaml`` resolves the job's ${VAR}s to find the run: the page and the
+    error lines named the resolved place (issue 23, fault 19)."""
+    monkeypatch.setenv("RUNS_DIR", str(store))
+    job = tmp_path / "demo.yaml"
+    job.write_text("name: demo\nmodel: {preset: tiny}\ndata: {dataset: x.txt}\n"
+                   "train: {max_steps: 40}\nstorage: {url: '${RUNS_DIR}'}\n")
+    out = tmp_path / "reports"
+    result = CliRunner().invoke(cli, ["report", str(job), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = (out / "demo-report.html").read_text()
+    assert "data:image/png;base64," in page and str(store) not in page
+    for command in (["report", str(job), "--job", "nope", "--out", str(out)],
+                    ["sample", str(job), "--job", "nope"]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code != 0 and "nope" in result.output
+        assert str(store) not in result.output, command
+
+
 def test_unknown_job_is_one_line_error(store):
     result = CliRunner().invoke(cli, ["status", str(store), "--job", "nope"])
     assert result.exit_code == ExitCode.CONFIG
