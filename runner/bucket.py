@@ -20,8 +20,13 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     checkpoint from the bucket when it is newer than what this machine has."""
     import socket
 
-    from runner.storage import open_store
-    from runner.storage.checkpoints import Lease, latest_committed, restore_latest
+    from runner.storage import StorageError, open_store
+    from runner.storage.checkpoints import (
+        Lease,
+        NoWholeCheckpoint,
+        latest_committed,
+        restore_latest,
+    )
     from ten import checkpoint as ckpt
 
     store = open_store(job.storage.url, job.storage.endpoint_url or None,
@@ -36,8 +41,12 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     if local is None or (remote := latest_committed(store, job.name, log)) is not None \
             and remote > local.step:
         t0 = time.perf_counter()
-        step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
-                              usable=ckpt.load_problem)
+        try:
+            step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
+                                  usable=ckpt.load_problem)
+        except NoWholeCheckpoint as e:
+            raise StorageError(f"{e}; refusing to start from scratch over an existing run "
+                               "(delete that folder to start over)") from None
         if step is not None:
             log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
     return store, lease

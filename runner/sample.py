@@ -127,7 +127,11 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
 
     from runner.errors import UserError
     from runner.storage import StorageError, open_store
-    from runner.storage.checkpoints import download_checkpoint, restore_latest
+    from runner.storage.checkpoints import (
+        NoWholeCheckpoint,
+        download_checkpoint,
+        restore_latest,
+    )
     from ten import checkpoint as ckpt
 
     if job is None:  # s3://bucket/prefix/JOB
@@ -145,7 +149,11 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
         except StorageError as e:
             raise UserError(f"step {step} of {where} cannot be had: {e}") from None
     else:
-        step = restore_latest(store, job, root, report=lambda s: print(s, file=sys.stderr))
+        try:
+            step = restore_latest(store, job, root, report=lambda s: print(s, file=sys.stderr))
+        except NoWholeCheckpoint as e:
+            raise StorageError(f"{e} (a running job replaces its checkpoints as it goes: "
+                               "try again)") from None
     if step is None:
         raise UserError(f"no committed checkpoint under {where}/checkpoints; the run has "
                         "not committed one yet (or the URL names no run)")

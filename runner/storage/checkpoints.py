@@ -40,7 +40,8 @@ from ten import checkpoint as tc
 from ten.fileio import fsync_dir
 
 __all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "committed_steps", "download_checkpoint",
-           "latest_committed", "prune_remote", "restore_latest", "retained_steps",
+           "latest_committed", "NoWholeCheckpoint", "prune_remote", "restore_latest",
+           "retained_steps",
            "upload_checkpoint"]
 
 MANIFEST = tc.MANIFEST
@@ -260,8 +261,8 @@ def restore_latest(store: Store, job_prefix: str, local_ckpt_root: Path,
     that ``usable(local_path)`` finds a problem with (e.g. a file that is not plain
     tensors: its sha256 proves nothing to whoever could write the bucket), and its local
     copy is removed. If committed steps exist but none verifies, or the store cannot be
-    read, this raises StorageError: a run never silently restarts from scratch over an
-    existing one."""
+    read, this raises StorageError (:class:`NoWholeCheckpoint` for the first): a run
+    never silently restarts from scratch over an existing one."""
     steps = committed_steps(store, job_prefix)
     for step in reversed(steps):
         if _check_remote(store, job_prefix, step, report) is None:
@@ -278,11 +279,14 @@ def restore_latest(store: Store, job_prefix: str, local_ckpt_root: Path,
             continue
         return step
     if steps:
-        raise StorageError(f"{store.url}/{job_prefix}/checkpoints has {len(steps)} committed "
-                           "checkpoint(s) but none downloads and verifies; refusing to start "
-                           "from scratch over an existing run (delete that folder to start "
-                           "over)")
+        raise NoWholeCheckpoint(f"{store.url}/{job_prefix}/checkpoints has {len(steps)} "
+                                "committed checkpoint(s) but none downloads and verifies")
     return None
+
+
+class NoWholeCheckpoint(StorageError):
+    """Committed steps exist and none restores. What to do differs: a run resuming must
+    not start from scratch over them; a reader may have met a run pruning them."""
 
 
 def prune_remote(store: Store, job_prefix: str, keep_last: int,

@@ -205,6 +205,26 @@ def test_sample_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
     assert list((tmp_path / "cache" / "samples").glob("*/tiny/checkpoints/step-00000007"))
 
 
+def test_a_reader_that_finds_no_whole_checkpoint_gives_no_writers_advice(bucket, trained,
+                                                                         tmp_path, monkeypatch):
+    """Issue 23, fault 21, in the bucket: a reader (sample, export-model, eval) that finds
+    every committed step incomplete, as when a running job prunes them under it, said
+    "delete that folder to start over": advice for a run resuming, and one that destroys
+    data. It says what it saw and that a running job replaces them."""
+    from runner.storage.checkpoints import upload_checkpoint
+
+    url, endpoint, remote = bucket
+    monkeypatch.setenv("TEN_CACHE_DIR", str(tmp_path / "cache"))
+    local, step_dir = trained
+    upload_checkpoint(remote, "tiny", step_dir)
+    remote.put_bytes("tiny/tokenizer.model", (local / "tokenizer.model").read_bytes())
+    remote.delete([k for k in remote.list("tiny/checkpoints/") if k.endswith("model.pt")])
+    result = CliRunner().invoke(cli, ["sample", f"{url}/tiny", "--endpoint-url", endpoint])
+    assert result.exit_code == ExitCode.STORAGE
+    assert "none downloads and verifies" in result.output
+    assert "delete" not in result.output and "try again" in result.output
+
+
 def test_export_a_bucket_run(bucket, trained, tmp_path, monkeypatch):
     """export-model takes a bucket run as sample does, newest step or --step."""
     from runner.storage.checkpoints import upload_checkpoint
