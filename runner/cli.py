@@ -109,9 +109,10 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     JOB_FILE may also be an s3:// URL. With resources.gpus > 1 it runs N ranks under
     torchrun and exits with rank 0's code.
 
-    Exit codes: 0 done, 1 crash, 2 config error, 3 data error, 4 storage error (also a
-    full or read-only disk, or another run holding the run directory), 5 the GPU failed
-    the pre-flight check, 9 diverged (the loss stayed non-finite: lower train.lr), 75
+    Exit codes: 0 done, 1 crash, 2 config error (also out of memory), 3 data error, 4
+    storage error (also a full or read-only disk, or another run holding the run
+    directory), 5 the GPU failed the pre-flight check, 9 diverged (the loss stayed
+    non-finite: lower train.lr), 10 a GPU that NVML sees and torch cannot use, 75
     stopped by a signal or a preemption notice (everything trained is committed; run
     again to resume)."""
     from runner import stopping
@@ -132,6 +133,10 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
         click.echo(f"stopped by {stop.name} during {stopping.phase()}: nothing to save "
                    "yet; run again to resume", err=True)
         code = ExitCode.PREEMPTED
+    except MemoryError:  # importing torch, loading the job: the machine, before any run
+        click.echo("out of memory before the run could start: this machine (or its "
+                   "container's limit) leaves too little for the runner", err=True)
+        code = ExitCode.CONFIG
     exit_process(code)
 
 

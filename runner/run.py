@@ -105,13 +105,28 @@ class JobRun:
             code = ExitCode.STORAGE
         except OSError as e:
             code = self._os_error(e)
-        except Exception:  # noqa: BLE001 - a crash: keep the traceback, it is a bug report
-            self.log("crash:\n" + traceback.format_exc())
-            code = ExitCode.CRASH
+        except Exception as e:  # noqa: BLE001 - a crash, unless memory ran out
+            code = self._crash(e)
         finally:
             self._close(code)
             sys.stdout, sys.stderr = streams
         return code
+
+    def _crash(self, e: Exception) -> ExitCode:
+        """A crash keeps its traceback: it is a bug report. Memory running out is the
+        job's size on this machine: one line, what was asked and the settings that lower
+        it, exit 2."""
+        from runner.stopping import phase
+        from ten.memory import exhausted, lowering
+
+        what = exhausted(e)
+        if what is None:
+            self.log("crash:\n" + traceback.format_exc())
+            return ExitCode.CRASH
+        job = self.job
+        self.log(f"out of memory during {phase()}: {what}; " + lowering(
+            job.model_settings(), job.train.batch_size, job.data.seq_len))
+        return ExitCode.CONFIG
 
     def _data_error(self, e: Exception) -> ExitCode:
         from runner.stopping import raise_if_received

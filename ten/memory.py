@@ -22,6 +22,7 @@ whose T×T scores FlashAttention never holds.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,19 +113,41 @@ def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
     need = estimate.total + RESERVE_BYTES
     if need <= device_bytes:
         return None
-    knobs = []
+    return (f"the job does not fit the {_size(device_bytes)} {device_name}: training needs "
+            f"an estimated {estimate.describe()} plus {_size(RESERVE_BYTES)} for the CUDA "
+            f"context; " + lowering(model_config, estimate.batch_size, estimate.seq_len))
+
+
+def lowering(model_config: Any, batch_size: int, seq_len: int) -> str:
+    """The settings that lower a job's training memory, most effective first."""
     from ten.lm import recomputed_blocks
 
+    knobs = []
     if recomputed_blocks(model_config) < model_config.n_layers:
         knobs.append("set model.grad_checkpointing: true" if not model_config.grad_checkpointing
                      else "raise model.checkpoint_blocks (null: every block)")
-    if estimate.batch_size > 1:
+    if batch_size > 1:
         knobs.append("lower train.batch_size (raise train.grad_accum to keep the tokens "
                      "per step)")
-    knobs.append(f"lower data.seq_len (now {estimate.seq_len})")
-    return (f"the job does not fit the {_size(device_bytes)} {device_name}: training needs "
-            f"an estimated {estimate.describe()} plus {_size(RESERVE_BYTES)} for the CUDA "
-            f"context; " + ", or ".join(knobs))
+    knobs.append(f"lower data.seq_len (now {seq_len})")
+    return ", or ".join(knobs)
+
+
+def exhausted(e: BaseException) -> str | None:
+    """For an out-of-memory error (Python's, torch's on the CPU or a GPU): one line saying
+    what was asked of what ("8.0 GiB on the CPU"; as much as it says); None for any other
+    error."""
+    text = str(e)
+    if isinstance(e, MemoryError):
+        return "Python could not allocate memory"
+    if not (isinstance(e, torch.OutOfMemoryError) or isinstance(e, RuntimeError)
+            and "can't allocate memory" in text):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)  # the CPU allocator's words
+    if asked:
+        return f"{_size(int(asked.group(1)))} could not be allocated on the CPU"
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]iB)", text)  # CUDA's
+    return f"{asked.group(1) if asked else 'memory'} could not be allocated on the GPU"
 
 
 def device_capacity(device: torch.device) -> tuple[str, int] | None:

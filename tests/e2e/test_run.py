@@ -107,6 +107,30 @@ def test_a_run_does_not_depend_on_its_console(tmp_path, corpus, console):
     assert "Traceback" not in log and "done" in log
 
 
+def test_running_out_of_memory_is_one_line_naming_the_settings(tmp_path, corpus):
+    """A job too big for the machine (here: 2 GiB of address space, a batch that needs
+    more) exited 1 with a traceback from the allocator (issue 23, fault 10). One line:
+    what was asked, the settings that lower it; exit 2, as for every job that cannot
+    run as configured."""
+    import resource
+
+    limit = 2 * 2**30
+    job = write_job(tmp_path, corpus, batch=256, steps=3)
+
+    def small_machine():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "run", str(job), "--no-sample", "--set",
+         "model.d_model=1024", "--set", "data.val_fraction=0.5"], capture_output=True,
+        text=True, timeout=300, preexec_fn=small_machine,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"})  # glibc's arenas reserve 64 MiB each
+    assert proc.returncode == ExitCode.CONFIG, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stderr.splitlines() if "out of memory" in ln)
+    assert "could not be allocated" in line and "lower train.batch_size" in line
+    assert "Traceback" not in proc.stderr
+
+
 def test_ctrl_c_to_the_whole_process_group_spares_loader_workers(tmp_path, corpus):
     """SIGINT reaches every process of the group (a terminal's Ctrl-C): the DataLoader
     workers must neither die from it nor swallow it."""
