@@ -14,13 +14,13 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from runner.bucket import connect_store, fetch_checkpoint
 from runner.datacache import BucketDataCache, open_data
 from runner.exit_codes import ExitCode
+from runner.failures import ThreadDiskErrors, crash_or_memory, disk_error
 from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import train_config
@@ -82,6 +82,7 @@ class JobRun:
                     self.resources.callback(self.lock.release)
                 self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
                 self.resources.callback(self.log.close)
+                self.resources.enter_context(ThreadDiskErrors(self.log))
                 stopping.set_phase("start-up", self.log)
                 if self.is_main:
                     self._point_healthcheck()
@@ -104,29 +105,13 @@ class JobRun:
             self.log(f"storage error: {e}")
             code = ExitCode.STORAGE
         except OSError as e:
-            code = self._os_error(e)
+            code = disk_error(e, self.run_dir, self.store is not None, self.log)
         except Exception as e:  # noqa: BLE001 - a crash, unless memory ran out
-            code = self._crash(e)
+            code = crash_or_memory(e, self.job, self.log)
         finally:
             self._close(code)
             sys.stdout, sys.stderr = streams
         return code
-
-    def _crash(self, e: Exception) -> ExitCode:
-        """A crash keeps its traceback: it is a bug report. Memory running out is the
-        job's size on this machine: one line, what was asked and the settings that lower
-        it, exit 2."""
-        from runner.stopping import phase
-        from ten.memory import exhausted, lowering
-
-        what = exhausted(e)
-        if what is None:
-            self.log("crash:\n" + traceback.format_exc())
-            return ExitCode.CRASH
-        job = self.job
-        self.log(f"out of memory during {phase()}: {what}; " + lowering(
-            job.model_settings(), job.train.batch_size, job.data.seq_len))
-        return ExitCode.CONFIG
 
     def _data_error(self, e: Exception) -> ExitCode:
         from runner.stopping import raise_if_received
@@ -156,17 +141,6 @@ class JobRun:
         except stopping.Interrupted:
             self.log(f"stopped again: {last} may not be in the bucket yet")
         return ExitCode.PREEMPTED
-
-    def _os_error(self, e: OSError) -> ExitCode:
-        """A full, read-only or forbidden disk under the run directory is the machine's
-        state, not a bug: one line naming the path and the free space, exit 4."""
-        from ten.fileio import ENVIRONMENT_ERRNOS, describe_os_error
-
-        if e.errno not in ENVIRONMENT_ERRNOS:
-            self.log("crash:\n" + traceback.format_exc())
-            return ExitCode.CRASH
-        self.log(f"storage error: {describe_os_error(e)}")
-        return ExitCode.STORAGE
 
     def _point_healthcheck(self) -> None:
         """Tell the container's healthcheck (``ten-runner healthcheck``) where this run's

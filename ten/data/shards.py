@@ -163,9 +163,14 @@ class TokenStream:
 
     def _open(self) -> list[np.ndarray]:
         if self._maps is None:
-            self._maps = [np.memmap(self.dir / s["file"], dtype=self.dtype, mode="r",
-                                    offset=HEADER_BYTES, shape=(s["tokens"],))
-                          for s in self.shards]
+            try:
+                self._maps = [np.memmap(self.dir / s["file"], dtype=self.dtype, mode="r",
+                                        offset=HEADER_BYTES, shape=(s["tokens"],))
+                              for s in self.shards]
+            except FileNotFoundError as e:  # verified at the start: removed since
+                raise DataError(f"{e.filename} vanished during the run (was the data cache "
+                                "cleared?); run the job again: it prepares the data anew "
+                                "and resumes") from None
         return self._maps
 
     def read(self, start: int, length: int) -> np.ndarray:

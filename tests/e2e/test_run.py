@@ -131,6 +131,29 @@ def test_running_out_of_memory_is_one_line_naming_the_settings(tmp_path, corpus)
     assert "Traceback" not in proc.stderr
 
 
+def test_the_data_cache_deleted_mid_run_is_a_data_error(tmp_path, corpus):
+    """Someone clears the data cache while a run trains (issue 23, fault 9): it crashed
+    with a FileNotFoundError traceback at the final evaluation, exit 1. The run ends
+    with one line and exit 3, its committed steps kept, and the next run prepares the
+    data again and finishes."""
+    import shutil
+
+    own = tmp_path / "corpus"
+    own.mkdir()
+    shutil.copy(corpus / "docs.jsonl", own / "docs.jsonl")
+    job = write_job(tmp_path, own, steps=30, every=5)
+    run = tmp_path / "store" / "t"
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(run / "metrics.jsonl", proc, 3)
+    shutil.rmtree(own / "cache")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.DATA, err[-3000:]
+    assert "Traceback" not in err and "data error" in err
+    assert ckpt.committed_steps(run / "checkpoints")
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err[-3000:]
+
+
 def test_ctrl_c_to_the_whole_process_group_spares_loader_workers(tmp_path, corpus):
     """SIGINT reaches every process of the group (a terminal's Ctrl-C): the DataLoader
     workers must neither die from it nor swallow it."""

@@ -73,6 +73,26 @@ def test_round_trip_through_the_bucket_is_bit_exact(tmp_path, corpus, moto_endpo
     assert store.get_bytes(f"{name}/job.json") and store.get_bytes(f"{name}/metrics.jsonl")
 
 
+def test_the_working_copy_deleted_mid_run_is_a_storage_error(tmp_path, corpus,
+                                                            moto_endpoint):
+    """The run's local working copy (under the cache) removed while it trains (issue 23,
+    fault 9): a tensorboard FileNotFoundError traceback, exit 1. One line, exit 4; what
+    the bucket holds is untouched, and the next run resumes from it."""
+    name = f"wc-{uuid.uuid4().hex[:6]}"
+    job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, every=5)
+    proc = cli("run", job, "--no-sample")
+    wait_for_step(local / "metrics.jsonl", proc, 6)
+    shutil.rmtree(local)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.STORAGE, err[-3000:]
+    assert "Traceback" not in err and "storage error" in err
+    committed = latest_committed(store, name)
+    assert committed is not None and committed >= 5
+    code, _, err = run_to_end("run", job, "--no-sample")
+    assert code == 0, err[-3000:]
+    assert f"restored step {committed} from" in err
+
+
 def test_repeated_kill_9_new_machine_each_time(tmp_path, corpus, rclone_endpoint):
     """kill -9 at random moments (uploads run in the background all the time), the
     local disk deleted each time: every resume starts from a committed checkpoint and

@@ -1,0 +1,84 @@
+"""How a run that cannot go on says so: the conditions of the machine (memory, a disk
+full, read-only or pulled from under the run) in one line with the exit code the
+README documents, and only a real bug with its traceback, which is its report."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner.exit_codes import ExitCode
+
+Log = Callable[[str], None]
+
+
+def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
+    """A crash keeps its traceback. Memory running out is the job's size on this
+    machine: one line, what was asked and the settings that lower it, exit 2."""
+    from runner.stopping import phase
+    from ten.memory import exhausted, lowering
+
+    what = exhausted(e)
+    if what is None:
+        log("crash:\n" + traceback.format_exc())
+        return ExitCode.CRASH
+    log(f"out of memory during {phase()}: {what}; " + lowering(
+        job.model_settings(), job.train.batch_size, job.data.seq_len))
+    return ExitCode.CONFIG
+
+
+def disk_error(e: OSError, run_dir: Path, bucket: bool, log: Log) -> ExitCode:
+    """A full, read-only or forbidden disk under the run directory is the machine's
+    state, not a bug: one line naming the path and the free space, exit 4; so is the run
+    directory removed while the run writes to it."""
+    from ten.fileio import ENVIRONMENT_ERRNOS, describe_os_error
+
+    if vanished_from(e, run_dir):
+        kept = "the bucket keeps what was committed" if bucket else "run again"
+        log(f"storage error: {os.fsdecode(e.filename)} vanished: the run directory was "
+            f"removed while the run wrote to it; {kept}, and a new run resumes from it")
+        return ExitCode.STORAGE
+    if e.errno not in ENVIRONMENT_ERRNOS:
+        log("crash:\n" + traceback.format_exc())
+        return ExitCode.CRASH
+    log(f"storage error: {describe_os_error(e)}")
+    return ExitCode.STORAGE
+
+
+def vanished_from(e: BaseException, directory: Path) -> bool:
+    """``e`` is a file under ``directory`` not being there (removed mid-run)."""
+    if not isinstance(e, OSError) or e.errno != errno.ENOENT or not e.filename:
+        return False
+    path = os.path.abspath(os.fsdecode(e.filename))
+    return path.startswith(str(Path(directory).absolute()) + os.sep)
+
+
+class ThreadDiskErrors:
+    """While installed, a background thread (tensorboard's event writer) that dies of
+    the disk (full, read-only, its folder removed) says so in one line instead of a
+    traceback; any other exception in a thread keeps Python's report."""
+
+    def __init__(self, log: Log) -> None:
+        self.log, self.previous = log, threading.excepthook
+
+    def __enter__(self) -> ThreadDiskErrors:
+        threading.excepthook = self._hook
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.excepthook = self.previous
+
+    def _hook(self, args: Any) -> None:
+        from ten.fileio import ENVIRONMENT_ERRNOS
+
+        e = args.exc_value
+        if isinstance(e, OSError) and (e.errno in ENVIRONMENT_ERRNOS or e.errno == errno.ENOENT):
+            name = args.thread.name if args.thread is not None else "a thread"
+            self.log(f"warning: {name} stopped: {e}")
+            return
+        self.previous(args)
