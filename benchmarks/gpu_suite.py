@@ -2,11 +2,11 @@
 
 Whenever a GPU is at hand, run it first, commit its JSON under benchmarks/results/ and
 update BENCHMARKS.md from its table. On the lent machine (no network, no install, 10
-minutes a command) the recipe is three calls, each well inside its budget (BENCHMARKS.md
-"The device recipe"):
+minutes a command) the recipe is one call, or three parts on a slower card
+(BENCHMARKS.md "The device recipe"):
 
     bash benchmarks/device_bundle.sh                                 # here: what travels
-    bash benchmarks/device_run.sh --part 1     (2, 3)                # there, carry .devsite
+    bash benchmarks/device_run.sh              (or --part 1, 2, 3)   # there, carry .devsite
     python benchmarks/gpu_suite.py --merge RESULTS/*.json --out benchmarks/results
 
 Or on any CUDA machine with the project installed:
