@@ -23,6 +23,10 @@ def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
     from runner.stopping import phase
     from ten.memory import exhausted, lowering
 
+    peer = peer_lost(e)
+    if peer is not None:  # another rank died; the launcher names it and how
+        log(f"another rank went away ({peer}): stopping")
+        return ExitCode.CRASH
     what = exhausted(e)
     if what is None:
         log("crash:\n" + traceback.format_exc())
@@ -30,6 +34,18 @@ def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
     log(f"out of memory during {phase()}: {what}; " + lowering(
         job.model_settings(), job.train.batch_size, job.data.seq_len))
     return ExitCode.CONFIG
+
+
+def peer_lost(e: BaseException | None) -> str | None:
+    """The collective library's words when ``e`` (or what it arose from) is a peer rank
+    gone: a connection to it closed or reset; None otherwise."""
+    seen = 0
+    while e is not None and seen < 8:
+        text = str(e)
+        if "gloo" in text and ("closed by peer" in text or "reset by peer" in text):
+            return "gloo: connection " + ("closed" if "closed by peer" in text else "reset")
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def disk_error(e: OSError, run_dir: Path, bucket: bool, log: Log) -> ExitCode:

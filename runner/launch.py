@@ -51,6 +51,8 @@ from runner.ranks import EXIT_FILE, LAUNCH_DIR_ENV, die_with_parent, pid_file
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 NODE_ENV = ("TEN_NNODES", "TEN_NODE_RANK", "TEN_MASTER_ADDR", "TEN_MASTER_PORT")
 DEFAULT_MASTER_PORT = 29500
+KILLED_FILE = "killed"  # "<rank> <signal>": the first rank that died of a signal
+LAUNCH_PREFIX = "ten-runner-launch-"
 
 
 @dataclass(frozen=True)
@@ -131,13 +133,26 @@ def launch(job_file: str, sets: tuple[str, ...], job: Any, *, no_sample: bool = 
     backend = _backend(job.train.device, nproc)
     where = "one machine" if nodes is None else f"machine {nodes.rank} of {nodes.count}"
     _say(f"{nproc} ranks under torchrun ({backend}, {where})")
-    launch_dir = Path(tempfile.mkdtemp(prefix="ten-runner-launch-"))
+    _sweep_launch_dirs()
+    launch_dir = Path(tempfile.mkdtemp(prefix=f"{LAUNCH_PREFIX}{os.getpid()}-"))
     try:
         cmd = torchrun_command(job_file, sets, nproc, nodes, no_sample)
         env = {**os.environ, LAUNCH_DIR_ENV: str(launch_dir)}
         return supervise(cmd, env, launch_dir, nproc)
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def _sweep_launch_dirs() -> None:
+    """Remove the launch folders of launchers that were killed (kill -9 runs no cleanup):
+    ``<prefix><pid>-*`` whose pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{LAUNCH_PREFIX}*-*"):
+        try:
+            os.kill(int(folder.name[len(LAUNCH_PREFIX):].split("-")[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):  # not ours to judge: another user's
+            continue
 
 
 def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int) -> int:
@@ -152,6 +167,14 @@ def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int)
         for sig, handler in old.items():
             signal.signal(sig, handler)
     code = read_exit_code(launch_dir)
+    killed = read_killed(launch_dir)
+    # A rank killed first, then rank 0 crashing on the lost connection: the kill decides.
+    if killed is not None and not relay.signals and code in (None, ExitCode.CRASH):
+        rank, signum = killed
+        _say(f"rank {rank} was killed by {signum.name} (the kernel's OOM "
+             f"killer, or a kill): exiting {128 + signum}, as one process killed so would; "
+             "what was committed is kept")
+        return 128 + signum
     if code is None:
         code = ExitCode.PREEMPTED if relay.signals else ExitCode.CRASH
         why = "stopped by a signal before it could" if relay.signals else "it failed before it"
@@ -160,6 +183,15 @@ def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int)
     elif code != rc:
         _say(f"rank 0 exited {code} (torchrun, which knows only 0 and 1, exited {rc})")
     return int(code)
+
+
+def read_killed(launch_dir: Path) -> tuple[int, int] | None:
+    """(rank, signal) of the first rank that died of a signal, as torchrun saw it."""
+    try:
+        rank, signum = map(int, (launch_dir / KILLED_FILE).read_text().split())
+        return rank, signal.Signals(signum)
+    except (OSError, ValueError):  # none, or not a signal this system knows
+        return None
 
 
 def read_exit_code(launch_dir: Path) -> int | None:
@@ -229,6 +261,10 @@ def torchrun_main(argv: list[str]) -> int:
         codes = ", ".join(f"rank {rank} {failure.exitcode}"
                           for rank, failure in sorted(e.failures.items()))
         print(f"torchrun: ranks exited non-zero ({codes})", file=sys.stderr, flush=True)
+        rank, first = e.get_first_failure()
+        if first.exitcode < 0 and os.environ.get(LAUNCH_DIR_ENV):  # died of a signal
+            (Path(os.environ[LAUNCH_DIR_ENV]) / KILLED_FILE).write_text(
+                f"{rank} {-first.exitcode}")
         return 1
     except SignalException as e:
         print(f"torchrun: stopped by {e.sigval.name}", file=sys.stderr, flush=True)

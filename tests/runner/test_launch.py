@@ -5,6 +5,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -166,6 +167,33 @@ def test_kill_9_of_the_launcher_ends_every_rank_and_the_run_resumes_exactly(
     assert losses(run) == losses(refs[0])
     (s1, w1), (s2, w2) = final_weights(refs[0]), final_weights(run)
     assert s1 == s2 == STEPS and same_weights(w1, w2)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_is_one_line_and_the_single_process_code(tmp_path, corpus,
+                                                                          launch):
+    """The OOM killer (or an operator) kill -9s one rank (issue 23, fault 8): the launcher
+    exited 1 behind the surviving rank's gloo traceback, so a managed job charged it to
+    max_restarts, where a single process killed so is a free preemption. One line
+    naming the rank and the signal, exit 137 as for that process; no launch folder left."""
+    job = write_job(tmp_path, corpus, name="two", steps=STEPS, batch=4, gpus=2, every=3)
+    run = tmp_path / "store" / "two"
+    proc = launch("run", job, "--no-sample")
+    wait_for_step(run / "metrics.jsonl", proc, 4)
+    ones = {pid for pid in _processes_of(job, timeout=0)
+            if b"LOCAL_RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes()}
+    (rank_1,) = [pid for pid in ones if _parent(pid) not in ones]  # not its loader worker
+    os.kill(rank_1, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert "rank 1 was killed by SIGKILL" in err and "Traceback" not in err
+    assert not list(Path(tempfile.gettempdir()).glob(f"ten-runner-launch-{proc.pid}-*"))
+    assert ckpt.committed_steps(run / "checkpoints")  # what was committed stays
+
+
+def _parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
 
 
 def _processes_of(job: Path, timeout: float) -> list[int]:
