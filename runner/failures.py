@@ -18,8 +18,10 @@ Log = Callable[[str], None]
 
 
 def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
-    """A crash keeps its traceback. Memory running out is the job's size on this
-    machine: one line, what was asked and the settings that lower it, exit 2."""
+    """A crash keeps its traceback. Two conditions are no bug: another rank gone (one
+    line, exit 1: the launcher names the rank and what ended it), and memory running
+    out, the job's size on this machine (one line, what was asked and the settings that
+    lower it, exit 2)."""
     from runner.stopping import phase
     from ten.memory import exhausted, lowering
 

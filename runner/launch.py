@@ -185,7 +185,7 @@ def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int)
     return int(code)
 
 
-def read_killed(launch_dir: Path) -> tuple[int, int] | None:
+def read_killed(launch_dir: Path) -> tuple[int, signal.Signals] | None:
     """(rank, signal) of the first rank that died of a signal, as torchrun saw it."""
     try:
         rank, signum = map(int, (launch_dir / KILLED_FILE).read_text().split())
