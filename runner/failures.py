@@ -33,8 +33,11 @@ def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
     if what is None:
         log("crash:\n" + traceback.format_exc())
         return ExitCode.CRASH
-    log(f"out of memory during {phase()}: {what}; " + lowering(
-        job.model_settings(), job.train.batch_size, job.data.seq_len))
+    try:
+        knobs = lowering(job.model_settings(), job.train.batch_size, job.data.seq_len)
+    except Exception:  # noqa: BLE001 - memory may be short for this too
+        knobs = "lower train.batch_size or data.seq_len"
+    log(f"out of memory during {phase()}: {what}; {knobs}")
     return ExitCode.CONFIG
 
 
