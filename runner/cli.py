@@ -205,9 +205,8 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
     folder `export-model` wrote."""
     from runner.eval_text import evaluate
 
-    if not (Path(target) / "model.safetensors").is_file():  # a run, not an export
-        target, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
-    click.echo(evaluate(target, Path(data), seq_len, max_tokens, as_json, job=job_name,
+    where, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
+    click.echo(evaluate(where, Path(data), seq_len, max_tokens, as_json, job=job_name,
                         endpoint_url=endpoint_url, step=step))
 
 

@@ -39,10 +39,9 @@ from runner.storage.retention import retained_steps
 from ten import checkpoint as tc
 from ten.fileio import fsync_dir
 
-__all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "committed_steps", "download_checkpoint",
-           "latest_committed", "NoWholeCheckpoint", "prune_remote", "restore_latest",
-           "retained_steps",
-           "upload_checkpoint"]
+__all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "NoWholeCheckpoint", "committed_steps",
+           "download_checkpoint", "latest_committed", "prune_remote", "restore_latest",
+           "retained_steps", "upload_checkpoint"]
 
 MANIFEST = tc.MANIFEST
 FORMAT_VERSION = tc.FORMAT_VERSION
