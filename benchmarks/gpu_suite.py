@@ -584,13 +584,12 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets against this run's numbers (None where not measured)."""
     device = results.get("device") or ""
     flagship = results.get("flagship") or {}
-    b1 = flagship.get("batch_1") or {}
-    best = flagship.get("largest") or {}
+    b1 = flagship.get("batch_1") or {}  # the job as it runs (batch 1 x 8): what the target is about
     tvt = results.get("ten_vs_transformer") or {}
     scan = (results.get("scan") or {}).get("fixed") or {}
     mfu_goal = 0.35 if "L40S" in device else 0.40
     rows = {
-        "flagship_mfu": (mfu_goal, best.get("mfu"), ">="),
+        "flagship_mfu": (mfu_goal, b1.get("mfu"), ">="),
         "flagship_peak_mem_gb_batch_1": (12.0, b1.get("peak_mem_gb"), "<="),
         "ten_over_transformer_32768": (2.5, (tvt.get("32768") or {}).get("ratio"), ">="),
         "ten_over_transformer_2048": (0.9, (tvt.get("2048") or {}).get("ratio"), ">="),

@@ -136,7 +136,7 @@ def test_parts_cover_every_section_once():
 def test_merge_joins_the_parts_of_one_run(tmp_path):
     env = {"device": "NVIDIA H100 80GB HBM3", "smoke": False, "date": "2026-11-25",
            "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}
-    one = {**env, "flagship": {"largest": {"mfu": 0.41}}, "memory": {"error": "x"}}
+    one = {**env, "flagship": {"batch_1": {"mfu": 0.41}}, "memory": {"error": "x"}}
     two = {**env, "scan": {"fixed": {"fused_speedup_at_T": 6.0}}, "memory": {}}
     paths = []
     for i, part in enumerate((one, two), 1):
@@ -180,8 +180,9 @@ def test_pytest_outcome(code, stdout, error):
 
 
 def test_targets_from_a_gpu_run():
+    # the MFU target is the job's own batch (1 x 8), not the largest batch that fits
     run = {"device": "NVIDIA L40S",
-           "flagship": {"batch_1": {"peak_mem_gb": 9.5}, "largest": {"mfu": 0.36}},
+           "flagship": {"batch_1": {"peak_mem_gb": 9.5, "mfu": 0.36}, "largest": {"mfu": 0.5}},
            "ten_vs_transformer": {"2048": {"ratio": 0.8}, "32768": {"ratio": 3.1}},
            "scan": {"fixed": {"fused_speedup_at_T": 6.0}}}
     t = gpu_suite.check_targets(run)
