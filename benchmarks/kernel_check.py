@@ -95,20 +95,32 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
 
     acc = tl.float64 if "fp64" in (f, act) else tl.float32
     blk, sel, out = "ten.block_kernels", "ten.selective_kernels", []
-    out.append(("layer norm forward", f"{blk}:_ln_forward_kernel",
-                {"x_ptr": _p(f), "w_ptr": _p(f), "b_ptr": _p(f), "y_ptr": _p(act),
-                 "mean_ptr": _p(f), "rstd_ptr": _p(f), "d": "i32", "eps": "fp32"},
-                {"BD": D, "ACC": acc}, NUM_WARPS))
-    out.append(("layer norm backward", f"{blk}:_ln_backward_kernel",
-                {"dy_ptr": _p(act), "x_ptr": _p(f), "w_ptr": _p(f), "mean_ptr": _p(f),
-                 "rstd_ptr": _p(f), "dx_ptr": _p(f), "dw_ptr": _p(f), "db_ptr": _p(f),
-                 "n": "i32", "d": "i32"}, {"ROWS": 16, "BD": D, "ACC": acc}, NUM_WARPS))
+    for add in (False, True):  # LayerNorm alone; of a residual sum h = x + r it writes
+        name = "add layer norm" if add else "layer norm"
+        out.append((f"{name} forward", f"{blk}:_ln_forward_kernel",
+                    {"x_ptr": _p(f), "r_ptr": _p(act), "h_ptr": _p(f), "w_ptr": _p(f),
+                     "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f), "rstd_ptr": _p(f),
+                     "d": "i32", "eps": "fp32"}, {"BD": D, "ACC": acc, "ADD": add},
+                    NUM_WARPS))
+        out.append((f"{name} backward", f"{blk}:_ln_backward_kernel",
+                    {"dy_ptr": _p(act), "x_ptr": _p(f), "w_ptr": _p(f), "mean_ptr": _p(f),
+                     "rstd_ptr": _p(f), "dh_ptr": _p(f), "dx_ptr": _p(f), "dr_ptr": _p(act),
+                     "dw_ptr": _p(f), "db_ptr": _p(f), "n": "i32", "d": "i32"},
+                    {"ROWS": 16, "BD": D, "ACC": acc, "DH": add, "DR": add and act != f},
+                    NUM_WARPS))
     out.append(("swiglu forward", f"{blk}:_swiglu_forward_kernel",
                 {"ab_ptr": _p(act), "y_ptr": _p(act), "h": "i32"}, {"BH": 1024, "ACC": acc},
                 NUM_WARPS))
     out.append(("swiglu backward", f"{blk}:_swiglu_backward_kernel",
                 {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act), "h": "i32"},
                 {"BH": 1024, "ACC": acc}, NUM_WARPS))
+    for name, kernel, sig in (
+            ("sigmoid gate forward", "_gate_forward_kernel",
+             {"g_ptr": _p(act), "o_ptr": _p(act), "y_ptr": _p(act), "n": "i32"}),
+            ("sigmoid gate backward", "_gate_backward_kernel",
+             {"dy_ptr": _p(act), "g_ptr": _p(act), "o_ptr": _p(act), "dg_ptr": _p(act),
+              "do_ptr": _p(act), "n": "i32"})):
+        out.append((name, f"{blk}:{kernel}", sig, {"BLOCK": 1024, "ACC": acc}, NUM_WARPS))
     from ten import block_kernels as bk
 
     conv = {"W": 4, "BD": bk.CONV_BD, "ACC": acc}  # the presets' conv_width

@@ -1,5 +1,6 @@
 """Triton kernels for ``ten.block_fused``'s operators (registered there for CUDA): the
-LayerNorm, SwiGLU and the causal convolution, each forward and backward. Each launcher has
+LayerNorm (alone, or of a residual sum it writes), SwiGLU, the sigmoid gate and the causal
+convolution, each forward and backward. Each launcher has
 the signature of the operator's torch implementation. One program per row (LayerNorm; ROWS
 rows per program in backward, whose partial weight gradients torch then sums), per row and
 block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
@@ -17,32 +18,43 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["acc", "causal_conv", "causal_conv_backward", "compute_dtype", "layer_norm",
-           "layer_norm_backward", "swiglu", "swiglu_backward"]
+__all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "causal_conv",
+           "causal_conv_backward", "compute_dtype", "layer_norm", "layer_norm_backward",
+           "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward"]
 
 
 @triton.jit
-def _ln_forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, d, eps,
-                       BD: tl.constexpr, ACC: tl.constexpr):
+def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, d, eps,
+                       BD: tl.constexpr, ACC: tl.constexpr, ADD: tl.constexpr):
+    """One row: y = LN(x); with ADD, of h = x + r, which it writes too (the residual
+    stream and its norm in one pass)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
-    x = tl.load(x_ptr + r.to(tl.int64) * d + cols, mask=mask, other=0.0).to(ACC)
+    off = r.to(tl.int64) * d + cols
+    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(ACC)
+    if ADD:
+        h = (x + tl.load(r_ptr + off, mask=mask, other=0.0).to(ACC)).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + off, h, mask=mask)
+        x = h.to(ACC)  # the statistics of h as stored, as torch's norm of it
     mean = tl.sum(x, axis=0) / d
     xc = tl.where(mask, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / d + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
     b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(ACC)
     y = xc * rstd * w + b
-    tl.store(y_ptr + r.to(tl.int64) * d + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + r, mean)
     tl.store(rstd_ptr + r, rstd)
 
 
 @triton.jit
-def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
-                        n, d, ROWS: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
-    """ROWS rows per program; its partial d weight and d bias go to row ``pid``."""
+def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr, dr_ptr,
+                        dw_ptr, db_ptr, n, d, ROWS: tl.constexpr, BD: tl.constexpr,
+                        ACC: tl.constexpr, DH: tl.constexpr, DR: tl.constexpr):
+    """ROWS rows per program; its partial d weight and d bias go to row ``pid``. With DH,
+    the residual stream's own gradient dh is added to dx (the norm of a sum: both of the
+    sum's inputs get dx); with DR, dx is written a second time in dr's dtype."""
     p = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
@@ -62,7 +74,13 @@ def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr
             c1 = tl.sum(gw, axis=0) / d
             c2 = tl.sum(gw * xhat, axis=0) / d
             dx = rstd * (gw - c1 - xhat * c2)
+            if DH:
+                dx = dx.to(dx_ptr.dtype.element_ty).to(ACC)  # torch adds the rounded grads
+                dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(ACC)
             tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if DR:
+                tl.store(dr_ptr + off, dx.to(dx_ptr.dtype.element_ty).to(dr_ptr.dtype.element_ty),
+                         mask=mask)
             dw += g * xhat
             db += g
     tl.store(dw_ptr + p.to(tl.int64) * d + cols, dw, mask=mask)
@@ -96,6 +114,30 @@ def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: t
     db = g * a * s
     tl.store(dab_ptr + row * 2 * h + cols, da.to(dab_ptr.dtype.element_ty), mask=mask)
     tl.store(dab_ptr + row * 2 * h + h + cols, db.to(dab_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def _gate_forward_kernel(g_ptr, o_ptr, y_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    g = tl.load(g_ptr + i, mask=mask, other=0.0).to(ACC)
+    o = tl.load(o_ptr + i, mask=mask, other=0.0).to(ACC)
+    tl.store(y_ptr + i, (tl.sigmoid(g) * o).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gate_backward_kernel(dy_ptr, g_ptr, o_ptr, dg_ptr, do_ptr, n, BLOCK: tl.constexpr,
+                          ACC: tl.constexpr):
+    """d o = dy·σ(g); d g = dy·o·σ(g)(1 - σ(g)); in ACC from the stored inputs, one
+    rounding at the end (torch's bf16 kernels round σ(g) and dy·o on the way)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    dy = tl.load(dy_ptr + i, mask=mask, other=0.0).to(ACC)
+    g = tl.load(g_ptr + i, mask=mask, other=0.0).to(ACC)
+    o = tl.load(o_ptr + i, mask=mask, other=0.0).to(ACC)
+    s = tl.sigmoid(g)
+    tl.store(dg_ptr + i, (dy * o * (1.0 - s) * s).to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(do_ptr + i, (dy * s).to(do_ptr.dtype.element_ty), mask=mask)
+
 
 @triton.jit
 def _conv_forward_kernel(xp_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
@@ -193,31 +235,62 @@ def acc(*tensors: Tensor) -> tl.dtype:
     return tl.float64 if compute_dtype(*tensors) == torch.float64 else tl.float32
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
-               out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+def _ln_forward(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, eps: float,
+                out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(h = x + r, or x itself without r; LN(h) in out_dtype; mean; rstd)."""
     n, d = x.shape
+    h = x if r is None else x.new_empty((n, d), dtype=torch.promote_types(x.dtype, r.dtype))
     y = x.new_empty((n, d), dtype=out_dtype)
-    stats = torch.promote_types(x.dtype, torch.float32)  # as the operator's torch version
+    stats = torch.promote_types(h.dtype, torch.float32)  # as the operator's torch version
     mean, rstd = x.new_empty(n, dtype=stats), x.new_empty(n, dtype=stats)
     if n:
-        _ln_forward_kernel[(n,)](x, weight, bias, y, mean, rstd, d, eps,
-                                 BD=triton.next_power_of_2(d), ACC=acc(x, weight, bias),
-                                 num_warps=4)
-    return y, mean, rstd
+        _ln_forward_kernel[(n,)](x, x if r is None else r, h, weight, bias, y, mean, rstd, d,
+                                 eps, BD=triton.next_power_of_2(d), ACC=acc(h, weight, bias),
+                                 ADD=r is not None, num_warps=4)
+    return h, y, mean, rstd
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+               out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    return _ln_forward(x, None, weight, bias, eps, out_dtype)[1:]
+
+
+def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                   out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _ln_forward(x, r, weight, bias, eps, out_dtype)
+
+
+def _ln_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
+                 dh: Tensor | None, r_dtype: torch.dtype | None
+                 ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    """(dx (+ dh), dx again in r_dtype (None without r_dtype), d weight, d bias)."""
+    n, d = x.shape
+    programs = max(1, triton.cdiv(n, LN_ROWS))
+    dx = torch.empty_like(x)
+    dr = None if r_dtype is None else torch.empty_like(x, dtype=r_dtype)
+    dw = x.new_zeros((programs, d), dtype=compute_dtype(dy, x, weight))
+    db = torch.zeros_like(dw)
+    if n:
+        _ln_backward_kernel[(programs,)](dy, x, weight, mean, rstd, x if dh is None else dh,
+                                         dx, dx if dr is None else dr, dw, db, n, d,
+                                         ROWS=LN_ROWS, BD=triton.next_power_of_2(d),
+                                         ACC=acc(dy, x, weight), DH=dh is not None,
+                                         DR=dr is not None, num_warps=4)
+    return dx, dr, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype)
 
 
 def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
                         rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    n, d = x.shape
-    programs = max(1, triton.cdiv(n, LN_ROWS))
-    dx = torch.empty_like(x)
-    dw = x.new_zeros((programs, d), dtype=compute_dtype(dy, x, weight))
-    db = torch.zeros_like(dw)
-    if n:
-        _ln_backward_kernel[(programs,)](dy, x, weight, mean, rstd, dx, dw, db, n, d,
-                                         ROWS=LN_ROWS, BD=triton.next_power_of_2(d),
-                                         ACC=acc(dy, x, weight), num_warps=4)
-    return dx, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype)
+    dx, _, dw, db = _ln_backward(dy, x, weight, mean, rstd, None, None)
+    return dx, dw, db
+
+
+def add_layer_norm_backward(dh: Tensor | None, dy: Tensor, h: Tensor, weight: Tensor,
+                            mean: Tensor, rstd: Tensor, r_dtype: torch.dtype
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    same = r_dtype == h.dtype  # then dx serves both inputs: an empty dr, as the operator's
+    dx, dr, dw, db = _ln_backward(dy, h, weight, mean, rstd, dh, None if same else r_dtype)
+    return dx, h.new_empty(0) if dr is None else dr, dw, db
 
 
 def _swiglu_cut(ab: Tensor) -> tuple[int, int, int]:
@@ -242,6 +315,25 @@ def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
         _swiglu_backward_kernel[(rows, triton.cdiv(h, bh))](dy, ab, dab, h, BH=bh,
                                                             ACC=acc(dy, ab), num_warps=4)
     return dab
+
+
+GATE_BLOCK = 1024  # elements per gate program
+
+
+def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:
+    y = torch.empty_like(g, dtype=torch.promote_types(g.dtype, o.dtype))
+    if y.numel():
+        _gate_forward_kernel[(triton.cdiv(y.numel(), GATE_BLOCK),)](
+            g, o, y, y.numel(), BLOCK=GATE_BLOCK, ACC=acc(g, o), num_warps=4)
+    return y
+
+
+def sigmoid_gate_backward(dy: Tensor, g: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
+    dg, do = torch.empty_like(g), torch.empty_like(o)
+    if g.numel():
+        _gate_backward_kernel[(triton.cdiv(g.numel(), GATE_BLOCK),)](
+            dy, g, o, dg, do, g.numel(), BLOCK=GATE_BLOCK, ACC=acc(dy, g, o), num_warps=4)
+    return dg, do
 
 
 # A conv program's channels, and tokens: forward one tile, backward CONV_TILES tiles (its

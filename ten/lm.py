@@ -51,6 +51,11 @@ class Block(nn.Module):
 
     The mixer (TEN eigenstates, or attention) is the only part that looks across time,
     and the only part with state to carry between calls.
+
+    Each residual add happens in the norm after it (``LayerNorm.add``: the sum and its
+    norm in one pass), so a block takes and returns the stream with its last output not
+    yet added: ``(x, pending)``; the next block's first norm, or the model's final one,
+    adds it.
     """
 
     def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, mlp_kind: str,
@@ -61,10 +66,13 @@ class Block(nn.Module):
         self.norm2 = LayerNorm(d_model, eps=eps)
         self.mlp = MLP(d_model, mlp_hidden, mlp_kind)
 
-    def forward(self, x: Tensor, state: Any) -> tuple[Tensor, Any]:
-        y, state = self.mixer(self.norm1(x), state)
-        x = x + y
-        return x + self.mlp(self.norm2(x)), state
+    def forward(self, x: Tensor, pending: Tensor | None, state: Any
+                ) -> tuple[Tensor, Tensor, Any]:
+        """(x, pending) -> (x + pending + mixer's output, this block's MLP output, state)."""
+        x, xn = self.norm1.add(x, pending)
+        y, state = self.mixer(xn, state)
+        x, xn = self.norm2.add(x, y)
+        return x, self.mlp(xn), state
 
 
 class LanguageModel(nn.Module):
@@ -86,8 +94,8 @@ class LanguageModel(nn.Module):
     def hidden_states(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """ids (B, T) → the final-normed hidden states (B, T, d) the head reads, and the
         state: ``forward``'s logits are ``F.linear(h, output_weight)``."""
-        x, new_state = self.run_blocks(self.embed_tokens(ids, state), state)
-        return self.norm(x), new_state
+        x, pending, new_state = self.run_blocks(self.embed_tokens(ids, state), state)
+        return self.norm.add(x, pending)[1], new_state
 
     @property
     def output_weight(self) -> Tensor:
@@ -100,23 +108,24 @@ class LanguageModel(nn.Module):
         for block in self.blocks:
             block.compile()
 
-    def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, tuple[Any, ...]]:
-        """x (B, T, d) through ``self.blocks``, each with its own carried state; the first
-        :func:`recomputed_blocks` of them keep only their input for backward and run their
+    def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, Tensor | None, tuple[Any, ...]]:
+        """x (B, T, d) through ``self.blocks``, each with its own carried state: the stream
+        and the last block's output still to add to it (see :class:`Block`). The first
+        :func:`recomputed_blocks` blocks keep only their inputs for backward and run their
         forward again there (gradient checkpointing)."""
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
         training = self.training and torch.is_grad_enabled()
         recomputed = recomputed_blocks(self.config) if training else 0
-        new_state = []
+        new_state, pending = [], None
         for i, block in enumerate(self.blocks):
             s = None if state is None else state[i]
             if i < recomputed:
-                x, s = checkpoint(block, x, s, use_reentrant=False)
+                x, pending, s = checkpoint(block, x, pending, s, use_reentrant=False)
             else:
-                x, s = block(x, s)
+                x, pending, s = block(x, pending, s)
             new_state.append(s)
-        return x, tuple(new_state)
+        return x, pending, tuple(new_state)
 
     # --- optimizer support ----------------------------------------------------------------
 

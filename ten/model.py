@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ten.block_fused import LayerNorm, causal_conv
+from ten.block_fused import LayerNorm, causal_conv, sigmoid_gate
 from ten.config import FieldError
 from ten.lm import Block, LanguageModel, check_checkpoint_blocks
 from ten.mlp import MLP_KINDS, mlp_hidden_size
@@ -190,7 +190,7 @@ class EigenstateMixer(nn.Module):
                       backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
         cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
         c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)).reshape(B, T, 2 * K)
-        y = torch.sigmoid(self.gate(xn)) * self.out_proj(c)
+        y = sigmoid_gate(self.gate(xn), self.out_proj(c))
         return y, (eig if self.conv is None else (eig, tail))
 
 

@@ -1,4 +1,5 @@
-"""ten.block_fused: the LayerNorm, SwiGLU and causal convolution operators equal torch's,
+"""ten.block_fused: the LayerNorm (alone and of a residual sum), SwiGLU, sigmoid gate and
+causal convolution operators equal torch's,
 in values and gradients, and their Triton kernels (ten.block_kernels) equal the operators.
 
 Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-from ten.block_fused import LayerNorm, causal_conv, layer_norm, swiglu
+from ten.block_fused import LayerNorm, add_layer_norm, causal_conv, layer_norm, sigmoid_gate, swiglu
 
 interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
@@ -51,11 +52,68 @@ def test_under_autocast_the_norm_is_already_in_the_matmul_dtype():
     torch.testing.assert_close(y, F.layer_norm(x, (16,)).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("r_dtype", [torch.float64, torch.float32])
+def test_the_norm_of_a_residual_sum_is_the_sum_then_torchs_norm_with_gradients(r_dtype):
+    """h, LN(h) = ln.add(x, r) against x + r and nn.LayerNorm: both outputs and every
+    gradient, with gradients arriving on both (h feeds the next sum too); r narrower
+    than x (a bf16 sublayer output on an fp32 stream) gets its gradient in its dtype."""
+    torch_ln = nn.LayerNorm(24, dtype=torch.float64, device=DEVICE)
+    with torch.no_grad():
+        torch_ln.weight.normal_(), torch_ln.bias.normal_()
+    ours = LayerNorm(24, dtype=torch.float64, device=DEVICE)
+    ours.load_state_dict(torch_ln.state_dict())
+    x = rand(3, 5, 24, dtype=torch.float64).requires_grad_()
+    r = rand(3, 5, 24, seed=1).to(r_dtype).requires_grad_()
+    dh, dy = rand(3, 5, 24, dtype=torch.float64, seed=2), rand(3, 5, 24, dtype=torch.float64,
+                                                               seed=3)
+    want_h = x + r
+    want = (want_h, torch_ln(want_h))
+    got = ours.add(x, r)
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    inputs = (x, r, ours.weight, ours.bias)
+    ref = torch.autograd.grad(want, (x, r, torch_ln.weight, torch_ln.bias), (dh, dy))
+    for w, g in zip(ref, torch.autograd.grad(got, inputs, (dh, dy)), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    # the model's last sum feeds only the final norm: no gradient arrives on h
+    ref = torch.autograd.grad(torch_ln(x + r), (x, r), dy)
+    for w, g in zip(ref, torch.autograd.grad(ours.add(x, r)[1], (x, r), dy), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert ours.add(x, None)[0] is x  # nothing to add: the first block's norm
+
+
+def test_add_layer_norm_gradients_pass_gradcheck_in_fp64():
+    x, r = (rand(4, 6, dtype=torch.float64, seed=i).requires_grad_() for i in (0, 1))
+    w = rand(6, dtype=torch.float64, seed=2).requires_grad_()
+    b = rand(6, dtype=torch.float64, seed=3).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: add_layer_norm(*a, 1e-5), (x, r, w, b))
+
+
 def test_swiglu_equals_silu_times_the_gate_with_gradients():
     ab = rand(2, 3, 2 * 7, dtype=torch.float64).requires_grad_()
     a, b = ab.chunk(2, dim=-1)
     torch.testing.assert_close(swiglu(ab), F.silu(a) * b)
     assert torch.autograd.gradcheck(swiglu, (ab,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_gate_is_autograds_sigmoid_times_output_bit_for_bit(dtype):
+    """The torch implementation runs autograd's own formulas: on the CPU a model's
+    numerics do not change with the operator."""
+    g, o = (rand(3, 5, 16, seed=i).to(dtype).requires_grad_() for i in (0, 1))
+    dy = rand(3, 5, 16, seed=2).to(dtype)
+    want = torch.sigmoid(g) * o
+    got = sigmoid_gate(g, o)
+    assert torch.equal(got, want)
+    for w, h in zip(torch.autograd.grad(want, (g, o), dy),
+                    torch.autograd.grad(got, (g, o), dy), strict=True):
+        assert torch.equal(h, w)
+    g64, o64 = (rand(2, 7, dtype=torch.float64, seed=i).requires_grad_() for i in (3, 4))
+    assert torch.autograd.gradcheck(sigmoid_gate, (g64, o64))
+    with pytest.raises(ValueError, match="of one shape"):
+        sigmoid_gate(g, o[..., :1])
 
 
 def test_layer_norm_gradients_pass_gradcheck_in_fp64():
@@ -108,6 +166,34 @@ def test_layer_norm_kernels_equal_the_operator(kernels, n, d, out):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n, d", [(1, 8), (37, 24)])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_dh", [True, False])
+def test_add_layer_norm_kernels_equal_the_operator(kernels, n, d, act, with_dh):
+    """An fp32 stream x and a sublayer output r in ``act`` (bf16 under autocast): the
+    sum, its norm in ``act``, and backward with and without the stream's own gradient;
+    r's gradient in its dtype (bf16), or none written when it is the stream's (fp32)."""
+    x, r = rand(n, d), rand(n, d, seed=1).to(act)
+    w, b = rand(d, seed=2), rand(d, seed=3)
+    dh = rand(n, d, seed=4) if with_dh else None
+    dy = rand(n, d, seed=5).to(act)
+    ref = torch.ops.ten.add_layer_norm.default(*cpu(x, r, w, b), 1e-5, act)
+    got = kernels.add_layer_norm(x, r, w, b, 1e-5, act)
+    for want, have in zip(ref, got, strict=True):
+        assert have.dtype == want.dtype
+        tol = {} if have.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+        torch.testing.assert_close(have.cpu(), want, **tol)
+    ref_b = torch.ops.ten.add_layer_norm_backward.default(
+        None if dh is None else dh.cpu(), *cpu(dy, ref[0].to(DEVICE), w), ref[2], ref[3], act)
+    got_b = kernels.add_layer_norm_backward(dh, dy, ref[0].to(DEVICE), w,
+                                            *(t.to(DEVICE) for t in ref[2:]), act)
+    assert got_b[1].shape == ((0,) if act == torch.float32 else (n, d))
+    for want, have in zip(ref_b, got_b, strict=True):
+        assert have.dtype == want.dtype
+        tol = {} if have.dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(have.cpu(), want, **tol)
+
+
 # T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two
 @pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2),
                                         (1, 9, 8, 1), (1, 12, 8, 3)])
@@ -149,6 +235,22 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
                                torch.ops.ten.swiglu_backward.default(*cpu(dy, ab)))
 
 
+@pytest.mark.parametrize("n", [5, 3000])  # below one program's block; blocks and a ragged one
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_gate_kernels_equal_the_operator(kernels, n, dtype):
+    """In fp32 from the stored inputs, one rounding at the end: against the operator on
+    the inputs widened to fp32 (torch's bf16 kernels round σ(g) on the way)."""
+    g, o, dy = (rand(n, seed=i).to(dtype) for i in range(3))
+    wide = cpu(dy.float(), g.float(), o.float())
+    tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}
+    torch.testing.assert_close(kernels.sigmoid_gate(g, o).cpu(),
+                               torch.ops.ten.sigmoid_gate.default(*wide[1:]).to(dtype), **tol)
+    for want, have in zip(torch.ops.ten.sigmoid_gate_backward.default(*wide),
+                          kernels.sigmoid_gate_backward(dy, g, o), strict=True):
+        assert have.dtype == dtype
+        torch.testing.assert_close(have.cpu(), want.to(dtype), **tol)
+
+
 def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     """A float64 model and the gradient checks run the kernels in fp64 on a GPU: they
     must not round through fp32 (the first H200 run failed gradcheck on that, and the
@@ -164,11 +266,23 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     xp, cw, cb = (rand(*s, dtype=torch.float64, seed=i) for i, s in enumerate([(2, 40, 9),
                                                                                (9, 4), (9,)]))
     cdy = rand(2, 37, 9, dtype=torch.float64, seed=5)
-    want = (*ref, *ref_b, torch.ops.ten.swiglu.default(ab.cpu()),
+    r, dh = rand(37, 24, dtype=torch.float64, seed=6), rand(37, 24, dtype=torch.float64, seed=7)
+    add = torch.ops.ten.add_layer_norm.default(*cpu(x, r, w, b), 1e-5, torch.float64)
+    add_b = torch.ops.ten.add_layer_norm_backward.default(*cpu(dh, dy, add[0], w), add[2],
+                                                          add[3], torch.float64)
+    got_add = kernels.add_layer_norm(x, r, w, b, 1e-5, torch.float64)
+    got_add_b = kernels.add_layer_norm_backward(dh, dy, add[0].to(DEVICE), w,
+                                                *(t.to(DEVICE) for t in add[2:]), torch.float64)
+    gate = (x, r, dy)
+    want = (*ref, *ref_b, *add, *add_b, torch.ops.ten.sigmoid_gate.default(*cpu(x, r)),
+            *torch.ops.ten.sigmoid_gate_backward.default(*cpu(*gate)),
+            torch.ops.ten.swiglu.default(ab.cpu()),
             torch.ops.ten.swiglu_backward.default(*cpu(g, ab)),
             torch.ops.ten.causal_conv.default(*cpu(xp, cw, cb)),
             *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, xp, cw, cb)))
-    have = (*got, *got_b, kernels.swiglu(ab), kernels.swiglu_backward(g, ab),
+    have = (*got, *got_b, *got_add, *got_add_b, kernels.sigmoid_gate(x, r),
+            *kernels.sigmoid_gate_backward(*gate), kernels.swiglu(ab),
+            kernels.swiglu_backward(g, ab),
             kernels.causal_conv(xp, cw, cb), *kernels.causal_conv_backward(cdy, xp, cw, cb))
     for r, o in zip(want, have, strict=True):
         assert o.dtype == torch.float64

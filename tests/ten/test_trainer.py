@@ -406,15 +406,15 @@ def poison_steps(monkeypatch, steps):
 
     def build(cfg):
         model = real(cfg)
+        add = model.norm.add  # the final norm: the last residual sum and its norm
 
-        def hook(module, inputs, output):
-            if not module.training:
-                return None
+        def poisoned(x, r):
+            h, y = add(x, r)
+            if not model.training:
+                return h, y
             calls["n"] += 1
-            if calls["n"] in steps:
-                return output * math.nan
-            return None
-        model.norm.register_forward_hook(hook)
+            return h, (y * math.nan if calls["n"] in steps else y)
+        model.norm.add = poisoned
         return model
     monkeypatch.setattr(trainer_mod, "build_model", build)
 
