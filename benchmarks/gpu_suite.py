@@ -380,6 +380,24 @@ class Suite:
         return {"off": off, "on": on, "speedup": ratio, "job_compiles": self.train.compile,
                 "compile_s": on.get("warmup_s")}
 
+    def recompute(self) -> dict[str, Any]:
+        """The job's step (its batch and accumulation) with 0 to n_layers of its blocks
+        recomputed in backward: tokens/s, MFU and peak memory against ten.memory's
+        estimate, what choosing ``checkpoint_blocks`` trades."""
+        from ten.memory import estimate_training_memory
+        from ten.trainer import resolve_precision
+
+        amp = resolve_precision(self.train.precision, self.device)
+        rows = {}
+        for n in range(self.flagship_config().n_layers + 1):
+            cfg = self.flagship_config(grad_checkpointing=n > 0, checkpoint_blocks=n)
+            est = estimate_training_memory(cfg, self.train.batch_size, cfg.seq_len, amp,
+                                           self.train.optimizer)
+            rows[str(n)] = {"estimate_gb": est.total / GB,
+                            **measure_step(cfg, self.train, self.device, self.sizes)}
+        return {"job_checkpoint_blocks": self.flagship_config().checkpoint_blocks,
+                "by_blocks": rows}
+
     def selective(self) -> dict[str, Any]:
         """The presets' selective mode (with its convolution) at the flagship's T, on the
         fused scan and the chunked one at a small chunk, against the fixed mode on the fused
@@ -662,14 +680,15 @@ def environment(device: Any) -> dict[str, Any]:
 # --- running sections: one process each, a time limit, results written as they come ---------
 
 SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "compile",
-            "selective", "profile", "monitor", "gpu_tests")
+            "selective", "recompute", "profile", "monitor", "gpu_tests")
 # The recipe's three device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
          2: ("scan", "conv", "chunk", "profile", "gpu_tests"),
-         3: ("compile", "monitor")}
+         3: ("compile", "recompute", "monitor")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
-             "scan": 180, "conv": 60, "compile": 360, "selective": 240, "profile": 120,
+             "scan": 180, "conv": 60, "compile": 360, "selective": 240, "recompute": 240,
+             "profile": 120,
              "monitor": 420, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
@@ -811,6 +830,14 @@ def markdown(r: dict[str, Any]) -> str:
         for T, x in tvt.items():
             lines.append(f"| {T} | {x['batch']} | {f(x['ten'].get('tokens_per_s'), '.0f')} | "
                          f"{f(x['transformer'].get('tokens_per_s'), '.0f')} | {f(x['ratio'])} |")
+    rec = (r.get("recompute") or {}).get("by_blocks") or {}
+    if rec:
+        lines += ["", "| blocks recomputed | tokens/s | MFU | HFU | peak GB | estimate GB |",
+                  "|---|---|---|---|---|---|"]
+        for n, x in rec.items():
+            lines.append(f"| {n} | {f(x.get('tokens_per_s'), '.0f')} | {f(x.get('mfu'))} | "
+                         f"{f(x.get('hfu'))} | {f(x.get('peak_mem_gb'))} | "
+                         f"{f(x.get('estimate_gb'))} |")
     conv = r.get("conv") or {}
     if "speedup" in conv:
         lines += ["", f"Short convolution, forward + backward at T = {conv['T']}: "

@@ -65,6 +65,9 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert r["selective"]["fused"]["tokens_per_s"] > 0 and r["selective"]["fused"]["fits"] is None
     assert r["selective"]["fixed_fused"]["tokens_per_s"] > 0  # what selective costs
     assert r["memory"]["batch_1"]["estimate_gb"] > 0
+    rec = r["recompute"]["by_blocks"]  # 0 to n_layers blocks recomputed, each measured
+    assert list(rec) == [str(n) for n in range(fl["config"]["n_layers"] + 1)]
+    assert all(x["tokens_per_s"] > 0 and x["estimate_gb"] > 0 for x in rec.values())
     assert r["profile"]["share"]["gemm"] > 0
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
     mon = r["monitor"]
