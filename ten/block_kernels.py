@@ -375,4 +375,6 @@ def causal_conv_backward(dy: Tensor, xp: Tensor, weight: Tensor,
         _conv_backward_kernel[grid](dy, xp, weight.contiguous(), dxp, dw, db, rows - W + 1,
                                     d, W=W, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
                                     BD=CONV_BD, ACC=acc(dy, xp, weight), num_warps=4)
-    return dxp, dw.sum(0).t().to(weight.dtype), db.sum(0).to(bias.dtype)
+    # (d, W) with the strides of the operator's fake (torch.compile checks them)
+    dweight = weight.new_empty((d, W)).copy_(dw.sum(0).t())
+    return dxp, dweight, db.sum(0).to(bias.dtype)

@@ -141,6 +141,20 @@ def test_causal_conv_is_nn_conv1ds_depthwise_convolution_with_gradients(W):
 
 # --- the kernels against the operators ---------------------------------------------------------
 
+def assert_fake_layout(op: str, inputs, outputs) -> None:
+    """A kernel's outputs have the shapes and strides of the operator's fake for the same
+    inputs (what torch.compile plans with, and checks on every call)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fakes = getattr(torch.ops.ten, op).default(
+            *(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs))
+    fakes = fakes if isinstance(fakes, tuple) else (fakes,)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    for fake, out in zip(fakes, outputs, strict=True):
+        assert (tuple(out.shape), out.stride()) == (tuple(fake.shape), fake.stride()), op
+
+
 @pytest.fixture(scope="module")
 def kernels():
     if not HAVE_TRITON:
@@ -164,6 +178,8 @@ def test_layer_norm_kernels_equal_the_operator(kernels, n, d, out):
     got_b = kernels.layer_norm_backward(dy, x, w, *(t.to(DEVICE) for t in ref[1:]))
     for r, g in zip(ref_b, got_b, strict=True):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
+    assert_fake_layout("layer_norm", (x, w, b, 1e-5, out), got)
+    assert_fake_layout("layer_norm_backward", (dy, x, w, *got[1:]), got_b)
 
 
 @pytest.mark.parametrize("n, d", [(1, 8), (37, 24)])
@@ -188,6 +204,8 @@ def test_add_layer_norm_kernels_equal_the_operator(kernels, n, d, act, with_dh):
     got_b = kernels.add_layer_norm_backward(dh, dy, ref[0].to(DEVICE), w,
                                             *(t.to(DEVICE) for t in ref[2:]), act)
     assert got_b[1].shape == ((0,) if act == torch.float32 else (n, d))
+    assert_fake_layout("add_layer_norm", (x, r, w, b, 1e-5, act), got)
+    assert_fake_layout("add_layer_norm_backward", (dh, dy, got[0], w, *got[2:], act), got_b)
     for want, have in zip(ref_b, got_b, strict=True):
         assert have.dtype == want.dtype
         tol = {} if have.dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
@@ -208,11 +226,15 @@ def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype):
     ref = torch.ops.ten.causal_conv.default(*wide).to(dtype)
     got = kernels.causal_conv(xp, w, b)
     assert got.dtype == dtype
+    assert_fake_layout("causal_conv", (xp, w, b), got)
     tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
     torch.testing.assert_close(got.cpu(), ref, **tol)
     dxp, dw, db = torch.ops.ten.causal_conv_backward.default(dy.cpu().float(), *wide)
     got_dxp, got_dw, got_db = kernels.causal_conv_backward(dy, xp, w, b)
     assert (got_dxp.dtype, got_dw.dtype, got_db.dtype) == (dtype, w.dtype, b.dtype)
+    # the strides the operator's fake promises: torch.compile asserts them (the H100 run
+    # of train.compile stopped on a transposed d weight)
+    assert_fake_layout("causal_conv_backward", (dy, xp, w, b), (got_dxp, got_dw, got_db))
     torch.testing.assert_close(got_dxp.cpu(), dxp.to(dtype), **tol)
     for r, g in ((dw, got_dw), (db, got_db)):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
@@ -233,6 +255,8 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
     torch.testing.assert_close(kernels.swiglu(ab).cpu(), torch.ops.ten.swiglu.default(ab.cpu()))
     torch.testing.assert_close(kernels.swiglu_backward(dy, ab).cpu(),
                                torch.ops.ten.swiglu_backward.default(*cpu(dy, ab)))
+    assert_fake_layout("swiglu", (ab,), kernels.swiglu(ab))
+    assert_fake_layout("swiglu_backward", (dy, ab), kernels.swiglu_backward(dy, ab))
 
 
 @pytest.mark.parametrize("n", [5, 3000])  # below one program's block; blocks and a ragged one
@@ -249,6 +273,8 @@ def test_sigmoid_gate_kernels_equal_the_operator(kernels, n, dtype):
                           kernels.sigmoid_gate_backward(dy, g, o), strict=True):
         assert have.dtype == dtype
         torch.testing.assert_close(have.cpu(), want.to(dtype), **tol)
+    assert_fake_layout("sigmoid_gate", (g, o), kernels.sigmoid_gate(g, o))
+    assert_fake_layout("sigmoid_gate_backward", (dy, g, o), kernels.sigmoid_gate_backward(dy, g, o))
 
 
 def test_in_fp64_the_kernels_compute_in_fp64(kernels):
