@@ -37,6 +37,7 @@ class RunLock:
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:
         path = Path(run_dir) / LOCK_NAME
+        check_run_dir(Path(run_dir))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -64,6 +65,18 @@ class RunLock:
         if self._fd >= 0:
             os.close(self._fd)  # closing drops the record lock
             self._fd = -1
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A run directory that is there must be a folder: a link to nothing, or to a file or
+    a device (``/dev/null``), is one line naming what it is (mkdir said "File exists")."""
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise StorageError(f"run directory {run_dir} is a link to {os.readlink(run_dir)}, "
+                           "which does not exist: remove the link or create its folder")
+    if run_dir.exists() and not run_dir.is_dir():
+        what = "a link to " + str(run_dir.resolve()) if run_dir.is_symlink() else "a file"
+        raise StorageError(f"run directory {run_dir} is {what}, not a folder: remove it or "
+                           "choose another storage.url or job name")
 
 
 def _read(fd: int) -> str:

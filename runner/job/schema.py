@@ -8,6 +8,7 @@ dataset name live in :mod:`runner.job.checks`; this module never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -164,6 +165,28 @@ class CheckpointSection(Section):
         "multiple of this")
 
 
+# Never a place for runs: the root, the kernel's and devices' pseudo file systems and what
+# lies under them, the system's configuration and boot files, and the program folders.
+_SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot")
+_SYSTEM_FOLDERS = ("/", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/var")
+
+
+def system_directory(path: str) -> str | None:
+    """What ``path`` is when it is a system directory (``"the file system's root"``,
+    ``"under /proc"``, ``"/usr"``), else None; from the text alone, so a job validated on
+    one machine is judged as on another."""
+    if not path.startswith("/"):
+        return None
+    norm = os.path.normpath(path)
+    norm = "/" + norm.lstrip("/")  # POSIX keeps a leading "//"
+    if norm == "/":
+        return "the file system's root"
+    for tree in _SYSTEM_TREES:
+        if norm == tree or norm.startswith(tree + "/"):
+            return f"under {tree}" if norm != tree else tree
+    return norm if norm in _SYSTEM_FOLDERS else None
+
+
 class StorageSection(Section):
     url: Str = Field("./runs", description="where runs and checkpoints go: a local path, "
                      "file:///abs/path or s3://bucket/prefix")
@@ -192,6 +215,10 @@ class StorageSection(Section):
         elif scheme not in ("", "file"):
             raise job_error(f"unsupported scheme {scheme + '://'!r}",
                             hint="use a local path, file:// or s3://", show_value=False)
+        elif system := system_directory(url.split("://", 1)[-1]):
+            raise job_error(f"is {system}: runs would be written among the system's files",
+                            hint="use a folder of their own, e.g. ./runs or /data/runs",
+                            show_value=False)
         return url
 
     @field_validator("endpoint_url")

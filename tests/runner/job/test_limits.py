@@ -131,3 +131,23 @@ def test_a_5000_digit_integer_in_a_file_is_one_line_with_its_place(tmp_path):
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == ExitCode.CONFIG and "Traceback" not in result.output
     assert f"{path}:" in result.output and "a number of 5000 characters" in result.output
+
+
+# issue 23, fault 15: validate accepted these, and a run wrote (or failed to write) there
+SYSTEM_DIRECTORIES = {"/": "the file system's root", "/etc": "/etc", "/proc/self": "under /proc",
+                      "/dev/null": "under /dev", "file:///sys/kernel": "under /sys",
+                      "//usr/": "/usr", "/boot/../etc/runs": "under /etc"}
+
+
+@pytest.mark.parametrize("url", SYSTEM_DIRECTORIES)
+def test_a_system_directory_as_the_store_is_refused_by_validate(url):
+    with pytest.raises(JobError) as err:
+        parse_job(MINIMAL, sets=[f"storage.url={url}"], check_model=False)
+    (line,) = err.value.errors
+    assert f"storage.url: is {SYSTEM_DIRECTORIES[url]}: runs would be written among" in line
+
+
+@pytest.mark.parametrize("url", ["./runs", "/data/runs", "/usr/local/runs", "/var/runs",
+                                 "file:///mnt/runs", "runs/etc"])
+def test_a_folder_of_its_own_is_accepted_as_the_store(url):
+    assert parse_job(MINIMAL, sets=[f"storage.url={url}"], check_model=False).storage.url == url
