@@ -201,15 +201,21 @@ def _without_lone_surrogates(text: Any) -> Any:
 
 
 def _parquet_texts(path: Path, field: str) -> Iterator[Any]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    columns = pf.schema_arrow.names
-    if field not in columns:
-        raise DataError(f"{path}: no text field {field!r} (available: {columns}); "
-                        "set data.text_field")
-    for batch in pf.iter_batches(columns=[field], batch_size=1024):
-        yield from batch.column(0).to_pylist()
+    try:
+        pf = pq.ParquetFile(path)
+        columns = pf.schema_arrow.names
+        if field not in columns:
+            raise DataError(f"{path}: no text field {field!r} (available: {columns}); "
+                            "set data.text_field")
+        for batch in pf.iter_batches(columns=[field], batch_size=1024):
+            yield from batch.column(0).to_pylist()
+    except (pa.ArrowException, OSError) as e:  # a damaged footer, page or row group
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise DataError(f"{path}: not a readable parquet file ({why}); replace it or "
+                        "leave it out of data.dataset") from None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,21 @@ def test_missing_text_field_names_field_and_columns(tmp_path, write_jsonl):
         _texts(open_source(str(tmp_path / "x.parquet"), None, tmp_path))
 
 
+@pytest.mark.parametrize("damage", ["not parquet", "magic bytes, garbage inside",
+                                    "cut in half"])
+def test_a_parquet_file_that_does_not_read_is_a_data_error_naming_it(tmp_path, damage):
+    """Issue 23, fault 13: pyarrow's ArrowInvalid reached the runner as a crash (exit 1
+    and a traceback); it is the data's fault (exit 3, one line naming the file)."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": [f"document {i}" for i in range(2000)]}), path)
+    good = path.read_bytes()
+    path.write_bytes({"not parquet": b"\x00" * 3000,
+                      "magic bytes, garbage inside": b"PAR1" + bytes(range(256)) * 16 + b"PAR1",
+                      "cut in half": good[: len(good) // 2]}[damage])
+    with pytest.raises(DataError, match=rf"{path}: not a readable parquet file \(.+\)"):
+        _texts(open_source(str(path), None, tmp_path))
+
+
 def test_non_utf8_bytes_are_replaced_not_fatal(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok \xff\xfe bytes"}\n{"text": "clean"}\n')
