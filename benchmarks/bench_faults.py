@@ -52,10 +52,10 @@ damage, from the newest), name the problem in one line, and never run the pickle
 trial whose signal could not be sent (the run ended first) misses the goal too.
 
 Progress goes to stderr; the tables to stdout; the exit status is 1 when any trial
-misses the goal. The faults of the third round (a flaky bucket behind a proxy, hang-ups,
+misses the goal. Everything lives in a temporary directory, removed at the end unless
+``--keep``. The faults of the third round (a flaky bucket behind a proxy, hang-ups,
 closed consoles, rank kills, resources, hostile values, secrets) are measured by
-``bench_fault_groups.py``, in groups. Everything lives in a temporary directory, removed at the end unless
-``--keep``.
+``bench_fault_groups.py``, in groups.
 """
 
 from __future__ import annotations

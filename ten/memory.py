@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,15 +108,16 @@ def estimate_training_memory(model_config: Any, batch_size: int, seq_len: int,
 
 
 def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
-                model_config: Any) -> str | None:
-    """None when the estimate (plus ``RESERVE_BYTES``) fits ``device_bytes``; else one line
-    with the estimate, the device and the settings that lower it."""
-    need = estimate.total + RESERVE_BYTES
-    if need <= device_bytes:
+                model_config: Any, reserve: int = RESERVE_BYTES) -> str | None:
+    """None when the estimate (plus ``reserve``: the CUDA context's on a GPU) fits
+    ``device_bytes``; else one line with the estimate, the device and the settings that
+    lower it."""
+    if estimate.total + reserve <= device_bytes:
         return None
+    context = f" plus {_size(reserve)} for the CUDA context" if reserve else ""
     return (f"the job does not fit the {_size(device_bytes)} {device_name}: training needs "
-            f"an estimated {estimate.describe()} plus {_size(RESERVE_BYTES)} for the CUDA "
-            f"context; " + lowering(model_config, estimate.batch_size, estimate.seq_len))
+            f"an estimated {estimate.describe()}{context}; "
+            + lowering(model_config, estimate.batch_size, estimate.seq_len))
 
 
 def lowering(model_config: Any, batch_size: int, seq_len: int) -> str:
@@ -151,28 +153,68 @@ def exhausted(e: BaseException) -> str | None:
 
 
 def device_capacity(device: torch.device) -> tuple[str, int] | None:
-    """(name, total bytes) of a CUDA device; None elsewhere (nothing to check against)."""
+    """(name, total bytes) of a CUDA device; None elsewhere."""
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)
     return props.name, props.total_memory
 
 
+def host_available() -> int | None:
+    """Bytes this process can still allocate on a Linux host: the kernel's MemAvailable,
+    or less when a container's cgroup (v2 ``memory.max``) leaves less; None elsewhere."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        available = next(int(ln.split()[1]) * 1024 for ln in meminfo
+                         if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(available, 0)
+
+
+def rough_training_bytes(model_config: Any, batch_size: int, seq_len: int) -> int:
+    """A quick, generous guess at a job's training memory, without tracing it: 16 bytes a
+    parameter (weights, gradients, AdamW's moments; 12·d² a layer and the embedding) and
+    64 bytes per activation element of the residual stream in every layer. It only
+    decides whether the CPU check is worth the seconds the estimate takes."""
+    d, layers = model_config.d_model, model_config.n_layers
+    params = model_config.vocab_size * d + layers * 12 * d * d
+    return 16 * params + 64 * batch_size * seq_len * d * layers
+
+
 def check_fits(model_config: Any, batch_size: int, seq_len: int,
                amp_dtype: torch.dtype | None, optimizer: str,
                device: torch.device) -> str | None:
     """Before training: raise :class:`DeviceMemoryError` when a TEN job's estimate exceeds
-    the device; else the line to log (None where nothing is checked: CPU, or not TEN)."""
+    the GPU, or on a CPU the memory the machine has available; else the line to log, or
+    None where nothing was checked (no capacity known; the transformer on a CPU; a CPU job
+    whose rough size is under a quarter of what is available: the estimate takes seconds)."""
     from ten.model import TENConfig
 
-    capacity = device_capacity(device)
-    if capacity is None:
-        return None
-    name, total = capacity
-    if not isinstance(model_config, TENConfig):
-        return "memory: not estimated for the transformer baseline"
+    is_ten = isinstance(model_config, TENConfig)
+    if device.type == "cpu":
+        available = host_available()
+        if not is_ten or available is None or \
+                rough_training_bytes(model_config, batch_size, seq_len) < available / 4:
+            return None
+        name, total, reserve = "of memory available on this machine", available, 0
+    else:
+        capacity = device_capacity(device)
+        if capacity is None:
+            return None
+        if not is_ten:
+            return "memory: not estimated for the transformer baseline"
+        (name, total), reserve = capacity, RESERVE_BYTES
     estimate = estimate_training_memory(model_config, batch_size, seq_len, amp_dtype, optimizer)
-    problem = fit_problem(estimate, total, name, model_config)
+    problem = fit_problem(estimate, total, name, model_config, reserve)
     if problem:
         raise DeviceMemoryError(problem)
     return f"memory: an estimated {estimate.describe()} of the {_size(total)} {name}"

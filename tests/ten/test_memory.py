@@ -102,10 +102,9 @@ def test_a_job_that_does_not_fit_is_refused_with_the_knobs():
 
 
 def test_check_fits_on_a_device_too_small(monkeypatch):
-    """What the trainer calls before placing any weight: on CPU nothing is checked; on a
-    GPU the estimate is logged, or the job refused (DeviceMemoryError, exit 2)."""
+    """What the trainer calls before placing any weight: on a GPU the estimate is logged,
+    or the job refused (DeviceMemoryError, exit 2)."""
     cuda = torch.device("cuda", 0)
-    assert check_fits(SMALL, 4, 4096, None, "adamw", torch.device("cpu")) is None
     monkeypatch.setattr(memory, "device_capacity", lambda d: ("Tiny GPU", 256 * 2**20))
     with pytest.raises(DeviceMemoryError, match=r"does not fit the 256 MiB Tiny GPU.*"
                                                 r"lower train.batch_size"):
@@ -115,6 +114,33 @@ def test_check_fits_on_a_device_too_small(monkeypatch):
     assert note.startswith("memory: an estimated ") and note.endswith("of the 80.0 GiB Big GPU")
     assert check_fits(TransformerConfig(), 4, 256, None, "adamw", cuda) == \
         "memory: not estimated for the transformer baseline"
+
+
+def test_on_a_cpu_a_job_larger_than_the_available_memory_is_refused_before_training(
+        monkeypatch):
+    """Issue 23, fault 10: on a CPU the job ran until the allocator failed. Before any
+    weight is placed, a job near or above the machine's available memory is estimated
+    and refused in one line (exit 2); one far below it costs no estimate."""
+    cpu = torch.device("cpu")
+    assert memory.host_available() > 0  # this Linux machine's MemAvailable (or cgroup's)
+    monkeypatch.setattr(memory, "host_available", lambda: 256 * 2**20)
+    with pytest.raises(DeviceMemoryError) as err:
+        check_fits(SMALL, 4, 4096, None, "adamw", cpu)
+    line = str(err.value)
+    assert line.startswith("the job does not fit the 256 MiB of memory available on this "
+                           "machine: training needs an estimated ")
+    assert "lower train.batch_size" in line and "CUDA" not in line and "\n" not in line
+    monkeypatch.setattr(memory, "host_available", lambda: GiB)  # estimated (~0.4 GiB): fits
+    assert check_fits(SMALL, 4, 4096, None, "adamw", cpu).endswith(
+        "of the 1.0 GiB of memory available on this machine")
+
+    def never(*args):
+        raise AssertionError("estimated a job far below the available memory")
+
+    monkeypatch.setattr(memory, "estimate_training_memory", never)
+    monkeypatch.setattr(memory, "host_available", lambda: 64 * GiB)
+    assert check_fits(SMALL, 4, 4096, None, "adamw", cpu) is None
+    assert check_fits(TransformerConfig(), 4, 256, None, "adamw", cpu) is None
 
 
 @pytest.mark.gpu
