@@ -81,7 +81,12 @@ def test_the_working_copy_deleted_mid_run_is_a_storage_error(tmp_path, corpus,
     name = f"wc-{uuid.uuid4().hex[:6]}"
     job, store, local = bucket_job(tmp_path, corpus, moto_endpoint, name, every=5)
     proc = cli("run", job, "--no-sample")
-    wait_for_step(local / "metrics.jsonl", proc, 6)
+    # once step 5 is in the bucket (deleted while its upload runs, it would be lost with
+    # the working copy: the suite saw that race once)
+    deadline = time.time() + 120
+    while (latest_committed(store, name) or 0) < 5:
+        assert proc.poll() is None and time.time() < deadline, "step 5 never reached the bucket"
+        time.sleep(0.05)
     shutil.rmtree(local)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == ExitCode.STORAGE, err[-3000:]
