@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import random
+import re
 import resource
 import shlex
 import shutil
@@ -238,8 +239,6 @@ def tracebacks(*texts: str) -> int:
 
 
 def resumed_from(text: str) -> int:
-    import re
-
     m = re.search(r"resumed from \S+ \(step (\d+)", text)
     return int(m.group(1)) if m else 0
 
