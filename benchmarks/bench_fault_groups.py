@@ -50,10 +50,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-sys.path.insert(0, str(REPO / "tests" / "support"))  # the proxy the tests use
+sys.path.insert(0, str(REPO / "tests" / "support"))  # the proxy and /proc helpers the tests use
+import runhelpers  # noqa: E402
 from bench_recovery import machine  # noqa: E402
 from bench_storage import BUCKET, Rclone, isolate_aws_env, plain_client, say  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
+from runhelpers import losses, rank_process  # noqa: E402
 
 from runner.exit_codes import ExitCode  # noqa: E402
 
@@ -183,31 +185,11 @@ def run(*args: object, env: dict[str, str] | None = None, timeout: float = 600,
 
 
 def steps_logged(run_dir: Path) -> list[int]:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("kind") == "train":
-            out.append(rec["step"])
-    return out
+    return sorted(losses(run_dir))
 
 
-def wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done = steps_logged(run_dir)
-        if done and done[-1] >= step:
-            return done[-1]
-        if proc.poll() is not None:
-            raise RuntimeError(f"the run ended (exit {proc.returncode}) before step {step}")
-        time.sleep(0.005)
-    raise RuntimeError(f"step {step} never came")
+def wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int) -> int:
+    return runhelpers.wait_for_step(run_dir / "metrics.jsonl", proc, step, timeout=300)
 
 
 def committed(run_dir: Path) -> list[int]:
@@ -393,27 +375,6 @@ def ranks_group(b: Bench, trials: int) -> list[Trial]:
                   held="rank 1 was killed by SIGKILL" in text and not left
                   and bool(committed(run_dir)), lost=0, tracebacks=tracebacks(text),
                   note="one line naming the rank, launch folder swept, commits kept")]
-
-
-def rank_process(job: Path, rank: int, timeout: float = 60) -> int:
-    """The pid of the training process of ``rank`` (not its loader workers)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {}
-        for entry in Path("/proc").iterdir():
-            try:
-                if str(job).encode() in (entry / "cmdline").read_bytes() and \
-                        f"LOCAL_RANK={rank}\0".encode() in (entry / "environ").read_bytes():
-                    status = (entry / "status").read_text()
-                    found[int(entry.name)] = int(next(
-                        ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
-            except (OSError, ValueError):
-                continue
-        roots = [pid for pid, parent in found.items() if parent not in found]
-        if len(roots) == 1:
-            return roots[0]
-        time.sleep(0.1)
-    raise RuntimeError(f"rank {rank}'s process not found")
 
 
 def resources_group(b: Bench, trials: int) -> list[Trial]:

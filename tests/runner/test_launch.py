@@ -6,7 +6,6 @@ import random
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,8 @@ from runhelpers import (
     Launched,
     final_weights,
     losses,
+    processes_of,
+    rank_process,
     run_to_end,
     same_weights,
     wait_for_step,
@@ -158,7 +159,7 @@ def test_kill_9_of_the_launcher_ends_every_rank_and_the_run_resumes_exactly(
     wait_for_step(run / "metrics.jsonl", proc, random.Random().randint(4, 15))
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: torchrun has its own session
     proc.communicate()
-    assert _processes_of(job, timeout=10) == []  # torchrun and both ranks followed it
+    assert processes_of(job, timeout=10) == []  # torchrun and both ranks followed it
     assert ckpt.committed_steps(run / "checkpoints")[-1] < STEPS  # killed mid-run
 
     code, _, err = run_to_end("run", job, "--no-sample")
@@ -180,37 +181,9 @@ def test_a_rank_killed_by_sigkill_is_one_line_and_the_single_process_code(tmp_pa
     run = tmp_path / "store" / "two"
     proc = launch("run", job, "--no-sample")
     wait_for_step(run / "metrics.jsonl", proc, 4)
-    ones = {pid for pid in _processes_of(job, timeout=0)
-            if b"LOCAL_RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes()}
-    (rank_1,) = [pid for pid in ones if _parent(pid) not in ones]  # not its loader worker
-    os.kill(rank_1, signal.SIGKILL)
+    os.kill(rank_process(job, 1), signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
     assert "rank 1 was killed by SIGKILL" in err and "Traceback" not in err
     assert not list(Path(tempfile.gettempdir()).glob(f"ten-runner-launch-{proc.pid}-*"))
     assert ckpt.committed_steps(run / "checkpoints")  # what was committed stays
-
-
-def _parent(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
-
-
-def _processes_of(job: Path, timeout: float) -> list[int]:
-    """Pids of live processes whose command line names the job file (Linux /proc)."""
-    deadline = time.time() + timeout
-    while True:
-        alive = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if str(job).encode() in cmdline and state != "Z":
-                alive.append(int(entry.name))
-        if not alive or time.time() > deadline:
-            return alive
-        time.sleep(0.1)

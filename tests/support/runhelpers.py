@@ -126,6 +126,43 @@ def same_weights(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def processes_of(job: Path, timeout: float = 0.0) -> list[int]:
+    """Pids of live processes whose command line names the job file (Linux /proc); with
+    a timeout, waits that long for them to be gone."""
+    deadline = time.time() + timeout
+    while True:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if str(job).encode() in cmdline and state != "Z":
+                alive.append(int(entry.name))
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def rank_process(job: Path, rank: int) -> int:
+    """The pid of the training process of ``rank`` in a launch of ``job`` (not its loader
+    workers, which share its environment)."""
+    ranks = {}
+    for pid in processes_of(job):
+        try:
+            if f"LOCAL_RANK={rank}\0".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                status = Path(f"/proc/{pid}/status").read_text()
+                ranks[pid] = int(next(ln.split()[1] for ln in status.splitlines()
+                                      if ln.startswith("PPid:")))
+        except OSError:  # gone meanwhile
+            continue
+    (pid,) = [pid for pid, parent in ranks.items() if parent not in ranks]
+    return pid
+
+
 class FakeIMDS:
     """The AWS instance metadata service (IMDSv2), with a switch for the spot notice."""
 
