@@ -184,7 +184,9 @@ def rough_training_bytes(model_config: Any, batch_size: int, seq_len: int) -> in
     """A quick, generous guess at a job's training memory, without tracing it: 16 bytes a
     parameter (weights, gradients, AdamW's moments; 12·d² a layer and the embedding) and
     64 bytes per activation element of the residual stream in every layer. It only
-    decides whether the CPU check is worth the seconds the estimate takes."""
+    decides whether the CPU check is worth the seconds the estimate takes. (Not
+    ``ten.presets.count_params``: building even a meta-device model costs ~2 s the first
+    time in a process, what this guess exists to spare small runs.)"""
     d, layers = model_config.d_model, model_config.n_layers
     params = model_config.vocab_size * d + layers * 12 * d * d
     return 16 * params + 64 * batch_size * seq_len * d * layers
