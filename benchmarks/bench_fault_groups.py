@@ -199,14 +199,9 @@ def committed(run_dir: Path) -> list[int]:
 
 
 def bucket_steps(held: Path, name: str) -> list[int]:
-    """Committed steps of a bucket job, read from the server's folder."""
-    root = held / name / "checkpoints"
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    return sorted(int(n[5:]) for n in names
-                  if n.startswith("step-") and (root / n / "manifest.json").exists())
+    """Committed steps of a bucket job, read from the server's folder (the layout of a
+    local store)."""
+    return committed(held / name)
 
 
 def latest(held: Path, name: str) -> str:
