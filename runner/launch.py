@@ -78,15 +78,8 @@ def nodes_from_env(env: dict[str, str]) -> Nodes | None:
     given = [k for k in NODE_ENV if env.get(k)]
     if not given:
         return None
-    values = {}
-    for key in ("TEN_NNODES", "TEN_NODE_RANK", "TEN_MASTER_PORT"):
-        raw = env.get(key)
-        if raw:
-            try:
-                values[key] = int(raw)
-            except ValueError:
-                raise UserError(f"{key}={raw!r} is not a whole number") from None
-    count = values.get("TEN_NNODES")
+    count, rank, port = (_whole_number(env, k)
+                         for k in ("TEN_NNODES", "TEN_NODE_RANK", "TEN_MASTER_PORT"))
     if count is None:
         raise UserError(f"{', '.join(given)} set but TEN_NNODES is not: set TEN_NNODES "
                         "(the number of machines) or unset them")
@@ -95,15 +88,25 @@ def nodes_from_env(env: dict[str, str]) -> Nodes | None:
     if count == 1:
         return None
     missing = [k for k in ("TEN_NODE_RANK", "TEN_MASTER_ADDR") if not env.get(k)]
-    if missing:
+    if missing or rank is None:
         raise UserError(f"TEN_NNODES={count} needs {' and '.join(missing)} on every machine")
-    rank = values["TEN_NODE_RANK"]
     if not 0 <= rank < count:
         raise UserError(f"TEN_NODE_RANK={rank} must be between 0 and {count - 1}")
-    port = values.get("TEN_MASTER_PORT", DEFAULT_MASTER_PORT)
+    port = DEFAULT_MASTER_PORT if port is None else port
     if not 0 < port < 65536:
         raise UserError(f"TEN_MASTER_PORT={port} is not a TCP port")
     return Nodes(count, rank, env["TEN_MASTER_ADDR"], port)
+
+
+def _whole_number(env: dict[str, str], key: str) -> int | None:
+    """The variable as an int; None when unset or empty."""
+    raw = env.get(key)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"{key}={raw!r} is not a whole number") from None
 
 
 def torchrun_command(job_file: str, sets: tuple[str, ...], nproc: int, nodes: Nodes | None,

@@ -222,14 +222,7 @@ def resolve_loss_backend(name: str, device: torch.device | str) -> tuple[str, st
     if name not in LOSS_BACKENDS:
         raise ValueError(f"loss backend must be one of {LOSS_BACKENDS}, got {name!r}")
     if name == "liger":
-        if device.type != "cuda":
-            raise ValueError(f"loss backend 'liger' needs a CUDA device, this run is on "
-                             f"{device.type}; use loss 'chunked' (or 'auto')")
-        if not liger_available():
-            raise ValueError("loss backend 'liger' needs liger-kernel: pip install "
-                             "'ten-runner[gpu]' (or pip install liger-kernel), or use loss "
-                             "'fused'")
-        return "liger", "loss: Liger fused linear cross-entropy (asked for)"
+        return _liger_here(device)
     if name == "fused":
         interpreted = _fused_module().INTERPRETED
         if device.type != "cuda" and not interpreted:
@@ -238,6 +231,22 @@ def resolve_loss_backend(name: str, device: torch.device | str) -> tuple[str, st
         return "fused", "loss: fused linear cross-entropy (asked for)"
     if name != "auto":
         return name, f"loss: {name} linear cross-entropy (asked for)"
+    return _auto(device)
+
+
+def _liger_here(device: torch.device) -> tuple[str, str]:
+    if device.type != "cuda":
+        raise ValueError(f"loss backend 'liger' needs a CUDA device, this run is on "
+                         f"{device.type}; use loss 'chunked' (or 'auto')")
+    if not liger_available():
+        raise ValueError("loss backend 'liger' needs liger-kernel: pip install "
+                         "'ten-runner[gpu]' (or pip install liger-kernel), or use loss "
+                         "'fused'")
+    return "liger", "loss: Liger fused linear cross-entropy (asked for)"
+
+
+def _auto(device: torch.device) -> tuple[str, str]:
+    """``auto``: the fused kernel on CUDA when Triton compiles for it, else chunked."""
     if device.type != "cuda":
         return "chunked", f"loss: chunked linear cross-entropy (auto: {device.type})"
     try:

@@ -94,6 +94,24 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
     base: dict[str, Any] = vars(presets.PRESETS[preset]).copy()
     if arch == "transformer":
         base.update(vars(presets.model_config(arch, preset)))
+    found = _override_problems(overrides, arch, base, written)
+    if names_only or found:  # a wrong preset is reported by the schema
+        return found
+    try:
+        cfg = presets.model_config(arch, preset, **overrides)
+    except (ValueError, TypeError) as err:
+        return [_config_problem(err, arch, base, overrides, written)]
+    if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
+            and data_seq_len > cfg.seq_len:
+        found.append((("data", "seq_len"), f"{data_seq_len} is longer than the model's learned "
+                      f"positions ({cfg.seq_len}) (hint: set model.seq_len or pos: rope)"))
+    return found
+
+
+def _override_problems(overrides: dict[str, Any], arch: str, base: dict[str, Any],
+                       written: dict[Path_, str]) -> Found:
+    """Each override's name against the preset's fields and its value's type against
+    the field's default."""
     found: Found = []
     for name, value in overrides.items():
         path = ("model", name)
@@ -104,28 +122,22 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
         if why:
             got = describe_hidden(value, written[path]) if path in written else show(value)
             found.append((path, f"{why}, got {got}"))
-    if names_only or found:  # a wrong preset is reported by the schema
-        return found
-    try:
-        cfg = presets.model_config(arch, preset, **overrides)
-    except UnknownFieldError as err:
-        return [(("model", err.field), _unknown_field(err.field, arch, base))]
-    except FieldError as err:
-        if err.field not in base:
-            return [(("model",), _cut_values(str(err), overrides.values()))]
-        path, why = ("model", err.field), err.problem
-        if err.has_value:
-            got = (describe_hidden(err.value, written[path]) if path in written
-                   else show(err.value))
-            why += f", got {got}"
-        return [(path, why)]
-    except (ValueError, TypeError) as err:  # e.g. a transformer that cannot match the preset
-        return [(("model",), _cut_values(str(err), overrides.values()))]
-    if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
-            and data_seq_len > cfg.seq_len:
-        found.append((("data", "seq_len"), f"{data_seq_len} is longer than the model's learned "
-                      f"positions ({cfg.seq_len}) (hint: set model.seq_len or pos: rope)"))
     return found
+
+
+def _config_problem(err: Exception, arch: str, base: dict[str, Any],
+                    overrides: dict[str, Any], written: dict[Path_, str]) -> tuple[Path_, str]:
+    """The library's refusal of the model config, on the key it names where it names one
+    (a transformer that cannot match the preset names none)."""
+    if isinstance(err, UnknownFieldError):
+        return ("model", err.field), _unknown_field(err.field, arch, base)
+    if not isinstance(err, FieldError) or err.field not in base:
+        return ("model",), _cut_values(str(err), overrides.values())
+    path, why = ("model", err.field), err.problem
+    if err.has_value:
+        got = describe_hidden(err.value, written[path]) if path in written else show(err.value)
+        why += f", got {got}"
+    return path, why
 
 
 def dataset(section: Any, written: str | None) -> Found:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,46 +119,72 @@ def _unwrap(annotation: Any) -> Any:
 
 def describe(err: Mapping[str, Any], schema: type[BaseModel], hidden: str | None) -> str:
     """One pydantic error -> 'what is wrong, got X (hint)'. ``hidden`` replaces the value."""
-    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
-    value = err.get("input")
-    got = hidden if hidden is not None else show(value)
-    if kind == "missing":
-        if loc and isinstance(loc[-1], int):
-            return "expected 2 numbers, e.g. [0.9, 0.95]" if loc[-2:-1] == ("betas",) \
-                else "too few items"
-        hint = MISSING_HINTS.get(dotted(loc))
-        return "required field is missing" + (f" (hint: {hint})" if hint else "")
-    if kind == "extra_forbidden":
-        known = section_fields(schema, loc[:-1]) or []
-        close = suggest(str(loc[-1]), known)
-        return f"unknown key {show(loc[-1])}" + (f" (did you mean {close!r}?)" if close else
-                                              f" (allowed: {', '.join(known)})")
-    if kind == "literal_error":
-        options = [o.strip("'") for o in str(ctx.get("expected", "")).replace(" or ", ", ")
-                   .split(", ")]
-        close = suggest(value, options) if isinstance(value, str) and hidden is None else None
-        return (f"expected one of {', '.join(options)}, got {got}"
-                + (f" (did you mean {close!r}?)" if close else ""))
-    if kind == "job":
-        text = str(err["msg"])
-        if ctx.get("show_value", True):
-            text += f", got {got}"
-        return text + (f" (hint: {ctx['hint']})" if ctx.get("hint") and hidden is None else "")
+    kind, ctx = err["type"], err.get("ctx") or {}
+    got = hidden if hidden is not None else show(err.get("input"))
+    if kind in _DESCRIBE:
+        return _DESCRIBE[kind](err, schema, hidden, got)
     if kind in _TYPE_WORDS:
-        hint = MISSING_HINTS.get(dotted(loc)) if _TYPE_WORDS[kind] == "a mapping" else None
-        if hidden is not None and "(from " in hidden and kind != "string_type":
-            hint = "a ${VAR} is always text; write numbers and true/false in the file"
-        return f"expected {_TYPE_WORDS[kind]}, got {got}" + (f" (hint: {hint})" if hint else "")
-    if kind == "finite_number":
-        return f"expected a finite number, got {got}"
+        return _wrong_type(err, hidden, got)
     if kind in _BOUNDS:
         key, op = _BOUNDS[kind]
         return f"must be {op} {ctx.get(key)}, got {got}"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "too_long":
-        return f"expected {ctx.get('max_length')} items, got {ctx.get('actual_length')}"
     return f"{err['msg']}, got {got}"
+
+
+def _missing(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:
+    loc = tuple(err["loc"])
+    if loc and isinstance(loc[-1], int):
+        return "expected 2 numbers, e.g. [0.9, 0.95]" if loc[-2:-1] == ("betas",) \
+            else "too few items"
+    hint = MISSING_HINTS.get(dotted(loc))
+    return "required field is missing" + (f" (hint: {hint})" if hint else "")
+
+
+def _unknown_key(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:
+    loc = tuple(err["loc"])
+    known = section_fields(schema, loc[:-1]) or []
+    close = suggest(str(loc[-1]), known)
+    return f"unknown key {show(loc[-1])}" + (f" (did you mean {close!r}?)" if close else
+                                          f" (allowed: {', '.join(known)})")
+
+
+def _not_an_option(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:
+    value = err.get("input")
+    expected = str((err.get("ctx") or {}).get("expected", ""))
+    options = [o.strip("'") for o in expected.replace(" or ", ", ").split(", ")]
+    close = suggest(value, options) if isinstance(value, str) and hidden is None else None
+    return (f"expected one of {', '.join(options)}, got {got}"
+            + (f" (did you mean {close!r}?)" if close else ""))
+
+
+def _job_rule(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:
+    """An error from the schema's own validators (``schema.job_error``), with its hint."""
+    ctx = err.get("ctx") or {}
+    text = str(err["msg"])
+    if ctx.get("show_value", True):
+        text += f", got {got}"
+    return text + (f" (hint: {ctx['hint']})" if ctx.get("hint") and hidden is None else "")
+
+
+def _wrong_type(err: Mapping[str, Any], hidden: str | None, got: str) -> str:
+    kind = err["type"]
+    hint = MISSING_HINTS.get(dotted(tuple(err["loc"]))) \
+        if _TYPE_WORDS[kind] == "a mapping" else None
+    if hidden is not None and "(from " in hidden and kind != "string_type":
+        hint = "a ${VAR} is always text; write numbers and true/false in the file"
+    return f"expected {_TYPE_WORDS[kind]}, got {got}" + (f" (hint: {hint})" if hint else "")
+
+
+_DESCRIBE: dict[str, Callable[[Mapping[str, Any], Any, str | None, str], str]] = {
+    "missing": _missing,
+    "extra_forbidden": _unknown_key,
+    "literal_error": _not_an_option,
+    "job": _job_rule,
+    "finite_number": lambda err, schema, hidden, got: f"expected a finite number, got {got}",
+    "string_too_short": lambda err, schema, hidden, got: "must not be empty",
+    "too_long": lambda err, schema, hidden, got: (
+        f"expected {err['ctx'].get('max_length')} items, got {err['ctx'].get('actual_length')}"),
+}
 
 
 @dataclass

@@ -148,6 +148,35 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
     if isinstance(sets, str):
         sets = [sets]
     problems = Problems(source)
+    data = _document(text, source, problems)
+    data = apply_sets(data, list(sets or ()), problems)
+    data, written, used, env_problems = substitute(data, os.environ if env is None else env)
+    problems.secrets = used + literal_secrets(data)
+    for ep in env_problems:
+        problems.add(ep.path, ep.message)
+    unresolved = {ep.path for ep in env_problems}
+    for path, message in checks.budget(data):
+        problems.add(path, message)
+
+    job = _validate(data, written, unresolved, problems)
+    found = [] if job is None else checks.cross(job)
+    if check_model:  # skipped where a ${VAR} is unresolved: it would only add noise
+        found += _model_and_dataset(data, written, unresolved)
+    if check_paths:
+        found += [(path, message) for path, message in checks.local_paths(data.get("data"), written)
+                  if path not in unresolved]
+    for path, message in found:
+        problems.add(path, message)
+    if problems or job is None:
+        raise problems.error()
+    job._written = written
+    job._secrets = tuple(dict.fromkeys(problems.secrets))
+    return job
+
+
+def _document(text: str, source: str, problems: Problems) -> dict[str, Any]:
+    """The YAML text as its top-level mapping, with each key's line kept in ``problems``;
+    raises the error when it is not YAML, empty, or not a mapping."""
     try:
         data, problems.lines = parse(text)
     except YamlProblem as p:
@@ -162,19 +191,15 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
                          f"the top level, got {describe_hidden(data, None)}")
     if problems:
         raise problems.error()
+    return data
 
-    data = apply_sets(data, list(sets or ()), problems)
-    data, written, used, env_problems = substitute(data, os.environ if env is None else env)
-    problems.secrets = used + literal_secrets(data)
-    for ep in env_problems:
-        problems.add(ep.path, ep.message)
-    unresolved = {ep.path for ep in env_problems}
-    for path, message in checks.budget(data):
-        problems.add(path, message)
 
-    job: Job | None = None
+def _validate(data: dict[str, Any], written: dict[Path_, str], unresolved: set[Path_],
+              problems: Problems) -> Job | None:
+    """The schema's verdict: the Job, or None with each field error added to ``problems``
+    (those under an unresolved ``${VAR}`` left out: that problem is already said)."""
     try:
-        job = Job.model_validate(data)
+        return Job.model_validate(data)
     except ValidationError as err:
         for e in err.errors():
             loc = tuple(e["loc"])
@@ -185,28 +210,21 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
             hidden = describe_hidden(e.get("input"), written.get(loc)) \
                 if sensitive(loc, written) else None
             problems.add(loc, describe(e, JobSchema, hidden))
-    if job is not None:
-        for path, message in checks.cross(job):
-            problems.add(path, message)
-    if check_model:  # skipped where a ${VAR} is unresolved: it would only add noise
-        data_section = data.get("data")
-        seq_len = data_section.get("seq_len", 256) if isinstance(data_section, dict) else None
-        found: list[tuple[Path_, str]] = []
-        if not any(p[:1] == ("model",) or p == ("data", "seq_len") for p in unresolved):
-            found += checks.model(data.get("model"), seq_len, written)
-        if ("data", "dataset") not in unresolved:
-            found += checks.dataset(data_section, written.get(("data", "dataset")))
-        for path, message in found:
-            problems.add(path, message)
-    if check_paths:
-        for path, message in checks.local_paths(data.get("data"), written):
-            if path not in unresolved:
-                problems.add(path, message)
-    if problems or job is None:
-        raise problems.error()
-    job._written = written
-    job._secrets = tuple(dict.fromkeys(problems.secrets))
-    return job
+    return None
+
+
+def _model_and_dataset(data: dict[str, Any], written: dict[Path_, str],
+                       unresolved: set[Path_]) -> list[tuple[Path_, str]]:
+    """The model (built on the meta device) and the dataset's name, each checked only when
+    no ``${VAR}`` it depends on is unresolved."""
+    data_section = data.get("data")
+    seq_len = data_section.get("seq_len", 256) if isinstance(data_section, dict) else None
+    found: list[tuple[Path_, str]] = []
+    if not any(p[:1] == ("model",) or p == ("data", "seq_len") for p in unresolved):
+        found += checks.model(data.get("model"), seq_len, written)
+    if ("data", "dataset") not in unresolved:
+        found += checks.dataset(data_section, written.get(("data", "dataset")))
+    return found
 
 
 def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dict[str, Any]:
@@ -216,41 +234,59 @@ def apply_sets(data: dict[str, Any], sets: list[str], problems: Problems) -> dic
     given_in_file = {key for pair in EXCLUSIVE for key in pair
                      if _lookup(data, key) is not None}
     for item in sets:
-        key, sep, raw = item.partition("=")
-        path: Path_ = tuple(p.strip() for p in key.strip().split("."))
-        problems.overrides.add(path)
-        if not sep or not all(path):
-            problems.add(path, f"expected KEY=VALUE with a dotted key, got {show(item)} "
-                               "(e.g. --set train.lr=1e-3)")
-            continue
-        where = _check_path(path)
-        if where:
-            problems.add(path, where)
-            continue
-        try:
-            value = parse_scalar(raw)
-        except YamlProblem as p:
-            problems.add(path, f"cannot parse the value: {p.message}")
-            continue
-        node = data
-        for depth, part in enumerate(path[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                problems.add(path, f"{'.'.join(path[:depth + 1])} is not a mapping in the file")
-                break
-            node = child
-        else:
-            node[path[-1]] = value
-            for pair in EXCLUSIVE:
-                # e.g. a budget given on the command line replaces the file's, whichever
-                # kind; "=null" only clears, so the file's other key stays in force.
-                if path in pair and value is not None:
-                    other = pair[1] if path == pair[0] else pair[0]
-                    if other in given_in_file:
-                        parent = _lookup(data, other[:-1])
-                        if isinstance(parent, dict):
-                            parent.pop(other[-1], None)
+        parsed = _parse_set(item, problems)
+        if parsed is not None and _assign(data, *parsed, problems):
+            _drop_exclusive_twin(data, *parsed, given_in_file)
     return data
+
+
+def _parse_set(item: str, problems: Problems) -> tuple[Path_, Any] | None:
+    """``KEY=VALUE`` as (path, value), or None with the problem added."""
+    key, sep, raw = item.partition("=")
+    path: Path_ = tuple(p.strip() for p in key.strip().split("."))
+    problems.overrides.add(path)
+    if not sep or not all(path):
+        problems.add(path, f"expected KEY=VALUE with a dotted key, got {show(item)} "
+                           "(e.g. --set train.lr=1e-3)")
+        return None
+    where = _check_path(path)
+    if where:
+        problems.add(path, where)
+        return None
+    try:
+        return path, parse_scalar(raw)
+    except YamlProblem as p:
+        problems.add(path, f"cannot parse the value: {p.message}")
+        return None
+
+
+def _assign(data: dict[str, Any], path: Path_, value: Any, problems: Problems) -> bool:
+    """Set ``path`` to ``value``, making the sections on the way; False (with the problem
+    added) where the file has a value where a section should be."""
+    node = data
+    for depth, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            problems.add(path, f"{'.'.join(path[:depth + 1])} is not a mapping in the file")
+            return False
+        node = child
+    node[path[-1]] = value
+    return True
+
+
+def _drop_exclusive_twin(data: dict[str, Any], path: Path_, value: Any,
+                         given_in_file: set[Path_]) -> None:
+    """E.g. a budget given on the command line replaces the file's, whichever kind;
+    ``=null`` only clears, so the file's other key stays in force."""
+    if value is None:
+        return
+    for pair in EXCLUSIVE:
+        if path not in pair:
+            continue
+        other = pair[1] if path == pair[0] else pair[0]
+        parent = _lookup(data, other[:-1])
+        if other in given_in_file and isinstance(parent, dict):
+            parent.pop(other[-1], None)
 
 
 def _lookup(data: Any, path: Path_) -> Any:

@@ -230,19 +230,24 @@ def _check(image: str, job_url: str, job_id: str, stop_timeout_s: int,
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ProvisionError(f"the {what} must be a whole number from {low} to {high}, "
                                  f"not {value!r}")
+    for name, value in env.items():
+        _check_env(name, value)
+
+
+def _check_env(name: str, value: str) -> None:
+    """One variable for the instance's environment: a plain name, no secret, no NUL."""
     from runner.job.secrets import looks_secret
 
-    for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise ProvisionError(f"invalid environment variable name {name!r}")
-        if looks_secret(name):
-            raise ProvisionError(
-                f"{name} looks like a secret; user data is readable by anyone allowed "
-                "ec2:DescribeInstanceAttribute: give the instance an instance profile for "
-                "the bucket instead of passing credentials")
-        if not isinstance(value, str) or "\0" in value:
-            raise ProvisionError(f"the value of {name} must be a string without NUL")
-        _refuse_credentials(name, value)
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        raise ProvisionError(f"invalid environment variable name {name!r}")
+    if looks_secret(name):
+        raise ProvisionError(
+            f"{name} looks like a secret; user data is readable by anyone allowed "
+            "ec2:DescribeInstanceAttribute: give the instance an instance profile for "
+            "the bucket instead of passing credentials")
+    if not isinstance(value, str) or "\0" in value:
+        raise ProvisionError(f"the value of {name} must be a string without NUL")
+    _refuse_credentials(name, value)
 
 
 def _refuse_credentials(what: str, value: str) -> None:

@@ -108,27 +108,7 @@ class LocalProvider:
         child = self._children.get(pid)
         if child is None and not _group_is_ours(pgid, instance.details.get("start_ticks")):
             return
-        ticks = instance.details.get("start_ticks")
-        sent: signal.Signals | None = None
-        deadline = 0.0
-        while True:
-            if child is not None:
-                child.poll()  # reap it, or its zombie keeps the group alive
-            if not _group_alive(pgid):
-                break
-            now = time.monotonic()
-            try:
-                if sent is None and _is_ours(pid, ticks):
-                    os.kill(pid, signal.SIGTERM)  # the main process only, like docker stop
-                    sent, deadline = signal.SIGTERM, now + self.grace_s
-                elif sent is None or (sent == signal.SIGTERM and now > deadline):
-                    os.killpg(pgid, signal.SIGKILL)
-                    sent, deadline = signal.SIGKILL, now + 10.0
-                elif sent == signal.SIGKILL and now > deadline:
-                    break  # unkillable (uninterruptible sleep): give up rather than hang
-            except (ProcessLookupError, PermissionError):
-                break  # gone, or the id now belongs to someone else's group
-            time.sleep(0.05)
+        _stop_group(pid, pgid, instance.details.get("start_ticks"), child, self.grace_s)
         if child is not None:
             try:
                 child.wait(timeout=10)
@@ -144,6 +124,32 @@ class LocalProvider:
             return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
         except (OSError, KeyError):
             return ""
+
+
+def _stop_group(pid: int, pgid: int, ticks: Any, child: subprocess.Popen | None,
+                grace_s: float) -> None:
+    """SIGTERM the main process, SIGKILL its group ``grace_s`` later if any of it is
+    left, and give up 10 s after that (an uninterruptible sleep) rather than hang."""
+    sent: signal.Signals | None = None
+    deadline = 0.0
+    while True:
+        if child is not None:
+            child.poll()  # reap it, or its zombie keeps the group alive
+        if not _group_alive(pgid):
+            return
+        now = time.monotonic()
+        try:
+            if sent is None and _is_ours(pid, ticks):
+                os.kill(pid, signal.SIGTERM)  # the main process only, like docker stop
+                sent, deadline = signal.SIGTERM, now + grace_s
+            elif sent is None or (sent == signal.SIGTERM and now > deadline):
+                os.killpg(pgid, signal.SIGKILL)
+                sent, deadline = signal.SIGKILL, now + 10.0
+            elif sent == signal.SIGKILL and now > deadline:
+                return
+        except (ProcessLookupError, PermissionError):
+            return  # gone, or the id now belongs to someone else's group
+        time.sleep(0.05)
 
 
 # -- processes this controller did not start ------------------------------------------

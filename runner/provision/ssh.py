@@ -40,7 +40,7 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,20 +113,27 @@ def parse_target(text: str) -> SshTarget:
         raise bad("no password in the target (ssh runs with keys only, BatchMode)")
     if not _USER.match(user):
         raise bad(f"user {user!r} is not a valid user name" if user else "no user given")
-    if host.startswith("["):
-        import ipaddress
-
-        try:
-            host = str(ipaddress.IPv6Address(host[1:-1]))
-        except ValueError:
-            raise bad(f"host {host!r} is not an IPv6 address") from None
-    elif not _HOST.match(host):
-        raise bad(f"host {host!r} is not a host name or address" if host else "no host given")
+    host = _host(host, bad)
     if port is None:
         return SshTarget(user, host)
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise bad(f"port {port!r} is not a number from 1 to 65535")
     return SshTarget(user, host, int(port))
+
+
+def _host(host: str, bad: Callable[[str], ProvisionError]) -> str:
+    """A host name or IPv4 address as given; ``[IPv6]`` as the address inside."""
+    if not host.startswith("["):
+        if not _HOST.match(host):
+            raise bad(f"host {host!r} is not a host name or address" if host
+                      else "no host given")
+        return host
+    import ipaddress
+
+    try:
+        return str(ipaddress.IPv6Address(host[1:-1]))
+    except ValueError:
+        raise bad(f"host {host!r} is not an IPv6 address") from None
 
 
 # -- running commands on the host ------------------------------------------------------

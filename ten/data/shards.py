@@ -217,19 +217,24 @@ def verify(directory: Path, expected: dict[str, Any], command: str,
     itemsize = np.dtype(manifest["dtype"]).itemsize
     for split in manifest["splits"].values():
         for shard in split["shards"]:
-            file = directory / shard["file"]
-            if not file.exists():
-                raise DataError(f"shard {file} is missing; {hint}")
-            size = file.stat().st_size
-            if size != HEADER_BYTES + shard["tokens"] * itemsize:
-                raise DataError(f"shard {file} is {size} bytes, the manifest says "
-                                f"{HEADER_BYTES + shard['tokens'] * itemsize} (truncated?); {hint}")
-            try:
-                head_itemsize, head_tokens = read_header(file)
-            except ValueError as e:
-                raise DataError(f"shard {file} has a bad header ({e}); {hint}") from None
-            if (head_itemsize, head_tokens) != (itemsize, shard["tokens"]):
-                raise DataError(f"shard {file} header does not match the manifest; {hint}")
-            if checksums and sha256_file(file) != shard["sha256"]:
-                raise DataError(f"shard {file} fails its sha256 check (corrupt); {hint}")
+            _verify_shard(directory / shard["file"], shard, itemsize, checksums, hint)
     return manifest
+
+
+def _verify_shard(file: Path, shard: dict[str, Any], itemsize: int, checksums: bool,
+                  hint: str) -> None:
+    """One shard against its manifest entry: there, its size, its header, its sha256."""
+    if not file.exists():
+        raise DataError(f"shard {file} is missing; {hint}")
+    size = file.stat().st_size
+    if size != HEADER_BYTES + shard["tokens"] * itemsize:
+        raise DataError(f"shard {file} is {size} bytes, the manifest says "
+                        f"{HEADER_BYTES + shard['tokens'] * itemsize} (truncated?); {hint}")
+    try:
+        head_itemsize, head_tokens = read_header(file)
+    except ValueError as e:
+        raise DataError(f"shard {file} has a bad header ({e}); {hint}") from None
+    if (head_itemsize, head_tokens) != (itemsize, shard["tokens"]):
+        raise DataError(f"shard {file} header does not match the manifest; {hint}")
+    if checksums and sha256_file(file) != shard["sha256"]:
+        raise DataError(f"shard {file} fails its sha256 check (corrupt); {hint}")
