@@ -17,6 +17,38 @@ from runner.exit_codes import ExitCode
 Log = Callable[[str], None]
 
 
+def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log) -> ExitCode:
+    """How a run that raised ``e`` ended, said in one line, as its exit code: the one table
+    of ``ten-runner run``'s failures (a stop is not one: see runner.stopping)."""
+    for kinds, code, words in _failures():
+        if isinstance(e, kinds):
+            log(f"{words}: {e}")
+            return code
+    if isinstance(e, OSError):
+        return disk_error(e, run_dir, bucket, log)
+    return crash_or_memory(e, job, log)
+
+
+def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]:
+    """(exceptions, exit code, the words the log line starts with), first match wins."""
+    from runner.storage import StorageError
+    from ten.checkpoint import CheckpointWriteError
+    from ten.data import DataError
+    from ten.memory import DeviceMemoryError
+    from ten.scan import ScanBackendError
+    from ten.trainer import CompileError
+    from ten.trainstate import DivergedError, ResumeError
+
+    return (
+        ((ResumeError,), ExitCode.CONFIG, "resume refused"),  # fix the job, not retry
+        # fused without CUDA, a job the GPU cannot hold, a failed compile:
+        ((ScanBackendError, DeviceMemoryError, CompileError), ExitCode.CONFIG, "config error"),
+        ((DataError,), ExitCode.DATA, "data error"),
+        ((DivergedError,), ExitCode.DIVERGED, "diverged"),
+        ((CheckpointWriteError, StorageError), ExitCode.STORAGE, "storage error"),
+    )
+
+
 def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
     """A crash keeps its traceback. Two conditions are no bug: another rank gone (one
     line, exit 1: the launcher names the rank and what ended it), and memory running

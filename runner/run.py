@@ -20,7 +20,7 @@ from typing import Any
 from runner.bucket import connect_store, fetch_checkpoint
 from runner.datacache import BucketDataCache, open_data
 from runner.exit_codes import ExitCode
-from runner.failures import ThreadDiskErrors, crash_or_memory, disk_error
+from runner.failures import ThreadDiskErrors, exit_code_of
 from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import train_config
@@ -69,7 +69,6 @@ class JobRun:
     def run(self) -> ExitCode:
         from runner import stopping
         from runner.runlock import RunLock
-        from runner.storage import StorageError
 
         stopping.install()
         streams = sys.stdout, sys.stderr
@@ -101,24 +100,12 @@ class JobRun:
             self.stop_reason = "SIGINT"
             self.log("interrupted before a checkpoint could be committed")
             code = ExitCode.PREEMPTED
-        except StorageError as e:
-            self.log(f"storage error: {e}")
-            code = ExitCode.STORAGE
-        except OSError as e:
-            code = disk_error(e, self.run_dir, self.store is not None, self.log)
-        except Exception as e:  # noqa: BLE001 - a crash, unless memory ran out
-            code = crash_or_memory(e, self.job, self.log)
+        except Exception as e:  # noqa: BLE001 - every failure has its exit code
+            code = exit_code_of(e, self.job, self.run_dir, self.store is not None, self.log)
         finally:
             self._close(code)
             sys.stdout, sys.stderr = streams
         return code
-
-    def _data_error(self, e: Exception) -> ExitCode:
-        from runner.stopping import raise_if_received
-
-        raise_if_received()  # the data layer may have wrapped our stop in its own error
-        self.log(f"data error: {e}")
-        return ExitCode.DATA
 
     def _stderr(self, line: str) -> None:
         print(self.job.scrub(self.tag + line), file=sys.stderr, flush=True)
@@ -156,12 +143,26 @@ class JobRun:
 
     def _run(self) -> ExitCode:
         from runner.stopping import set_phase
-        from ten.checkpoint import CheckpointWriteError
-        from ten.data import DataError
-        from ten.memory import DeviceMemoryError
-        from ten.scan import ScanBackendError
-        from ten.trainer import CompileError, Outcome
-        from ten.trainstate import DivergedError, ResumeError
+
+        unfit = self._start()
+        if unfit is not None:
+            return unfit
+        set_phase("data preparation")
+        data, mcfg = self._open_data()
+        set_phase("the model build")
+        trainer = self._trainer(data, mcfg)
+        set_phase("training")  # the trainer's own handler takes over inside its loop
+        try:
+            result = trainer.run()
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
+        return self._finish(trainer, result, data.tokenizer)
+
+    def _start(self) -> ExitCode | None:
+        """Everything before the data: the health gate (its exit code when the host is
+        unfit), the bucket restore, the ranks' agreement on a checkpoint, the monitor."""
+        from runner.stopping import set_phase
 
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
@@ -183,34 +184,14 @@ class JobRun:
             self._agree_on_checkpoint()
         if self.is_main:
             self._start_monitor()
-        set_phase("data preparation")
-        try:
-            data, mcfg = self._open_data()
-        except DataError as e:
-            return self._data_error(e)
-        set_phase("the model build")
-        trainer = self._trainer(data, mcfg)
-        set_phase("training")  # the trainer's own handler takes over inside its loop
-        try:
-            result = trainer.run()
-        except ResumeError as e:  # unsafe changes, or no usable checkpoint: fix, not retry
-            log(f"resume refused: {e}")
-            return ExitCode.CONFIG
-        except (ScanBackendError, DeviceMemoryError, CompileError) as e:
-            # scan_backend: fused without CUDA, a job the GPU cannot hold, a failed compile
-            log(f"config error: {e}")
-            return ExitCode.CONFIG
-        except DataError as e:
-            return self._data_error(e)
-        except DivergedError as e:
-            log(f"diverged: {e}")
-            return ExitCode.DIVERGED
-        except CheckpointWriteError as e:
-            log(f"storage error: {e}")
-            return ExitCode.STORAGE
-        finally:
-            if self.watcher is not None:
-                self.watcher.stop()
+        return None
+
+    def _finish(self, trainer: Any, result: Any, tokenizer: Any) -> ExitCode:
+        """After the loop: the final upload, then (a finished run) the prepared data's
+        sharing, the last line and the sample."""
+        from runner.stopping import set_phase
+        from ten.trainer import Outcome
+
         set_phase("the final upload")
         if not self._finish_uploads():
             return ExitCode.STORAGE
@@ -221,11 +202,11 @@ class JobRun:
             for thread in self.cache.threads:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
-            log(f"done: {result.step} steps, held-out loss {result.final_loss:.4f}, "
-                f"perplexity {ppl(result.final_loss):.2f}")
+            self.log(f"done: {result.step} steps, held-out loss {result.final_loss:.4f}, "
+                     f"perplexity {ppl(result.final_loss):.2f}")
             if self.sample_prompt:
                 set_phase("the final sample")
-                self._sample(result.model, data.tokenizer)
+                self._sample(result.model, tokenizer)
         return ExitCode.OK
 
     def _sample(self, model: Any, tokenizer: Any) -> None:
