@@ -20,6 +20,7 @@ from runhelpers import (
     wait_for_step,
     write_job,
 )
+from sandbox import free_port
 
 from runner.exit_codes import ExitCode
 from ten import checkpoint as ckpt
@@ -37,7 +38,9 @@ def test_kill_9_at_a_random_step_then_resume_is_bit_exact(tmp_path, corpus, mode
 
     job = write_job(tmp_path, corpus, name="victim", mode=mode)
     run = tmp_path / "store" / "victim"
-    kill_at = random.Random().randint(4, 30)
+    seed = random.SystemRandom().randrange(1 << 32)
+    kill_at = random.Random(seed).randint(4, 30)
+    print(f"seed {seed}: kill -9 at step {kill_at}")  # shown when the test fails
     proc = cli("run", job, "--no-sample")
     reached = wait_for_step(run / "metrics.jsonl", proc, kill_at)
     proc.send_signal(signal.SIGKILL)
@@ -207,7 +210,7 @@ def test_ddp_two_processes_agree_with_one(tmp_path, corpus):
     two = write_job(tmp_path, corpus, name="two", steps=4, batch=4, workers=0)
     assert run_to_end("run", one, "--no-sample")[0] == 0
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", str(random.randint(20000, 40000)),
+                        "--master_port", str(free_port()),
                         "-m", "runner.cli", "run", str(two), "--no-sample"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Item 20: validate, status and jobs take --json for scripts: JSON alone on stdout,
+"""`validate`, `status` and `jobs` take --json for scripts: JSON alone on stdout,
 exit codes as without it."""
 
 from __future__ import annotations

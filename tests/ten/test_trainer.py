@@ -207,7 +207,10 @@ def test_transformer_trains_with_the_same_trainer(data, tmp_path):
                       torch.nn.Module)
 
 
-def test_resume_state_is_written_atomically(data, tmp_path):
+def test_the_resume_state_is_a_file_of_the_committed_checkpoint(data, tmp_path):
+    # The trainer's state (schedule, scaler, RNGs, data position, step, tokens) is one of
+    # the files the manifest lists, so it commits with the weights or not at all; the
+    # commit itself is ten.checkpoint.save's, held to every crash point in test_checkpoint.
     run = tmp_path / "run"
     trainer(data, run, max_steps=4).run()
     manifest = json.loads((run / "checkpoints" / "step-00000004" / "manifest.json").read_text())

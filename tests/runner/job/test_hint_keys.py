@@ -1,4 +1,4 @@
-"""Item 12: every job key a message names exists. Scans the string literals of runner/
+"""Every job key a message names exists. Scans the string literals of runner/
 and ten/ for dotted keys (``data.tokenizer.path``, ``train.max_steps``, ...) and checks
 each against the job schema, so a hint like "fix data.tokenizer_path" cannot come back."""
 

@@ -1,4 +1,4 @@
-"""Item 11: whatever the values, validate answers in a screenful: no traceback, values
+"""Whatever the values, validate answers in a screenful: no traceback, values
 cut to ~80 characters, at most 20 problems listed and then a count."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Item 13: validate reports a local dataset or tokenizer.path that is not there (with
+"""`validate` reports a local dataset or tokenizer.path that is not there (with
 file:line and a hint) instead of saying ok and letting the run fail later."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Item 8: s3:// URLs whose prefix has an empty, '.' or '..' segment are refused, by the
+"""s3:// URLs whose prefix has an empty, '.' or '..' segment are refused, by the
 job schema (storage.url, a job file's own URL) and by runner.storage.open_store, in one
 line that never echoes the URL."""
 

@@ -1,4 +1,4 @@
-"""Item 7: no resolved ${VAR} value leaves the process. The job exposes what to scrub
+"""No resolved ${VAR} value leaves the process. The job exposes what to scrub
 (:meth:`Job.secret_values`, :meth:`Job.scrub`); dumps, summaries and validate show the
 text as written."""
 

@@ -1,4 +1,4 @@
-"""Item 18: --set of one key of a mutually exclusive pair replaces the file's other key
+"""--set of one key of a mutually exclusive pair replaces the file's other key
 (train.max_steps / max_tokens, data.tokenizer.path / vocab_size)."""
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ def test_local_store_hides_temporaries_and_removes_empty_folders(tmp_path):
 
 def test_opaque_etags_fall_back_to_a_sha256_read_back(s3_store, tmp_path):
     """Servers whose ETag is no MD5 (SSE-KMS, some S3-compatibles): the object is read
-    back and its sha256 compared instead. (Our own head() is wrapped; boto3 is not.)"""
+    back and its sha256 compared instead, and an object that is not the file is refused.
+    (Our own head() is wrapped; boto3 is not.)"""
     from runner.storage.base import ObjectInfo
 
     store = s3_store("moto")
@@ -146,7 +147,16 @@ def test_opaque_etags_fall_back_to_a_sha256_read_back(s3_store, tmp_path):
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(3000))
     store.put_file("f.bin", src)
-    assert len(reads) == 1
+    assert len(reads) == 1  # read back once, and it matched
+
+    # Another writer replaces the object (same size) between the upload and the read-back:
+    # the read-back is what catches it.
+    def replace(**kw):
+        store.client.meta.events.unregister("before-send.s3.GetObject", replace)
+        store.put_bytes("g.bin", os.urandom(3000))
+    store.client.meta.events.register("before-send.s3.GetObject", replace)
+    with pytest.raises(StorageError, match="sha256 differs"):
+        store.put_file("g.bin", src)
 
 
 def test_importing_the_store_pulls_neither_boto3_nor_torch():
