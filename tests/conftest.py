@@ -1,7 +1,7 @@
 """Shared by every test folder: the seed, the healthcheck pointer, the gpu marker, a
 small full disk, and (from tests/support/sandbox.py) the S3 servers, fake AWS and the
 corpus. tests/support is put on sys.path here, so its helpers (runhelpers, fakeaws,
-sandbox) import by name from any folder."""
+sandbox, fakessh) import by name from any folder."""
 
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
+from fakessh import host  # noqa: E402, F401 - the sandbox ssh host fixture
 from sandbox import (  # noqa: E402, F401 - fixtures, registered by being imported here
     aws_env,
     corpus,

@@ -12,6 +12,10 @@ from ten.data import DataConfig, open_data
 from ten.presets import model_config
 from ten.trainer import Outcome, Trainer
 
+# Hundreds of steps of two models on real text (~40 s on 2 cores): the whole suite runs
+# it; the inner loop (-m "not slow") leaves it out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):

@@ -1,22 +1,25 @@
-"""``submit --to ssh://...`` (the ssh provider, under the managed loop) against a sandbox
-host: a fake ``ssh`` that runs each remote command string with a real shell (bash, and
-dash as a stricter POSIX sh) in a sandbox home, and fake ``docker`` / ``nvidia-smi``
-that record their argv. The remote PATH holds only those fakes and a few real tools
-(``touch`` among them, so an injected ``$(touch pwned)`` would really leave a file)."""
+"""The ssh provider (``submit --to ssh://...``, under the managed loop) against the
+sandbox host of tests/support/fakessh.py: each remote command string runs in a real
+shell (bash, and dash as a stricter POSIX sh) in a sandbox home, the fake ``docker`` and
+``nvidia-smi`` record their argv, and an injected ``$(touch pwned)`` would really leave
+a file. ``submit`` through the CLI, with its background controller: tests/e2e."""
 
 import json
 import os
-import shlex
 import shutil
 import stat
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from fakessh import (
+    ENV,
+    TARGET,
+    load,
+    no_secret_in,
+    write_job,
+)
 
 from runner.exit_codes import ExitCode
-from runner.job import load_job
 from runner.provision.base import (
     HostUnreachable,
     Instance,
@@ -29,121 +32,8 @@ from runner.provision.env import env_file_text, job_env
 from runner.provision.jobs import spec_factory
 from runner.provision.managed import ManagedJob
 from runner.provision.policy import State
-from runner.provision.registry import JobRecord, load_record
+from runner.provision.registry import JobRecord
 from runner.provision.ssh import SshProvider, SshTarget, check_submit, parse_target
-
-FAKES = Path(__file__).parent / "fake_bin"
-TOOLS = ("cat", "mkdir", "rm", "rmdir", "touch", "echo", "ls", "true", "pwd", "env", "sh",
-         "bash", "sleep", "id", "printf")
-TARGET = "ssh://ubuntu@gpu-box:2222"
-JOB = """\
-# values a careless shell would run; the name itself is a slug
-name: tiny-ssh
-model: {arch: ten, preset: tiny, d_model: 32}
-data:
-  dataset: ./data/a b'; rm -rf ~; echo 'c $(touch pwned) `touch pwned` "q" $HOME.jsonl
-  text_field: "it's \\"$(touch pwned)\\"  "{trailing spaces}
-  cache_dir: /tmp/x $(touch pwned)
-train: {max_steps: 5, device: {device}}
-storage:
-  url: 's3://${TEN_BUCKET}/runs'
-  endpoint_url: '${S3_ENDPOINT_URL:-}'
-  region: '$${NOT_A_REFERENCE}'
-resources:
-  image: ghcr.io/ten-runner/ten-runner:0.1
-  max_restarts: 2
-  instance_type: "x'; touch pwned; '"
-"""
-ENV = {
-    "TEN_BUCKET": "bkt",
-    "AWS_ACCESS_KEY_ID": "AKIAFAKEKEYID0000001",
-    "AWS_SECRET_ACCESS_KEY": "s3cr3t/'; touch pwned; echo '$(touch pwned)`touch pwned`\"q\" x=y  ",
-    "HF_TOKEN": "hf_tok$en with spaces",
-    "UNRELATED_SECRET": "do-not-send-me",
-    "NOT_A_REFERENCE": "escaped-so-not-sent",
-    "HOME": "/home/local-user",
-}
-SECRETS = [ENV[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN",
-                            "UNRELATED_SECRET")]
-
-
-class Host:
-    """The sandbox "remote" machine and what its fakes recorded."""
-
-    def __init__(self, root: Path, monkeypatch):
-        self.root, self.mp = root, monkeypatch
-        self.fake = root / "fake"
-        self.home = root / "remote home $(touch pwned) 'q'"
-        self.bin = root / "remote_bin"
-        system = root / "sys_bin"
-        for d in (self.fake, self.home, self.bin, system):
-            d.mkdir()
-        for tool in TOOLS:
-            (system / tool).symlink_to(shutil.which(tool))
-        self.wrap(root / "ssh", "fake_ssh.py")
-        self.wrap(self.bin / "docker", "fake_docker.py")
-        self.wrap(self.bin / "nvidia-smi", "fake_nvidia_smi.py")
-        for key, value in {"TEN_SSH": str(root / "ssh"), "FAKE_DIR": str(self.fake),
-                           "FAKE_REMOTE_HOME": str(self.home), "FAKE_SSH_PORT": "2222",
-                           "FAKE_SSH_DEST": "ubuntu@gpu-box",
-                           "FAKE_REMOTE_PATH": f"{self.bin}:{system}",
-                           "TEN_RUNNER_HOME": str(root / "local ten-runner")}.items():
-            monkeypatch.setenv(key, value)
-        for key in ("FAKE_FAIL", "FAKE_SSH_DOWN", "FAKE_SSH_SHELL"):
-            monkeypatch.delenv(key, raising=False)
-
-    @staticmethod
-    def wrap(path: Path, script: str) -> None:
-        path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-                        f"{shlex.quote(str(FAKES / script))} \"$@\"\n")
-        path.chmod(0o755)
-
-    def fail(self, *what: str) -> None:
-        self.mp.setenv("FAKE_FAIL", ",".join(what))
-
-    def calls(self, tool: str) -> list[dict]:
-        path = self.fake / f"{tool}.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] \
-            if path.exists() else []
-
-    def docker(self, command: str) -> list[dict]:
-        return [c for c in self.calls("docker") if c["argv"][0] == command]
-
-    def container(self, name: str) -> Path:
-        return self.fake / "containers" / f"{name}.json"
-
-    def set_container(self, name: str, **state) -> None:
-        path = self.container(name)
-        path.write_text(json.dumps({**json.loads(path.read_text()), **state}))
-
-    def pwned(self) -> list[Path]:
-        return [p for p in self.root.rglob("*pwned*") if "pwned" in p.name
-                and p.parent != self.root]  # the home's own name holds the word
-
-
-@pytest.fixture
-def host(tmp_path, monkeypatch):
-    return Host(tmp_path, monkeypatch)
-
-
-def write_job(tmp_path: Path, device="cuda", **changes) -> Path:
-    text = JOB.replace("{device}", device).replace("{trailing spaces}", "   ")
-    for old, new in changes.items():
-        text = text.replace(old, new)
-    path = tmp_path / "job.yaml"
-    path.write_bytes(text.encode())
-    return path
-
-
-def load(path: Path):
-    return load_job(path, env=ENV, check_model=False)
-
-
-def no_secret_in(*texts: str) -> None:
-    for text in texts:
-        for secret in SECRETS:
-            assert secret not in text
-
 
 # -- the target ---------------------------------------------------------------------------
 
@@ -428,44 +318,6 @@ def test_the_managed_loop_relaunches_a_killed_container_on_the_host(tmp_path, ho
     assert [c["argv"][-1] for c in host.docker("rm")] == names
     assert record.instance is None and not list((host.fake / "containers").glob("*.json"))
     assert list((host.home / ".ten-runner" / "jobs").iterdir()) == []
-
-
-def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch, moto_server):
-    """What a user types: submit prints the id alone and a background controller runs
-    the job; status, logs (from the job's bucket), cancel and jobs take the id; no
-    secret from the environment appears in anything printed."""
-    import boto3
-    from click.testing import CliRunner
-
-    from runner.cli import cli
-
-    for key, value in {**ENV, "S3_ENDPOINT_URL": moto_server}.items():
-        if key != "HOME":
-            monkeypatch.setenv(key, value)
-    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
-    s3.create_bucket(Bucket="bkt")
-    s3.put_object(Bucket="bkt", Key="runs/tiny-ssh/run.log", Body=b"step 4 loss 6\n")
-    runner = CliRunner()
-    out = runner.invoke(cli, ["submit", str(write_job(tmp_path)), "--to", TARGET])
-    assert out.exit_code == 0, out.output
-    job_id = out.stdout.strip()
-    assert job_id.startswith("tiny-ssh-") and "\n" not in job_id
-    deadline = time.monotonic() + 60
-    while load_record(job_id).state != "RUNNING":
-        assert time.monotonic() < deadline, load_record(job_id).history
-        time.sleep(0.2)
-    status = runner.invoke(cli, ["status", job_id])
-    assert status.exit_code == 0 and "RUNNING" in status.output
-    assert f"ssh ten-{job_id}-1 in gpu-box" in status.output
-    logs = runner.invoke(cli, ["logs", job_id])
-    assert logs.exit_code == 0 and "step 4 loss 6" in logs.output
-    assert job_id in runner.invoke(cli, ["jobs"]).output
-    done = runner.invoke(cli, ["cancel", job_id])
-    assert done.exit_code == 0 and done.output.strip() == f"{job_id}: CANCELLED"
-    assert [c["argv"][-1] for c in host.docker("stop")] == [f"ten-{job_id}-1"]
-    no_secret_in(out.output, status.output, logs.output, done.output,
-                 *(p.read_text() for p in load_record(job_id).dir.iterdir() if p.is_file()))
-    assert host.pwned() == []
 
 
 def test_a_submit_without_bucket_credentials_says_what_the_container_will_use(tmp_path):

@@ -156,49 +156,6 @@ def test_a_secret_in_the_dataset_path_appears_nowhere(tmp_path, corpus, monkeypa
     assert not log.exists() or secret not in log.read_text()
 
 
-@pytest.mark.parametrize("step_s,window_s,warns", [(0.5, 30, False), (30, 30, False),
-                                                   (31, 30, True), (200, 120, True)])
-def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, warns):
-    from runner.spot import step_warning
-
-    warning = step_warning(step_s, window_s)
-    assert (warning is not None) == warns
-    if warns:
-        assert f"{window_s} s preemption notice" in warning and "train.batch_size" in warning
-
-
-def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
-    from runner.job import load_job
-    from runner.run import JobRun
-
-    class Broken:
-        def parameters(self):
-            raise RuntimeError("probability tensor contains either inf or nan")
-
-    run = JobRun(load_job(write_job(tmp_path, corpus)), "The")
-    run._sample(Broken(), tokenizer=None)  # must not raise
-    assert "no sample: RuntimeError: probability tensor" in capfd.readouterr().err
-
-
-def test_a_stop_during_the_final_teardown_keeps_the_exit_code():
-    """Once the run's outcome is decided, a SIGTERM while the interpreter tears down (its
-    threads joined, atexit handlers run) must not turn exit 0 into a death by signal."""
-    import subprocess
-    import sys
-
-    script = (
-        "import atexit, os, signal, time\n"
-        "from runner import stopping\n"
-        "from runner.stopping import exit_process\n"
-        "stopping.install()\n"
-        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n"
-        "exit_process(0)\n")
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert "Traceback" not in p.stderr
-
-
 def test_a_stop_inside_tokenizer_training_is_a_stop_not_a_data_error(tmp_path, corpus):
     """sentencepiece pulls its training text from a Python iterator: a SIGTERM handled
     there comes back as sentencepiece's own error ("tokenizer training failed:

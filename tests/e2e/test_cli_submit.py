@@ -77,7 +77,7 @@ def test_submit_errors_are_one_line_with_their_exit_code(tmp_path, corpus):
 def test_export_prints_or_writes_the_manifest(tmp_path):
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     out = ten("export", root / "jobs/l40s-small-32k.yaml", "--to", "k8s", home=tmp_path)
     kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
     assert kinds == ["ConfigMap", "Job"]

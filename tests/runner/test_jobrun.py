@@ -1,0 +1,62 @@
+"""What ``ten-runner run`` decides in-process (runner.run.JobRun, runner.spot): the
+warnings and courtesies around a run. Whole runs in subprocesses: tests/e2e."""
+
+import pytest
+from runhelpers import write_job
+
+
+@pytest.mark.parametrize("step_s,window_s,warns", [(0.5, 30, False), (30, 30, False),
+                                                   (31, 30, True), (200, 120, True)])
+def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, warns):
+    from runner.spot import step_warning
+
+    warning = step_warning(step_s, window_s)
+    assert (warning is not None) == warns
+    if warns:
+        assert f"{window_s} s preemption notice" in warning and "train.batch_size" in warning
+
+
+def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
+    from runner.job import load_job
+    from runner.run import JobRun
+
+    class Broken:
+        def parameters(self):
+            raise RuntimeError("probability tensor contains either inf or nan")
+
+    run = JobRun(load_job(write_job(tmp_path, corpus)), "The")
+    run._sample(Broken(), tokenizer=None)  # must not raise
+    assert "no sample: RuntimeError: probability tensor" in capfd.readouterr().err
+
+
+def _failures():
+    import errno
+
+    from runner.exit_codes import ExitCode
+    from runner.storage import StorageError
+    from ten.checkpoint import CheckpointWriteError
+    from ten.data import DataError
+    from ten.scan import ScanBackendError
+    from ten.trainstate import DivergedError, ResumeError
+
+    return [
+        (ResumeError("unsafe changes: d_model"), ExitCode.CONFIG, "resume refused: unsafe"),
+        (ScanBackendError("fused needs CUDA"), ExitCode.CONFIG, "config error: fused"),
+        (DataError("no text field"), ExitCode.DATA, "data error: no text"),
+        (DivergedError("loss nan"), ExitCode.DIVERGED, "diverged: loss nan"),
+        (CheckpointWriteError("disk full"), ExitCode.STORAGE, "storage error: disk full"),
+        (StorageError("bucket gone"), ExitCode.STORAGE, "storage error: bucket gone"),
+        (OSError(errno.ENOSPC, "No space left on device", "/x"), ExitCode.STORAGE,
+         "storage error: "),
+        (RuntimeError("a bug"), ExitCode.CRASH, "crash:\n"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_failures())))
+def test_every_way_a_run_fails_has_its_exit_code_and_one_message(tmp_path, case):
+    from runner.failures import exit_code_of
+
+    error, code, start = _failures()[case]
+    said = []
+    assert exit_code_of(error, None, tmp_path, False, said.append) == code
+    assert len(said) == 1 and said[0].startswith(start), said
