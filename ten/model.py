@@ -1,4 +1,4 @@
-"""The Temporal Eigenstate Network language model (see shared/TEN_MATH.md).
+"""The Temporal Eigenstate Network language model (docs/model.md explains it).
 
 Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
 
@@ -59,8 +59,12 @@ class TENConfig:
     seq_len: int = 256  # training length (the model itself runs at any length)
     chunk_size: int = 64  # Q for the chunked scan
     scan_backend: str = "auto"  # fused on CUDA, else chunked; or ref | chunked | fused
-    selective: bool = False
-    conv_width: int = 0  # a causal depthwise convolution of this width before the drive; 0: none
+    # selective + conv_width 4, every preset's mode, by measurement (benchmarks/
+    # bench_recall.py, BENCHMARKS.md "Recall"): the fixed mode's held-out loss (4.656 vs
+    # 4.660 nats, flat to 16x the training length), 1.05-1.14x its step time, and the only
+    # TEN that recalls beyond its training length (copy-first trained at 64: 91% at 256).
+    selective: bool = True  # input-dependent steps; False: fixed eigenvalues (an LTI scan)
+    conv_width: int = 4  # a causal depthwise convolution of this width before the drive; 0: none
     mlp: str = "swiglu"
     mlp_ratio: float = 8 / 3
     lambda_min: float = 0.9  # |λ| at init is uniform in [lambda_min, lambda_max]:

@@ -25,26 +25,20 @@ from ten.transformer import TransformerConfig, TransformerLM
 # the CPU's best keeps the (2Q)² tiles tensor-core sized for chunked runs on a GPU; there
 # `auto` picks the fused scan, which has no chunks. The GPU suite's `chunk` section
 # re-measures Q = 32..256.
-# selective + conv_width 4 everywhere, by measurement (benchmarks/bench_recall.py, 2 CPU
-# cores, BENCHMARKS.md "Recall"): the same held-out loss as the fixed mode (4.656 vs 4.660
-# nats, flat to 16x the training length; the default job, 3 seeds: 4.668 vs 4.670),
-# 1.05-1.14x its step time, and the only TEN that recalls beyond its training length
-# (copy-first trained at 64: 91% at 256, 56% at 4096; fixed and transformer at chance
-# there). A field set in the job overrides it.
-_RECALL = dict(selective=True, conv_width=4)
+# Every preset is selective with conv_width 4: TENConfig's defaults (measured there).
 
 PRESETS: dict[str, TENConfig] = {
     # CPU/CI: a few steps per second on 2 cores.
     "tiny": TENConfig(vocab_size=4096, d_model=128, n_layers=4, n_eigenstates=64, n_heads=4,
-                      seq_len=256, chunk_size=64, **_RECALL),
+                      seq_len=256, chunk_size=64),
     "small": TENConfig(vocab_size=32000, d_model=768, n_layers=12, n_eigenstates=128,
-                       n_heads=4, seq_len=4096, chunk_size=64, **_RECALL),
+                       n_heads=4, seq_len=4096, chunk_size=64),
     "small_32k": TENConfig(vocab_size=32000, d_model=1024, n_layers=8, n_eigenstates=128,
-                           n_heads=4, seq_len=32768, chunk_size=64, **_RECALL),
+                           n_heads=4, seq_len=32768, chunk_size=64),
     "medium": TENConfig(vocab_size=32000, d_model=1536, n_layers=16, n_eigenstates=192,
-                        n_heads=6, seq_len=16384, chunk_size=64, **_RECALL),
+                        n_heads=6, seq_len=16384, chunk_size=64),
     "large": TENConfig(vocab_size=32000, d_model=2048, n_layers=24, n_eigenstates=256,
-                       n_heads=8, seq_len=32768, chunk_size=64, **_RECALL),
+                       n_heads=8, seq_len=32768, chunk_size=64),
 }
 
 if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema accepts

@@ -1,4 +1,5 @@
-"""The eigenstate recurrence ``c_t = λ_t · c_{t-1} + β_t`` and its backends.
+"""The eigenstate recurrence ``c_t = λ_t · c_{t-1} + β_t`` and its backends (docs/model.md,
+"Computing the recurrence" and "Gradients of the scan").
 
 Every backend has the same signature and the same layout convention: a complex
 tensor is stored as real numbers with its real parts in the first half of the last

@@ -54,3 +54,19 @@ def test_ci_runs_the_readme_test_command():
     test_cmd = next(c for c in commands if "pytest" in c)
     assert test_cmd in (ROOT / ".ci" / "run").read_text()
     assert any("ten-runner run jobs/tiny-cpu.yaml" in c for c in commands[:2])
+
+
+def test_every_environment_variable_the_code_reads_is_in_the_readme_table():
+    """Every ``TEN_*`` name written in ten/ or runner/ (found in the source, not listed
+    here) has a row in the README's table of environment variables."""
+    import ast
+
+    names = set()
+    for path in [*ROOT.glob("ten/**/*.py"), *ROOT.glob("runner/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names |= set(re.findall(r"\bTEN_[A-Z0-9_]*[A-Z0-9]\b", node.value))
+    assert {"TEN_CACHE_DIR", "TEN_NNODES", "TEN_SSH"} <= names
+    table = README.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"`(TEN_[A-Z0-9_]+)`", table))
+    assert not names - rows, f"add to the README's table: {sorted(names - rows)}"

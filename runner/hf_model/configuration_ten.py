@@ -12,7 +12,7 @@ class TENConfig(PretrainedConfig):
     model_type = "ten"
 
     def __init__(self, vocab_size=4096, d_model=128, n_layers=4, n_eigenstates=64,
-                 n_heads=4, mlp="swiglu", mlp_hidden=384, selective=False, conv_width=0,
+                 n_heads=4, mlp="swiglu", mlp_hidden=384, selective=True, conv_width=4,
                  norm_eps=1e-5, chunk_size=64, seq_len=256, tie_word_embeddings=True,
                  **kwargs):
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers

@@ -1,6 +1,6 @@
 """Spot-preemption notices as data: the parsers of the three metadata services'
-answers and the deadline maths. Pure functions, tested from tables (DESIGN.md rule 7);
-the HTTP calls are in :mod:`runner.preemption.metadata`."""
+answers and the deadline maths. Pure functions, tested from tables; the HTTP calls are
+in :mod:`runner.preemption.metadata`."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
 def _heredoc(text: str, path: str) -> list[str]:
     """Shell lines writing ``text`` to ``path`` byte for byte (plus a final newline if it
     had none): a quoted delimiter, so ``$`` and backslashes stay as written."""
-    end = "TEN_JOB_YAML"
+    end = "END_OF_JOB_YAML"
     lines = (text[:-1] if text.endswith("\n") else text).split("\n")  # \n only, as bash
     while end in lines:
         end += "_"

@@ -21,8 +21,10 @@ from ten.model import TENConfig
 from ten.presets import ten_config
 from ten.transformer import TransformerConfig
 
+# Fixed eigenvalues, no convolution: the simplest layer, which the selective one is
+# compared with below.
 SMALL = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
-                  seq_len=4096, chunk_size=64)
+                  seq_len=4096, chunk_size=64, selective=False, conv_width=0)
 
 # A fresh process: its peak resident set grows by what one real forward + backward holds
 # at once. VmHWM, not ru_maxrss: the latter keeps the parent's peak across exec (a big
@@ -35,7 +37,7 @@ def hwm():
     line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
     return int(line.split()[1]) * 1024
 cfg = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
-                seq_len=4096, chunk_size=64)
+                seq_len=4096, chunk_size=64, selective=False, conv_width=0)
 objective = NextTokenLoss(TENLM(cfg), "chunked")
 small = torch.randint(0, 1000, (1, 64))  # first calls import what the operators need
 objective(small, small).backward()

@@ -277,7 +277,7 @@ def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_d
     state holds what it has (λ -> 1). The fixed model forgets it within ~1000 steps."""
     torch.manual_seed(0)
     cfg = TENConfig(vocab_size=V, d_model=8, n_layers=1, n_eigenstates=4, n_heads=1,
-                    selective=True, lambda_min=0.9, lambda_max=0.99)
+                    selective=True, conv_width=0, lambda_min=0.9, lambda_max=0.99)
     mixer = EigenstateMixer(cfg).double()
     marker, noise = torch.zeros(8, dtype=torch.float64), torch.randn(4095, 8).double()
     marker[0], noise[:, 0] = 10.0, 0.0  # feature 0: "write this token"

@@ -77,3 +77,14 @@ def test_table_prints_every_preset():
     for name in PRESETS:
         assert f"\n{name} " in text
     assert "non-emb params" in text and "FLOPs/token" in text
+
+
+def test_a_bare_ten_config_computes_as_every_preset_does():
+    # TENConfig() is what a library user or an old call site gets: the presets' mode, not
+    # a different model that no job trains.
+    from ten.model import TENConfig
+
+    bare = TENConfig()
+    for name, preset in PRESETS.items():
+        assert (preset.selective, preset.conv_width, preset.mlp, preset.scan_backend) == (
+            bare.selective, bare.conv_width, bare.mlp, bare.scan_backend), name

@@ -195,7 +195,7 @@ def test_the_skypilot_run_script_writes_the_job_file_verbatim(name, tmp_path):
 
 
 def test_the_heredoc_delimiter_never_occurs_in_the_text():
-    text = "a: |\n  x\nTEN_JOB_YAML\nTEN_JOB_YAML_\n"
+    text = "a: |\n  x\nEND_OF_JOB_YAML\nEND_OF_JOB_YAML_\n"
     lines = _heredoc(text, "/job/job.yaml")
     end = lines[-1]
     assert lines[0] == f"cat > /job/job.yaml <<'{end}'" and end not in text.splitlines()
