@@ -115,29 +115,29 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     non-finite: lower train.lr), 10 a GPU that NVML sees and torch cannot use, 75
     stopped by a signal or a preemption notice (everything trained is committed; run
     again to resume)."""
-    from runner import stopping
-    from runner.stopping import exit_process
+    from ten.stop import Interrupted, Stop
 
+    stop = Stop(exit_code=ExitCode.PREEMPTED)
     try:
-        stopping.install()  # from the first moment: a stop before the loop exits 75 too
+        stop.install()  # from the first moment: a stop before the loop exits 75 too
         job = _load(job_file, sets)
         from runner.launch import launch, needs_launcher
 
         if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
-            raise SystemExit(launch(job_file, sets, job, no_sample=no_sample))
+            raise SystemExit(launch(job_file, sets, job, stop, no_sample=no_sample))
         from runner.run import run_job
 
-        code = run_job(job, sample_prompt=None if no_sample else "The")
-    except stopping.Interrupted as stop:
-        stopping.handled()
-        click.echo(f"stopped by {stop.name} during {stopping.phase()}: nothing to save "
+        code = run_job(job, stop, sample_prompt=None if no_sample else "The")
+    except Interrupted as signal:
+        stop.handled()
+        click.echo(f"stopped by {signal.name} during {stop.phase}: nothing to save "
                    "yet; run again to resume", err=True)
         code = ExitCode.PREEMPTED
     except MemoryError:  # importing torch, loading the job: the machine, before any run
         click.echo("out of memory before the run could start: this machine (or its "
                    "container's limit) leaves too little for the runner", err=True)
         code = ExitCode.CONFIG
-    exit_process(code)
+    stop.end_process(code)
 
 
 @cli.command()

@@ -17,16 +17,17 @@ from runner.exit_codes import ExitCode
 Log = Callable[[str], None]
 
 
-def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log) -> ExitCode:
-    """How a run that raised ``e`` ended, said in one line, as its exit code: the one table
-    of ``ten-runner run``'s failures (a stop is not one: see runner.stopping)."""
+def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log,
+                 phase: str = "the run") -> ExitCode:
+    """How a run that raised ``e`` during ``phase`` ended, said in one line, as its exit
+    code: the one table of ``ten-runner run``'s failures (a stop is not one: ten.stop)."""
     for kinds, code, words in _failures():
         if isinstance(e, kinds):
             log(f"{words}: {e}")
             return code
     if isinstance(e, OSError):
         return disk_error(e, run_dir, bucket, log)
-    return crash_or_memory(e, job, log)
+    return crash_or_memory(e, job, log, phase)
 
 
 def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]:
@@ -49,12 +50,11 @@ def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]
     )
 
 
-def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
+def crash_or_memory(e: Exception, job: Any, log: Log, phase: str = "the run") -> ExitCode:
     """A crash keeps its traceback. Two conditions are no bug: another rank gone (one
     line, exit 1: the launcher names the rank and what ended it), and memory running
     out, the job's size on this machine (one line, what was asked and the settings that
     lower it, exit 2)."""
-    from runner.stopping import phase
     from ten.memory import exhausted, lowering
 
     peer = peer_lost(e)
@@ -69,7 +69,7 @@ def crash_or_memory(e: Exception, job: Any, log: Log) -> ExitCode:
         knobs = lowering(job.model_settings(), job.train.batch_size, job.data.seq_len)
     except Exception:  # noqa: BLE001 - memory may be short for this too
         knobs = "lower train.batch_size or data.seq_len"
-    log(f"out of memory during {phase()}: {what}; {knobs}")
+    log(f"out of memory during {phase}: {what}; {knobs}")
     return ExitCode.CONFIG
 
 

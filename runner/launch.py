@@ -47,6 +47,7 @@ from typing import Any
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.ranks import EXIT_FILE, LAUNCH_DIR_ENV, die_with_parent, pid_file
+from ten.stop import Stop
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 NODE_ENV = ("TEN_NNODES", "TEN_NODE_RANK", "TEN_MASTER_ADDR", "TEN_MASTER_PORT")
@@ -128,7 +129,8 @@ def torchrun_command(job_file: str, sets: tuple[str, ...], nproc: int, nodes: No
     return cmd
 
 
-def launch(job_file: str, sets: tuple[str, ...], job: Any, *, no_sample: bool = False) -> int:
+def launch(job_file: str, sets: tuple[str, ...], job: Any, stop: Stop, *,
+           no_sample: bool = False) -> int:
     """Run the job as ``resources.gpus`` ranks under torchrun; returns rank 0's exit
     code (75 after a stop signal once the checkpoint is committed, 0 when done, ...)."""
     nodes = nodes_from_env(dict(os.environ))
@@ -141,7 +143,7 @@ def launch(job_file: str, sets: tuple[str, ...], job: Any, *, no_sample: bool = 
     try:
         cmd = torchrun_command(job_file, sets, nproc, nodes, no_sample)
         env = {**os.environ, LAUNCH_DIR_ENV: str(launch_dir)}
-        return supervise(cmd, env, launch_dir, nproc)
+        return supervise(cmd, env, launch_dir, nproc, stop)
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
 
@@ -158,17 +160,13 @@ def _sweep_launch_dirs() -> None:
             continue
 
 
-def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int) -> int:
+def supervise(cmd: list[str], env: dict[str, str], launch_dir: Path, nproc: int,
+              stop: Stop) -> int:
     """Run torchrun to its end, passing stop signals on to the ranks; rank 0's code."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
     relay = _SignalRelay(proc, launch_dir, nproc)
-    old = {sig: signal.signal(sig, relay) for sig in (signal.SIGTERM, signal.SIGINT,
-                                                      signal.SIGHUP)}
-    try:
+    with stop.relaying(relay):
         rc = proc.wait()
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
     code = read_exit_code(launch_dir)
     killed = read_killed(launch_dir)
     # A rank killed first, then rank 0 crashing on the lost connection: the kill decides.
@@ -205,7 +203,7 @@ def read_exit_code(launch_dir: Path) -> int | None:
 
 
 class _SignalRelay:
-    """The launcher's handler for SIGTERM, SIGINT and SIGHUP: pass the first one on to
+    """What the launcher does with SIGTERM, SIGINT and SIGHUP: pass the first one on to
     the ranks (or, while they are still starting, to torchrun, whose agent stops them),
     then only a repeated SIGINT. SIGHUP (the terminal closed) goes on as SIGTERM, the
     signal the trainer stops on."""
@@ -214,7 +212,7 @@ class _SignalRelay:
         self.proc, self.launch_dir, self.nproc = proc, launch_dir, nproc
         self.signals: list[int] = []
 
-    def __call__(self, signum: int, frame: Any) -> None:
+    def __call__(self, signum: int) -> None:
         repeated = bool(self.signals)
         self.signals.append(signum)
         if repeated and signum != signal.SIGINT:

@@ -28,18 +28,20 @@ from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl
 from runner.spot import start_notice_watcher, step_warning
 from ten.fileio import atomic_copy, atomic_write
+from ten.stop import Interrupted, Stop
 
 
-def run_job(job: Job, sample_prompt: str | None = "The") -> ExitCode:
-    """Run a job to its end; returns the process exit code. Under torchrun every rank
-    runs this, and a rank's code is rank 0's once it ended in order (runner.ranks)."""
+def run_job(job: Job, stop: Stop, sample_prompt: str | None = "The") -> ExitCode:
+    """Run a job to its end; returns the process exit code. ``stop``: the process's one
+    :class:`ten.stop.Stop`, installed. Under torchrun every rank runs this, and a rank's
+    code is rank 0's once it ended in order (runner.ranks)."""
     from runner.ranks import RankGroup
 
     ranks = RankGroup.from_env()
     if ranks is None:
-        return JobRun(job, sample_prompt).run()
+        return JobRun(job, stop, sample_prompt).run()
     ranks.started()
-    return ranks.finish(JobRun(job, sample_prompt, ranks).run())
+    return ranks.finish(JobRun(job, stop, sample_prompt, ranks).run())
 
 
 class JobRun:
@@ -47,8 +49,9 @@ class JobRun:
     uploader, notice watcher, GPU sampler, heartbeat) is closed in :meth:`_close`, and
     every way it can end is one exit code."""
 
-    def __init__(self, job: Job, sample_prompt: str | None, ranks: Any = None) -> None:
-        self.job, self.sample_prompt, self.ranks = job, sample_prompt, ranks
+    def __init__(self, job: Job, stop: Stop, sample_prompt: str | None,
+                 ranks: Any = None) -> None:
+        self.job, self.stop, self.sample_prompt, self.ranks = job, stop, sample_prompt, ranks
         self.run_dir = run_dir_of(job)
         # Only one process of a torchrun group talks to the bucket and writes telemetry.
         rank = int(os.environ.get("RANK", "0"))
@@ -67,10 +70,9 @@ class JobRun:
         self.exit_code = ExitCode.CRASH  # what the heartbeat's last beat reports
 
     def run(self) -> ExitCode:
-        from runner import stopping
         from runner.runlock import RunLock
 
-        stopping.install()
+        self.stop.install()
         streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = (ScrubbedStream(s, self.job.scrub) for s in streams)
         code = ExitCode.CRASH
@@ -82,7 +84,7 @@ class JobRun:
                 self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
                 self.resources.callback(self.log.close)
                 self.resources.enter_context(ThreadDiskErrors(self.log))
-                stopping.set_phase("start-up", self.log)
+                self.stop.set_phase("start-up", self.log)
                 if self.is_main:
                     self._point_healthcheck()
                 code = self._run()
@@ -90,18 +92,19 @@ class JobRun:
                 # A library that ran our stop handler inside its own code may report the
                 # stop as its own failure (sentencepiece: "tokenizer training failed:
                 # Interrupted"): once a stop arrived, it is the stop that ends the run.
-                stopping.raise_if_received()
+                self.stop.raise_if_received()
                 raise
-        except stopping.Interrupted as stop:
-            stopping.handled()
-            self.stop_reason = stop.name
-            code = self._interrupted(stop)
+        except Interrupted as signal:
+            self.stop.handled()
+            self.stop_reason = signal.name
+            code = self._interrupted(signal)
         except KeyboardInterrupt:
             self.stop_reason = "SIGINT"
             self.log("interrupted before a checkpoint could be committed")
             code = ExitCode.PREEMPTED
         except Exception as e:  # noqa: BLE001 - every failure has its exit code
-            code = exit_code_of(e, self.job, self.run_dir, self.store is not None, self.log)
+            code = exit_code_of(e, self.job, self.run_dir, self.store is not None, self.log,
+                                self.stop.phase)
         finally:
             self._close(code)
             sys.stdout, sys.stderr = streams
@@ -110,22 +113,21 @@ class JobRun:
     def _stderr(self, line: str) -> None:
         print(self.job.scrub(self.tag + line), file=sys.stderr, flush=True)
 
-    def _interrupted(self, stop: Any) -> ExitCode:
+    def _interrupted(self, signal: Interrupted) -> ExitCode:
         """A stop signal outside the training loop: nothing new to save; after the loop
         the committed checkpoint must still reach the bucket before the exit."""
-        from runner import stopping
-
+        during = self.stop.phase
         if not self.commits:
-            self.log(f"stopped by {stop.name} during {stopping.phase()}: nothing to save "
-                     "yet; run again to resume")
+            self.log(f"stopped by {signal.name} during {during}: nothing to save yet; run "
+                     "again to resume")
             return ExitCode.PREEMPTED
         last = self.commits[-1][0].name
-        self.log(f"stopped by {stop.name} during {stopping.phase()}: {last} is committed; "
-                 "run again to finish")
+        self.log(f"stopped by {signal.name} during {during}: {last} is committed; run again "
+                 "to finish")
         try:
             if not self._finish_uploads():
                 return ExitCode.STORAGE
-        except stopping.Interrupted:
+        except Interrupted:
             self.log(f"stopped again: {last} may not be in the bucket yet")
         return ExitCode.PREEMPTED
 
@@ -142,16 +144,14 @@ class JobRun:
             self.log(f"warning: cannot write the healthcheck pointer: {e}")
 
     def _run(self) -> ExitCode:
-        from runner.stopping import set_phase
-
         unfit = self._start()
         if unfit is not None:
             return unfit
-        set_phase("data preparation")
+        self.stop.set_phase("data preparation")
         data, mcfg = self._open_data()
-        set_phase("the model build")
+        self.stop.set_phase("the model build")
         trainer = self._trainer(data, mcfg)
-        set_phase("training")  # the trainer's own handler takes over inside its loop
+        self.stop.set_phase("training")  # the trainer's own handler takes over inside its loop
         try:
             result = trainer.run()
         finally:
@@ -162,8 +162,6 @@ class JobRun:
     def _start(self) -> ExitCode | None:
         """Everything before the data: the health gate (its exit code when the host is
         unfit), the bucket restore, the ranks' agreement on a checkpoint, the monitor."""
-        from runner.stopping import set_phase
-
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
@@ -172,13 +170,13 @@ class JobRun:
 
             make_deterministic()
         if job.monitor.health_gate:
-            set_phase("the GPU health check")
+            self.stop.set_phase("the GPU health check")
             unfit = self._unfit_host()
             if unfit is not None:
                 self._report_unfit()
                 return unfit
         if job.storage.is_remote and self.is_main:
-            set_phase("the bucket restore")
+            self.stop.set_phase("the bucket restore")
             self.store, self.lease = connect_store(job, self.run_dir, log)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
@@ -189,23 +187,22 @@ class JobRun:
     def _finish(self, trainer: Any, result: Any, tokenizer: Any) -> ExitCode:
         """After the loop: the final upload, then (a finished run) the prepared data's
         sharing, the last line and the sample."""
-        from runner.stopping import set_phase
         from ten.trainer import Outcome
 
-        set_phase("the final upload")
+        self.stop.set_phase("the final upload")
         if not self._finish_uploads():
             return ExitCode.STORAGE
         if result.outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
         if self.cache is not None:  # done: let the prepared data finish sharing
-            set_phase("sharing the prepared data")
+            self.stop.set_phase("sharing the prepared data")
             for thread in self.cache.threads:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
             self.log(f"done: {result.step} steps, held-out loss {result.final_loss:.4f}, "
                      f"perplexity {ppl(result.final_loss):.2f}")
             if self.sample_prompt:
-                set_phase("the final sample")
+                self.stop.set_phase("the final sample")
                 self._sample(result.model, tokenizer)
         return ExitCode.OK
 
@@ -285,7 +282,8 @@ class JobRun:
             if mon.exit_on_stall:
                 log(f"exiting: {diagnosis.message}")
                 self.heartbeat.stop("stalled")
-                os._exit(int(ExitCode.CRASH))  # a hung loader cannot checkpoint
+                # a hung loader cannot checkpoint: out at once, for a supervisor to relaunch
+                self.stop.end_process(ExitCode.CRASH, at_once=True)
 
         self.heartbeat = Heartbeat(
             self.run_dir, self.store, self.job.name, period_s=mon.heartbeat_s,
@@ -318,7 +316,8 @@ class JobRun:
         }
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved,
                           log=self.log, on_commit=self._on_commit, on_log=self._on_log,
-                          on_step=self.heartbeat.step if self.heartbeat is not None else None)
+                          on_step=self.heartbeat.step if self.heartbeat is not None else None,
+                          stop=self.stop)
         if self.store is not None:
             from runner.sync import CheckpointSync
 
@@ -367,12 +366,10 @@ class JobRun:
         """Before exiting: the newest checkpoint must be committed in the bucket (waiting
         for it is the only time training waits on the network). Then, after a notice,
         how long that took against its deadline. False when the bucket lacks it."""
-        from runner import stopping
-
         committed_at = self.commits[-1][2] if self.commits else None
         if self.sync is not None and self.commits:
             last = self.commits[-1][0]
-            with stopping.deferred(self.log, f"the upload of {last.name}"):
+            with self.stop.deferred(f"the upload of {last.name}"):
                 uploaded = self.sync.commit_now(last)
             if not uploaded:
                 why = self.sync.lease_lost or self.sync.error or "upload failed"

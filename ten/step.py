@@ -1,5 +1,5 @@
-"""The step: one optimizer update over micro-batches (``train_step``), the held-out loss
-(``evaluate``), and the stop flag the loop checks between steps (``StopSignal``).
+"""The step: one optimizer update over micro-batches (``train_step``) and the held-out
+loss (``evaluate``). What stops the loop between steps is ``ten.stop.Stop``.
 
 Both take the objective (``ten.loss.NextTokenLoss``, possibly DDP-wrapped) and return
 device tensors: no host sync on the fused-optimizer path (``ten.nonfinite.step_unless``).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,46 +17,6 @@ import torch
 from ten.lm import LanguageModel
 from ten.loss import NextTokenLoss
 from ten.nonfinite import step_unless
-
-
-class StopSignal:
-    """Turns the first SIGTERM/SIGINT/SIGHUP (a supervisor, Ctrl-C, the terminal or ssh
-    session closing) into a flag the loop checks after each step; a second SIGINT
-    interrupts at once (the user insists). ``request`` raises the same flag from another
-    thread (a preemption-notice watcher)."""
-
-    # runner.stopping.SIGNALS too: it installs before torch is imported, so not from here
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.requested: str | None = None
-        self._old: dict[int, Any] = {}
-
-    @property
-    def reason(self) -> str | None:
-        if self.signum is not None:
-            return signal.Signals(self.signum).name
-        return self.requested
-
-    def request(self, reason: str) -> None:
-        if self.requested is None:
-            self.requested = reason
-
-    def __enter__(self) -> StopSignal:
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            for sig in self.SIGNALS:
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -51,7 +51,8 @@ from ten.presets import build_model
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
-from ten.step import StopSignal, evaluate, train_step
+from ten.step import evaluate, train_step
+from ten.stop import Stop
 from ten.trainstate import Checkpointing, first_line, seed_everything
 
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
@@ -135,8 +136,10 @@ class Trainer(Checkpointing):
     full (secret-free) job, saved with every checkpoint. ``on_commit(path, seconds)`` is
     called on the main rank after each committed checkpoint, ``on_log(record)`` with each
     train record written to the metrics, ``on_step(step)`` after every step (cheap: it
-    runs on the hot path; a liveness watchdog); ``stop.request(reason)`` (thread-safe)
-    ends the run after the current step with a checkpoint, like SIGTERM.
+    runs on the hot path; a liveness watchdog). ``stop``: the process's
+    :class:`ten.stop.Stop` when a runner owns one (else the trainer's own, whose signal
+    handlers are installed for the loop only); ``stop.request(reason)`` (thread-safe) ends
+    the run after the current step with a checkpoint, like SIGTERM.
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
@@ -144,12 +147,13 @@ class Trainer(Checkpointing):
                  log: Callable[[str], None] = print,
                  on_commit: Callable[[Path, float], None] | None = None,
                  on_log: Callable[[dict[str, Any]], None] | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None,
+                 stop: Stop | None = None) -> None:
         self.model_config, self.data, self.cfg = model_config, data, cfg
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
         self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.stop = StopSignal()
+        self.stop = Stop() if stop is None else stop
         if cfg.deterministic:
             make_deterministic()
         self.device = resolve_device(cfg.device)
@@ -190,7 +194,7 @@ class Trainer(Checkpointing):
         model, loader, step, tokens = self._build()
         self.metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None
         self._start_record(step)
-        with self.stop:
+        with self.stop.in_loop():
             outcome, step, tokens = self._loop(model, loader, step, tokens)
         final_loss = self._eval(step) if outcome is Outcome.DONE else None
         if self.metrics:

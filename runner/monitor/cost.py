@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 SESSION_START = "start"
-# Stop reasons (the trainer's StopSignal.reason) that mean "the user asked": Ctrl-C.
+# Stop reasons (ten.stop.Stop.reason) that mean "the user asked": Ctrl-C.
 USER_STOP_REASONS = frozenset({"SIGINT"})
 
 

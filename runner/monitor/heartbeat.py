@@ -205,7 +205,7 @@ class Heartbeat:
         reason: "SIGTERM", "SIGINT", "aws preemption notice", ...); a "preempted" stop
         whose reason is the user's (Ctrl-C) is recorded as "stopped", so the report does
         not count it as a preemption (the exit code stays). Never raises; callable from
-        ``on_stall`` (the heartbeat's own thread), e.g. before ``os._exit``."""
+        ``on_stall`` (the heartbeat's own thread), e.g. before ``Stop.end_process``."""
         if state == "preempted" and is_user_stop(reason):
             state = "stopped"
         self._exit_code, self._stop_reason = exit_code, reason

@@ -19,12 +19,13 @@ def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, 
 def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
     from runner.job import load_job
     from runner.run import JobRun
+    from ten.stop import Stop
 
     class Broken:
         def parameters(self):
             raise RuntimeError("probability tensor contains either inf or nan")
 
-    run = JobRun(load_job(write_job(tmp_path, corpus)), "The")
+    run = JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")
     run._sample(Broken(), tokenizer=None)  # must not raise
     assert "no sample: RuntimeError: probability tensor" in capfd.readouterr().err
 
