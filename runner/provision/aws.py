@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -37,8 +38,10 @@ from runner.provision.base import (
     LaunchSpec,
     NoCapacity,
     Phase,
+    Provider,
     ProvisionError,
 )
+from runner.provision.destinations import Destination
 from runner.provision.ec2_rules import (
     CREDENTIAL_CODES,
     DLAMI_PARAMETER,
@@ -65,7 +68,7 @@ TAG_JOB_ID, TAG_JOB, TAG_ATTEMPT = "ten-runner:job-id", "ten-runner:job", "ten-r
 
 # -- the provider -------------------------------------------------------------------------
 
-class AWSProvider:
+class AWSProvider(Provider):
     """EC2 attempts of one job. Cheap to build (no API call); :meth:`prepare` validates
     and is run by the first :meth:`launch` (the CLI can call it before uploading
     anything)."""
@@ -447,3 +450,26 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
                                 env={"AWS_DEFAULT_REGION": region}, max_restarts=0)
 
     return _provider(job, region, user_data)
+
+
+class AwsDestination(Destination):
+    """``--to aws``: the job YAML goes to the job's bucket, where the instance reads it."""
+
+    def stage(self, job: Any, job_copy: Path, job_id: str, details: dict[str, Any], *,
+              check: bool) -> dict[str, Any]:
+        """Check what can be checked before anything is created in the cloud (``check``),
+        then put the job YAML into its bucket: the s3:// URL the instance runs."""
+        if "job_url" in details:
+            return {}
+        from runner.provision.env import upload_job
+
+        if check:
+            check_submit(job, details.get("region"))
+        return {"job_url": upload_job(job, job_copy, job_id)}
+
+    def provider(self, record: Any, job: Callable[[], Any],
+                 log: Callable[[str], None]) -> Provider:
+        return provider_for(job(), record)
+
+
+DESTINATION = AwsDestination()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
@@ -102,22 +102,32 @@ class Instance:
         return cls(**data)
 
 
-class Provider(Protocol):
+class Provider:
+    """Runs a job's attempts on one kind of machine. Subclasses implement ``launch``,
+    ``poll``, ``terminate`` and ``logs``; ``teardown_job`` defaults to nothing to sweep.
+    How a ``--to`` target finds its provider: runner.provision.destinations."""
+
     name: str
 
     def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
         """Start the attempt, not in any zone/host of ``avoid``. Raises NoCapacity when
         nothing can be had, ProvisionError for anything the user must fix. Must leave
         nothing running when it raises."""
-        ...
+        raise NotImplementedError
 
     def poll(self, instance: Instance) -> InstanceStatus:
-        ...
+        raise NotImplementedError
 
     def terminate(self, instance: Instance) -> None:
         """Stop and remove the attempt; idempotent, fine on an attempt already gone."""
-        ...
+        raise NotImplementedError
 
     def logs(self, instance: Instance) -> str:
         """What the attempt printed so far ('' when the provider cannot tell)."""
-        ...
+        return ""
+
+    def teardown_job(self, job_id: str) -> list[str]:
+        """Once the job has ended: terminate what still runs under its name that no record
+        knows (a controller killed between the launch call and saving the record); the
+        ids. Only a provider that tags what it creates can find such leftovers."""
+        return []

@@ -40,6 +40,7 @@ from runner.provision.base import (
     InstanceStatus,
     LaunchSpec,
     Phase,
+    Provider,
     ProvisionError,
     UnhealthyHost,
 )
@@ -114,7 +115,7 @@ def choose_mode(job: Any, environ: Mapping[str, str] | None = None) -> tuple[str
 
 
 # -- the provider ---------------------------------------------------------------------------
-class ContainerAttempts:
+class ContainerAttempts(Provider):
     """launch/poll/terminate/logs of container attempts (see the module doc). ``job``
     (the loaded job) is needed to launch only; ``environ``: where the job's variables
     are taken from (default ``os.environ``)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from runner.exit_codes import ExitCode
 from runner.provision.base import Instance, LaunchSpec, Provider, ProvisionError
+from runner.provision.destinations import destination
 from runner.provision.managed import (
     CANCEL,
     LIVE_STATES,
@@ -45,77 +46,17 @@ JOB_COPY = "job.yaml"
 # -- building a controller from a record ---------------------------------------------------
 def make_provider(record: JobRecord, job: Any = None,
                   log: Callable[[str], None] = print) -> Provider:
-    """The provider of ``record.target``: ``local`` here, ``aws`` through
-    ``runner.provision.aws.provider_for(job, record)`` (imported only then), an
-    ``ssh://`` host through :class:`runner.provision.ssh.SshProvider`.
+    """The provider of ``record.target``, from its destination
+    (runner.provision.destinations); ``job`` is loaded from the record's copy when the
+    provider needs it and it is not given."""
+    loaded = [job] if job is not None else []
 
-    ``local`` runs the job's container when Docker is usable, else a plain process
-    (:func:`runner.provision.container.choose_mode`; ``TEN_LOCAL_MODE`` forces it). The
-    choice is made once, logged, and kept in ``record.details["local_mode"]`` (saved),
-    so a restarted controller launches the same way."""
-    if record.target == "local":
-        from runner.provision.container import CONTAINER, ContainerAttempts, choose_mode
-        from runner.provision.local import LocalProvider
+    def load() -> Any:  # once, and only if the provider needs it
+        if not loaded:
+            loaded.append(load_job_copy(record))
+        return loaded[0]
 
-        mode = record.details.get("local_mode")
-        if mode is None and record.instance:  # a record from before the modes existed
-            mode = record.instance.get("details", {}).get("mode", "process")
-        if mode is None:
-            job = job if job is not None else load_job_copy(record)
-            mode, why = choose_mode(job)
-            record.details["local_mode"] = mode
-            record.transition(record.state, f"--to local runs a {mode} ({why})")
-            record.save()
-            log(f"{record.job_id}: --to local runs a {mode} ({why})")
-        container = None
-        if mode == CONTAINER:
-            container = ContainerAttempts(job if job is not None else load_job_copy(record))
-        return LocalProvider(cwd=record.details.get("cwd"), container=container)
-    if record.target == "aws":
-        from runner.provision import aws  # boto3: only for aws jobs
-
-        return aws.provider_for(job if job is not None else load_job_copy(record), record)
-    if _is_ssh(record.target):
-        from runner.provision.ssh import SshProvider
-
-        return SshProvider(record.target, job if job is not None else load_job_copy(record))
-    raise ProvisionError(f"no provider for target {record.target!r}")
-
-
-def _is_ssh(target: str) -> bool:
-    return target.lower().startswith("ssh://")
-
-
-def _preflight(job: Any, job_file: Path, target: str, *, check: bool,
-               log: Callable[[str], None]) -> str:
-    """Refuse what can be refused before a job is recorded; returns the target as the
-    record keeps it (an ssh URL in its normal form). ``check``: also ask the host, not
-    for a provider the caller built."""
-    if target in ("local", "aws"):
-        return target
-    if not _is_ssh(target):
-        raise ProvisionError(f"--to {target!r}: use local, aws or ssh://user@host[:port]")
-    from runner.provision.env import credential_warning, job_env
-    from runner.provision.ssh import check_submit
-
-    normal = str(check_submit(job, target, check_host_too=check))
-    warning = credential_warning(job_env(job, job_file=job_file))
-    if warning:
-        log(warning)
-    return normal
-
-
-def _upload_job(job: Any, job_file: Path, job_id: str, region: str | None,
-                check: bool) -> str:
-    """Check what can be checked before anything is created in the cloud (``check``:
-    not for a provider the caller built), then put the job YAML into its bucket
-    (returns the s3:// URL the instance runs)."""
-    from runner.provision import aws
-    from runner.provision.env import upload_job
-
-    if check:
-        aws.check_submit(job, region)
-    return upload_job(job, job_file, job_id)
+    return destination(record.target).provider(record, load, log)
 
 
 def load_job_copy(record: JobRecord) -> Any:
@@ -208,7 +149,8 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     (the host is checked first). A Ctrl-C in the foreground hands the job over to a
     background controller instead of stopping it. ``details``: more for the record
     (e.g. a region override), never secrets."""
-    target = _preflight(job, Path(job_file), target, check=provider is None, log=log)
+    where = destination(target)
+    target = where.preflight(job, Path(job_file), target, check=provider is None, log=log)
     if limits is None and job.resources.max_preemptions is not None:
         limits = Limits(max_preemptions=job.resources.max_preemptions)
     job_id = new_job_id(job.name)
@@ -219,9 +161,7 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
         shutil.copyfile(job_file, copy)
         copy.chmod(0o600)  # the YAML may name secrets
         extra = dict(details or {})
-        if target == "aws" and "job_url" not in extra:
-            extra["job_url"] = _upload_job(job, copy, job_id, extra.get("region"),
-                                           check=provider is None)
+        extra.update(where.stage(job, copy, job_id, extra, check=provider is None))
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)  # no half-submitted job is listed
         raise

@@ -24,17 +24,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.provision.base import Instance, InstanceStatus, LaunchSpec, Phase, UnhealthyHost
+from runner.provision.base import (
+    Instance,
+    InstanceStatus,
+    LaunchSpec,
+    Phase,
+    Provider,
+    UnhealthyHost,
+)
+from runner.provision.destinations import Destination
 from runner.provision.policy import PREEMPT_SIGNALS
 from runner.provision.registry import job_dir
 
 ZONE = "local"  # what a failed health gate blocks: this machine
 
 
-class LocalProvider:
+class LocalProvider(Provider):
     name = "local"
 
     def __init__(self, cwd: Path | str | None = None, grace_s: float = 30.0,
@@ -150,6 +159,32 @@ def _stop_group(pid: int, pgid: int, ticks: Any, child: subprocess.Popen | None,
         except (ProcessLookupError, PermissionError):
             return  # gone, or the id now belongs to someone else's group
         time.sleep(0.05)
+
+
+class LocalDestination(Destination):
+    """``--to local``: this machine, running the job's container when Docker is usable,
+    else a plain process (:func:`runner.provision.container.choose_mode`;
+    ``TEN_LOCAL_MODE`` forces it). The choice is made once, logged, and kept in the
+    record's ``local_mode`` (saved), so a restarted controller launches the same way."""
+
+    def provider(self, record: Any, job: Callable[[], Any],
+                 log: Callable[[str], None]) -> Provider:
+        from runner.provision.container import CONTAINER, ContainerAttempts, choose_mode
+
+        mode = record.details.get("local_mode")
+        if mode is None and record.instance:  # a record from before the modes existed
+            mode = record.instance.get("details", {}).get("mode", "process")
+        if mode is None:
+            mode, why = choose_mode(job())
+            record.details["local_mode"] = mode
+            record.transition(record.state, f"--to local runs a {mode} ({why})")
+            record.save()
+            log(f"{record.job_id}: --to local runs a {mode} ({why})")
+        container = ContainerAttempts(job()) if mode == CONTAINER else None
+        return LocalProvider(cwd=record.details.get("cwd"), container=container)
+
+
+DESTINATION = LocalDestination()
 
 
 # -- processes this controller did not start ------------------------------------------

@@ -284,16 +284,13 @@ class ManagedJob:
             self.log(f"{self.record.job_id}: {message}")
 
 
-def sweep_leftovers(provider: Any, job_id: str) -> list[str]:
+def sweep_leftovers(provider: Provider, job_id: str) -> list[str]:
     """Once a job has ended: terminate whatever the cloud still runs under its tag that the
     record does not know (a controller killed between the launch call and saving the
-    record). Only providers that tag what they create can (aws: ``teardown_job``); a
-    failure is reported, not raised: the job's own attempt is already down."""
-    sweep = getattr(provider, "teardown_job", None)
-    if sweep is None:
-        return []
+    record): :meth:`Provider.teardown_job`. A failure is reported, not raised: the job's
+    own attempt is already down."""
     try:
-        ids = sweep(job_id)
+        ids = provider.teardown_job(job_id)
     except Exception as e:  # noqa: BLE001
         return [f"could not look for leftover instances ({e}); check the console for "
                 f"instances tagged {job_id}"]

@@ -52,9 +52,11 @@ from runner.provision.base import (
     InstanceStatus,
     LaunchSpec,
     Phase,
+    Provider,
     ProvisionError,
     UnhealthyHost,
 )
+from runner.provision.destinations import Destination
 from runner.provision.docker_run import (
     HOST_FAULT,
     INSPECT,
@@ -236,7 +238,7 @@ def check_submit(job: Any, target: str, environ: Mapping[str, str] | None = None
     return t
 
 
-class SshProvider:
+class SshProvider(Provider):
     """launch/poll/terminate/logs of container attempts on one ssh host (see the module
     doc). ``job`` (the loaded job) is needed to launch only; ``environ``: where the
     job's variables are taken from (default ``os.environ``: a background controller
@@ -367,3 +369,26 @@ def _remove_files(target: SshTarget, remote_dir: str, container: str | None) -> 
 
 def _no_such(result: Result) -> bool:
     return no_such(result.stderr + result.stdout)
+
+
+class SshDestination(Destination):
+    """``--to ssh://user@host[:port]``: the host is checked before the job is recorded."""
+
+    takes_url = True
+
+    def preflight(self, job: Any, job_file: Path, target: str, *, check: bool,
+                  log: Callable[[str], None]) -> str:
+        from runner.provision.env import credential_warning
+
+        normal = str(check_submit(job, target, check_host_too=check))
+        warning = credential_warning(job_env(job, job_file=job_file))
+        if warning:
+            log(warning)
+        return normal
+
+    def provider(self, record: Any, job: Callable[[], Any],
+                 log: Callable[[str], None]) -> Provider:
+        return SshProvider(record.target, job())
+
+
+DESTINATION = SshDestination()

@@ -1,25 +1,15 @@
-"""The managed loop against a scripted cloud (fakecloud.py) on a fake clock: every path
-ends with nothing left running, and the record tells the story in order."""
+"""The managed loop against a scripted cloud (tests/support/fakecloud.py) on a fake
+clock: every path ends with nothing left running, and the record tells the story in
+order."""
 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-
-from runner.exit_codes import ExitCode
-from runner.provision.base import CloudCredentials, LaunchSpec, ProvisionError
-from runner.provision.jobs import describe, request_cancel
-from runner.provision.managed import CANCEL, ManagedJob, controller_lock, controller_pid
-from runner.provision.policy import Limits, State
-from runner.provision.registry import JobRecord, load_record
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fakecloud import (  # noqa: E402
+from fakecloud import (
     GONE,
     PENDING,
     PREEMPTED,
@@ -29,6 +19,13 @@ from fakecloud import (  # noqa: E402
     Script,
     exited,
 )
+
+from runner.exit_codes import ExitCode
+from runner.provision.base import CloudCredentials, LaunchSpec, ProvisionError
+from runner.provision.jobs import describe, request_cancel
+from runner.provision.managed import CANCEL, ManagedJob, controller_lock, controller_pid
+from runner.provision.policy import Limits, State
+from runner.provision.registry import JobRecord, load_record
 
 LIMITS = Limits(capacity_timeout_s=600, backoff_s=10, backoff_max_s=60, start_timeout_s=300,
                 unreachable_timeout_s=120)

@@ -14,6 +14,7 @@ from runner.provision.base import (
     LaunchSpec,
     NoCapacity,
     Phase,
+    Provider,
     ProvisionError,
 )
 
@@ -50,7 +51,7 @@ class VM:
 
 
 @dataclass
-class FakeCloud:
+class FakeCloud(Provider):
     """``scripts[i]`` drives attempt i+1 (the last repeats). ``refuse``: launches
     refused for lack of capacity before one succeeds (-1: forever). ``launch_errors``:
     errors the next launches raise, in order."""

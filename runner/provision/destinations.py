@@ -1,0 +1,69 @@
+"""Where ``submit --to`` sends a job: one :class:`Destination` per scheme, found in
+:data:`REGISTRY`.
+
+A destination is what a kind of machine needs around its :class:`Provider`: checks that
+refuse a job before anything is recorded or created (``preflight``), putting the job
+where the machine reads it (``stage``), and building the provider for a recorded job
+(``provider``). The first two default to doing nothing.
+
+Adding a cloud is one module under ``runner/provision/`` that defines its provider and a
+``DESTINATION`` (a subclass of :class:`Destination`), and one line in :data:`REGISTRY`.
+A destination's module is imported only when a job goes there (``aws`` pulls in boto3).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner.provision.base import Provider, ProvisionError
+
+Log = Callable[[str], None]
+
+# scheme -> the module whose DESTINATION serves it. ``--to local``, ``--to aws``,
+# ``--to ssh://user@host[:port]``.
+REGISTRY: dict[str, str] = {
+    "local": "runner.provision.local",
+    "aws": "runner.provision.aws",
+    "ssh": "runner.provision.ssh",
+}
+FORMS = "local, aws or ssh://user@host[:port]"
+
+
+class Destination:
+    """A scheme's hooks around its provider; subclasses override what they need.
+    ``takes_url``: the target is ``scheme://...`` (ssh), not the bare name (local, aws)."""
+
+    takes_url = False
+
+    def preflight(self, job: Any, job_file: Path, target: str, *, check: bool,
+                  log: Log) -> str:
+        """Refuse what can be refused before the job is recorded; return the target as
+        the record keeps it (a normal form). ``check``: also ask the machine (not when
+        the caller built the provider)."""
+        return target
+
+    def stage(self, job: Any, job_copy: Path, job_id: str, details: dict[str, Any], *,
+              check: bool) -> dict[str, Any]:
+        """Put the job where its machine will read it; what to add to the record."""
+        return {}
+
+    def provider(self, record: Any, job: Callable[[], Any], log: Log) -> Provider:
+        """The provider of a recorded job; ``job()`` loads the job (only when needed)."""
+        raise NotImplementedError
+
+
+def scheme_of(target: str) -> str:
+    """``ssh://user@host`` -> ``ssh``; ``local`` -> ``local``."""
+    return target.split("://", 1)[0].lower() if "://" in target else target
+
+
+def destination(target: str) -> Destination:
+    """The destination serving ``target``; a ProvisionError naming the forms otherwise."""
+    module = REGISTRY.get(scheme_of(target))
+    found = None if module is None else importlib.import_module(module).DESTINATION
+    if found is None or found.takes_url != ("://" in target):
+        raise ProvisionError(f"--to {target!r}: use {FORMS}")
+    return found

@@ -1,0 +1,61 @@
+"""Which module serves a ``--to`` target (runner.provision.destinations), and that adding
+a cloud is a module and a registry line: a destination written here, registered, runs a
+managed job with nothing else changed."""
+
+import sys
+
+import pytest
+from fakecloud import FakeCloud, Script, exited
+
+from runner.provision import destinations
+from runner.provision.base import ProvisionError
+from runner.provision.destinations import Destination, destination
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEN_RUNNER_HOME", str(tmp_path / "home"))
+
+
+@pytest.mark.parametrize("target,module", [
+    ("local", "runner.provision.local"), ("aws", "runner.provision.aws"),
+    ("ssh://ubuntu@gpu-box:2222", "runner.provision.ssh"),
+    ("SSH://ubuntu@gpu-box", "runner.provision.ssh")])
+def test_each_target_is_served_by_its_module(target, module):
+    found = destination(target)
+    assert isinstance(found, Destination) and type(found).__module__ == module
+
+
+@pytest.mark.parametrize("target", ["gcp", "ssh", "local://x", "aws://eu-west-1", ""])
+def test_an_unknown_target_names_the_forms(target):
+    with pytest.raises(ProvisionError, match="use local, aws or ssh://user@host"):
+        destination(target)
+
+
+def test_a_new_cloud_is_one_module_and_one_registry_line(tmp_path, corpus, monkeypatch):
+    from runhelpers import write_job
+
+    from runner.job import load_job
+    from runner.provision.jobs import submit_managed
+
+    cloud = FakeCloud([Script.runs(1, exited(0))])
+    (tmp_path / "mycloud.py").write_text(
+        "from runner.provision.destinations import Destination\n"
+        "class MyCloud(Destination):\n"
+        "    def stage(self, job, job_copy, job_id, details, *, check):\n"
+        "        return {'staged': job_id}\n"
+        "    def provider(self, record, job, log):\n"
+        "        return CLOUD\n"
+        "DESTINATION = MyCloud()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(destinations.REGISTRY, "mycloud", "mycloud")
+    import mycloud
+    monkeypatch.setattr(mycloud, "CLOUD", cloud, raising=False)
+
+    path = write_job(tmp_path, corpus, name="elsewhere")
+    record = submit_managed(load_job(path, check_model=False), path, "mycloud",
+                            detach=False, poll_s=0.001, log=lambda line: None)
+    assert record.state == "SUCCEEDED" and record.target == "mycloud"
+    assert record.details["staged"] == record.job_id and len(cloud.launches) == 1
+    cloud.assert_clean()
+    sys.modules.pop("mycloud", None)
