@@ -201,11 +201,11 @@ text before it. The job that made it (secrets redacted):
 
 def _last_eval_loss(metrics: Path, step: int) -> float | None:
     """The held-out loss of the run's last evaluation at or before ``step``."""
-    from ten.metrics import read_metrics
+    from ten.metrics import MetricKind, read_metrics
 
     loss = None
     for record in read_metrics(metrics):
-        if record.get("kind") == "eval" and isinstance(record.get("step"), int) \
+        if record.get("kind") == MetricKind.EVAL and isinstance(record.get("step"), int) \
                 and record["step"] <= step and isinstance(record.get("loss"), float):
             loss = record["loss"]
     return loss

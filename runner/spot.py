@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from runner.monitor.events import EventKind
+
 if TYPE_CHECKING:
     from runner.job import Job
     from runner.runlog import RunLog
@@ -41,7 +43,7 @@ def start_notice_watcher(job: Job, trainer: Any, log: RunLog, heartbeat: Any = N
         log(f"preemption notice from {provider}: {notice.detail}")
         trainer.stop.request(f"{provider} preemption notice")
         if heartbeat is not None:
-            heartbeat.event("preemption_notice", provider=provider, detail=notice.detail)
+            heartbeat.event(EventKind.PREEMPTION_NOTICE, provider=provider, detail=notice.detail)
 
     watcher = NoticeWatcher(provider, on_notice, interval_s=res.notice_poll_s,
                             endpoint=res.metadata_endpoint, log=log)

@@ -3,11 +3,23 @@ flushed, so a crash loses nothing already logged) and TensorBoard event files.""
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import time
 from pathlib import Path
 from typing import Any
+
+
+class MetricKind(str, enum.Enum):
+    """The kinds of record in ``metrics.jsonl``: written by the trainer, read by the
+    runner's monitor (status, cost, report, diagnosis). A str: a record's ``kind`` equals
+    the member, and JSON holds its value."""
+
+    START = "start"  # a process began training (resumed or not): device, batch, model
+    TRAIN = "train"  # a log step: loss, lr, tokens/s, MFU, ...
+    EVAL = "eval"  # a held-out evaluation: loss, perplexity
+    END = "end"  # the loop ended: outcome, tokens
 
 
 class MetricsWriter:
@@ -26,15 +38,15 @@ class MetricsWriter:
             else:
                 self._tb = SummaryWriter(str(run_dir / "tensorboard"))
 
-    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        record = {"kind": kind, "step": step, "time": time.time(), **values}
+    def write(self, kind: MetricKind, step: int, values: dict[str, Any]) -> None:
+        record = {"kind": kind.value, "step": step, "time": time.time(), **values}
         self._file.write(json.dumps(record, default=_jsonable) + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and math.isfinite(value):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+                    self._tb.add_scalar(f"{kind.value}/{key}", value, step)
 
     def close(self) -> None:
         self._file.close()

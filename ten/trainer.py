@@ -44,7 +44,7 @@ from ten.distributed import (
 from ten.lm import LanguageModel
 from ten.loss import NextTokenLoss, resolve_loss_backend
 from ten.memory import check_fits
-from ten.metrics import MetricsWriter
+from ten.metrics import MetricKind, MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
@@ -198,7 +198,7 @@ class Trainer(Checkpointing):
             outcome, step, tokens = self._loop(model, loader, step, tokens)
         final_loss = self._eval(step) if outcome is Outcome.DONE else None
         if self.metrics:
-            self.metrics.write("end", step, {"outcome": outcome.value, "tokens": tokens})
+            self.metrics.write(MetricKind.END, step, {"outcome": outcome.value, "tokens": tokens})
             self.metrics.close()
         shutdown(self.dist)
         return RunResult(outcome, step, tokens, final_loss, self.raw_model)
@@ -259,7 +259,7 @@ class Trainer(Checkpointing):
         self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
         if self.metrics:
-            self.metrics.write("start", step, {
+            self.metrics.write(MetricKind.START, step, {
                 "params": self.raw_model.num_params(), "tokens_per_step": self.tokens_per_step,
                 "total_steps": self.total_steps, "world_size": self.dist.world_size,
                 "device": str(self.device), "resumed": step > 0,
@@ -347,7 +347,7 @@ class Trainer(Checkpointing):
         else:  # ru_maxrss is in KiB on Linux
             rec["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.metrics:
-            self.metrics.write("train", step, rec)
+            self.metrics.write(MetricKind.TRAIN, step, rec)
             if stats.skipped:
                 self.log(f"skipped {stats.skipped} of steps {step - window.steps + 1}-{step}: "
                          f"non-finite {stats.what()}, no update applied")
@@ -367,7 +367,7 @@ class Trainer(Checkpointing):
         loss = evaluate(self.objective, batches, self.device, self.amp_dtype)
         ppl = math.exp(min(loss, 50.0))
         if self.metrics:
-            self.metrics.write("eval", step, {"loss": loss, "perplexity": ppl})
+            self.metrics.write(MetricKind.EVAL, step, {"loss": loss, "perplexity": ppl})
             self.log(f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}")
         return loss
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-SESSION_START = "start"
+from runner.monitor.events import EventKind
+from ten.metrics import MetricKind
+
 # Stop reasons (ten.stop.Stop.reason) that mean "the user asked": Ctrl-C.
 USER_STOP_REASONS = frozenset({"SIGINT"})
 
@@ -29,7 +31,7 @@ def is_user_stop(reason: str | None) -> bool:
 
 
 def _user_stopped(event: dict[str, Any]) -> bool:
-    return event.get("kind") == "stop" and (event.get("state") == "stopped"
+    return event.get("kind") == EventKind.STOP and (event.get("state") == "stopped"
                                             or is_user_stop(event.get("reason")))
 
 
@@ -37,7 +39,7 @@ def compute_kind(metrics: list[dict[str, Any]]) -> str:
     """"CPU" when every start record names a CPU device, else "GPU" (also when no device
     is recorded: what the paid-hours figure meant before records carried one)."""
     devices = [str(r["device"]) for r in metrics
-               if r.get("kind") == "start" and r.get("device") is not None]
+               if r.get("kind") == MetricKind.START and r.get("device") is not None]
     if devices and all(d.split(":")[0] == "cpu" for d in devices):
         return "CPU"
     return "GPU"
@@ -60,13 +62,13 @@ def lost_from_metrics(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     reached: int | None = None
     for r in metrics:
         kind = r.get("kind")
-        if kind == "start" and r.get("resumed"):
+        if kind == MetricKind.START and r.get("resumed"):
             resumed = int(r.get("step", 0))
             steps, tokens = lost_work(reached, resumed, r.get("tokens_per_step"))
             out.append({"time": r.get("time"), "from_step": resumed, "reached_step": reached,
                         "lost_steps": steps, "lost_tokens": tokens})
             reached = resumed
-        elif kind in ("train", "eval", "end") and "step" in r:
+        elif kind in (MetricKind.TRAIN, MetricKind.EVAL, MetricKind.END) and "step" in r:
             reached = max(reached or 0, int(r["step"]))
     return out
 
@@ -74,9 +76,11 @@ def lost_from_metrics(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def sessions(events: list[dict[str, Any]], metrics: list[dict[str, Any]],
              now: float | None = None) -> list[tuple[float, float]]:
     """(start, end) unix times of each paid session, oldest first."""
-    starts = sorted(e["time"] for e in events if e.get("kind") == SESSION_START and "time" in e)
+    starts = sorted(e["time"] for e in events
+                    if e.get("kind") == EventKind.START and "time" in e)
     if not starts:
-        starts = sorted(r["time"] for r in metrics if r.get("kind") == "start" and "time" in r)
+        starts = sorted(r["time"] for r in metrics
+                        if r.get("kind") == MetricKind.START and "time" in r)
     if not starts:
         return []
     stamps = sorted(x["time"] for x in [*events, *metrics] if "time" in x)
@@ -107,14 +111,15 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     paid_s = sum(end - start for start, end in spans)
     compute = compute_kind(metrics)
     gpu_s = paid_s * max(gpus, 1) if compute == "GPU" else paid_s  # a CPU run: the machine
-    progress = [r for r in metrics if r.get("kind") in ("train", "end") and "tokens" in r]
+    progress = [r for r in metrics
+                if r.get("kind") in (MetricKind.TRAIN, MetricKind.END) and "tokens" in r]
     useful = max((int(r["tokens"]) for r in progress), default=0)
-    resumes = [e for e in events if e.get("kind") == "resume" and "lost_steps" in e]
+    resumes = [e for e in events if e.get("kind") == EventKind.RESUME and "lost_steps" in e]
     if not resumes:
         resumes = lost_from_metrics(metrics)
     lost_steps = sum(int(e.get("lost_steps") or 0) for e in resumes)
     lost_tokens = sum(int(e.get("lost_tokens") or 0) for e in resumes)
-    notices = [e for e in events if e.get("kind") in ("preemption", "preemption_notice")]
+    notices = [e for e in events if e.get("kind") == EventKind.PREEMPTION_NOTICE]
     user_stops = [e for e in events if _user_stopped(e)]
     resumes = [r for r in resumes if not resumed_after_user_stop(r, events)]
     cost = None if price_per_hour is None else price_per_hour * paid_s / 3600.0
@@ -145,11 +150,11 @@ def resumed_after_user_stop(resume: dict[str, Any], events: list[dict[str, Any]]
     t = resume.get("time")
     if t is None:
         return False
-    starts = sorted(e["time"] for e in events if e.get("kind") == SESSION_START
+    starts = sorted(e["time"] for e in events if e.get("kind") == EventKind.START
                     and e.get("time") is not None and e["time"] <= t)
     this_start = starts[-1] if starts else t
     prev_start = starts[-2] if len(starts) > 1 else float("-inf")
-    stops = [e for e in events if e.get("kind") == "stop" and e.get("time") is not None
+    stops = [e for e in events if e.get("kind") == EventKind.STOP and e.get("time") is not None
              and prev_start <= e["time"] <= this_start]
     return bool(stops) and _user_stopped(max(stops, key=lambda e: e["time"]))
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runner.monitor.nvml import POWER_REASONS, THERMAL_REASONS
+from ten.metrics import MetricKind
 from ten.progress import duration
 
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
@@ -57,8 +58,8 @@ def diagnose(train_records: list[dict[str, Any]], gpu_samples: list[dict[str, An
     """
     records = [r for r in train_records if isinstance(r, dict) and "time" in r
                and (session_start is None or r["time"] >= session_start)]
-    train = [r for r in records if r.get("kind", "train") == "train"]
-    ended = any(r.get("kind") == "end" for r in records[-1:])
+    train = [r for r in records if r.get("kind", MetricKind.TRAIN) == MetricKind.TRAIN]
+    ended = any(r.get("kind") == MetricKind.END for r in records[-1:])
     recent = [s for s in gpu_samples if now - s.get("time", 0.0) <= RECENT_S]
     if last_step is not None and session_start is not None and last_step[1] < session_start:
         last_step = None  # a previous life's step says nothing about this process
@@ -93,7 +94,7 @@ def stall_threshold(records: list[dict[str, Any]], stall_after_s: float,
     and the steps between records predict (so the first train record of a slow run, 10
     steps of 30 s after its start record, is not awaited as a hang).
     """
-    train = [r for r in records if r.get("kind", "train") == "train"]
+    train = [r for r in records if r.get("kind", MetricKind.TRAIN) == MetricKind.TRAIN]
     step_times = [float(r["step_time_s"]) for r in train
                   if isinstance(r.get("step_time_s"), (int, float)) and r["step_time_s"] > 0]
     usual_step = statistics.median(step_times) if step_times else 0.0
@@ -102,7 +103,8 @@ def stall_threshold(records: list[dict[str, Any]], stall_after_s: float,
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(train)
             if b["time"] > a["time"]]
     usual = statistics.median(gaps) if gaps else 0.0
-    stepped = [r for r in records if r.get("kind", "train") in ("start", "train")
+    stepped = [r for r in records
+               if r.get("kind", MetricKind.TRAIN) in (MetricKind.START, MetricKind.TRAIN)
                and isinstance(r.get("step"), int)]
     strides = [b["step"] - a["step"] for a, b in itertools.pairwise(stepped)
                if b["step"] > a["step"]]

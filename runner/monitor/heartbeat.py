@@ -27,10 +27,12 @@ from typing import Any
 
 from runner.monitor.cost import cost_summary, is_user_stop, lost_work
 from runner.monitor.diagnose import CRITICAL, Diagnosis, diagnose
+from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.nvml import summarize
+from ten.metrics import MetricKind
 
 STATUS = "status.json"
-EVENTS = "events.jsonl"
+EVENTS = EVENTS_FILE
 GPU = "gpu.jsonl"
 METRICS = "metrics.jsonl"
 RUN_LOG = "run.log"
@@ -49,9 +51,9 @@ def build_status(job: str, records: list[dict[str, Any]], events: list[dict[str,
     when this process started; ``last_step``: (step, time) of the newest completed
     step when the trainer reports every step (see
     :func:`runner.monitor.diagnose.diagnose`)."""
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    starts = [r for r in records if r.get("kind") == "start"]
+    train = [r for r in records if r.get("kind") == MetricKind.TRAIN]
+    evals = [r for r in records if r.get("kind") == MetricKind.EVAL]
+    starts = [r for r in records if r.get("kind") == MetricKind.START]
     last = train[-1] if train else {}
     step = max((int(r.get("step", 0)) for r in records[-1:] + train[-1:]), default=0)
     if last_step is not None:  # fresher than the last record
@@ -60,7 +62,7 @@ def build_status(job: str, records: list[dict[str, Any]], events: list[dict[str,
     eta = None
     if total is not None and last.get("step_time_s") is not None:
         eta = max(0, total - step) * last["step_time_s"]
-    ckpts = [e for e in events if e.get("kind") == "checkpoint"]
+    ckpts = [e for e in events if e.get("kind") == EventKind.CHECKPOINT]
     diagnoses = (diagnose(records, samples, now, stall_after_s, session_start, last_step)
                  if state == "running" else [])
     gpu = samples[-1] if samples else None
@@ -167,14 +169,14 @@ class Heartbeat:
         self._metrics_offset = 0
         self._guard(self._read_metrics)
         self._resumes_seen = sum(1 for r in self.records if _is_resume(r))
-        self.event("start", host=self.host, pid=os.getpid())
+        self.event(EventKind.START, host=self.host, pid=os.getpid())
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self._thread.start()
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: EventKind, **fields: Any) -> None:
         """Append one event to ``events.jsonl`` (uploaded by the next beat, which this
         wakes). Never raises."""
-        record = {"kind": kind, "time": time.time(), **fields}
+        record = {"kind": kind.value, "time": time.time(), **fields}
         try:
             with self._lock:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +197,7 @@ class Heartbeat:
         """The "checkpoint" event for a committed ``.../step-NNNNNNNN`` directory."""
         name = Path(path).name
         step = int(name.split("-")[-1]) if name.split("-")[-1].isdigit() else None
-        self.event("checkpoint", step=step, seconds=seconds, path=name)
+        self.event(EventKind.CHECKPOINT, step=step, seconds=seconds, path=name)
 
     def stop(self, state: str = "done", exit_code: int | None = None,
              reason: str | None = None) -> None:
@@ -216,7 +218,7 @@ class Heartbeat:
             self._thread = None
         self._guard(self._read_metrics)
         self._guard(self._detect_resumes)  # before "stop": a resume belongs to this life
-        self.event("stop", state=state, exit_code=exit_code,
+        self.event(EventKind.STOP, state=state, exit_code=exit_code,
                    **({"reason": reason} if reason else {}))
         self._guard(self.beat, state, True)
 
@@ -289,7 +291,7 @@ class Heartbeat:
             self.log(f"WARNING {stalled[0]['message']}")
         if stalled and not self._stalled:
             self._stalled = True
-            self.event("stall", message=stalled[0]["message"])
+            self.event(EventKind.STALL, message=stalled[0]["message"])
             if self.on_stall is not None:
                 self.on_stall(Diagnosis("stalled", CRITICAL, stalled[0]["message"]))
         elif not stalled:
@@ -318,14 +320,15 @@ class Heartbeat:
             r = self.records[i]
             before = []  # steps of the previous life only (since its start record)
             for x in reversed(self.records[:i]):
-                if x.get("kind") == "start":
+                if x.get("kind") == MetricKind.START:
                     break
-                if x.get("kind") in ("train", "eval", "end") and "step" in x:
+                if x.get("kind") in (MetricKind.TRAIN, MetricKind.EVAL, MetricKind.END) \
+                        and "step" in x:
                     before.append(int(x["step"]))
             reached = max([*before, *([self._prev_step] if self._prev_step else [])],
                           default=None)
             steps, tokens = lost_work(reached, int(r.get("step", 0)), r.get("tokens_per_step"))
-            self.event("resume", time=r.get("time", time.time()), from_step=r.get("step"),
+            self.event(EventKind.RESUME, time=r.get("time", time.time()), from_step=r.get("step"),
                        reached_step=reached,
                        lost_steps=steps, lost_tokens=tokens)
             if steps:
@@ -409,4 +412,4 @@ class Heartbeat:
 
 
 def _is_resume(record: dict[str, Any]) -> bool:
-    return record.get("kind") == "start" and bool(record.get("resumed"))
+    return record.get("kind") == MetricKind.START and bool(record.get("resumed"))

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.monitor.cost import cost_summary, format_cost
+from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.source import open_run
+from ten.metrics import MetricKind
 
 
 def load_run(store_or_path: str, job: str | None = None,
@@ -32,7 +34,7 @@ def load_run(store_or_path: str, job: str | None = None,
     run = open_run(store_or_path, job, endpoint_url)
     return {"label": run.label, "job": job or run.job or Path(run.label).name,
             "metrics": run.read_jsonl("metrics.jsonl"),
-            "events": run.read_jsonl("events.jsonl"),
+            "events": run.read_jsonl(EVENTS_FILE),
             "gpu": run.read_jsonl("gpu.jsonl"),
             "status": run.read_json("status.json")}
 
@@ -63,7 +65,7 @@ def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
     return png, page
 
 
-def _series(records: list[dict[str, Any]], kind: str | None, key: str, t0: float,
+def _series(records: list[dict[str, Any]], kind: MetricKind | None, key: str, t0: float,
            scale: float = 1.0, unit_s: float = 3600.0) -> tuple[list[float], list[float]]:
     """(time since t0 in ``unit_s``, value) of ``key`` in records of ``kind`` (kind
     None: any), with a NaN breaking the line wherever the run was down (a gap over 5x
@@ -145,17 +147,17 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
             ax.plot(xs, ys, label=name, **kw)
 
     ax = axes[0]
-    plot(ax, *series(metrics, "train", "loss", t0), "train loss", color="tab:blue")
-    plot(ax, *series(metrics, "eval", "loss", t0), "eval loss", color="tab:orange",
+    plot(ax, *series(metrics, MetricKind.TRAIN, "loss", t0), "train loss", color="tab:blue")
+    plot(ax, *series(metrics, MetricKind.EVAL, "loss", t0), "eval loss", color="tab:orange",
          marker="o", linestyle="--")
     ax.set_ylabel("loss")
     ax.legend(loc="upper right")
 
     ax = axes[1]
-    plot(ax, *series(metrics, "train", "tokens_per_s", t0), "tokens/s", color="tab:green")
+    plot(ax, *series(metrics, MetricKind.TRAIN, "tokens_per_s", t0), "tokens/s", color="tab:green")
     ax.set_ylabel("tokens/s")
     twin = ax.twinx()
-    plot(twin, *series(metrics, "train", "mfu", t0, 100.0), "MFU %", color="tab:purple")
+    plot(twin, *series(metrics, MetricKind.TRAIN, "mfu", t0, 100.0), "MFU %", color="tab:purple")
     twin.set_ylabel("MFU %")
     ax.set_ylim(bottom=0)  # from zero: a 3% wobble should look like one
     twin.set_ylim(bottom=0)
@@ -188,14 +190,15 @@ def preemption_marks(events: list[dict[str, Any]],
     from runner.monitor.cost import lost_from_metrics, resumed_after_user_stop
 
     marks = []
-    resumes = [e for e in events if e.get("kind") == "resume"] or lost_from_metrics(metrics)
+    resumes = [e for e in events if e.get("kind") == EventKind.RESUME] \
+        or lost_from_metrics(metrics)
     for e in resumes:
         if e.get("time") is not None:
             why = " after a user stop" if resumed_after_user_stop(e, events) else ""
             marks.append((e["time"], f"resume @{e.get('from_step')}{why}: lost "
                                       f"{e.get('lost_steps') or 0} steps"))
     for e in events:
-        if e.get("kind") in ("preemption", "preemption_notice") and e.get("time"):
+        if e.get("kind") == EventKind.PREEMPTION_NOTICE and e.get("time"):
             marks.append((e["time"], "preemption notice"))
     return sorted(marks)
 

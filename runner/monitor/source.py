@@ -10,8 +10,9 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from runner.monitor.events import EVENTS_FILE
 
-RUN_MARKERS = ("status.json", "metrics.jsonl", "events.jsonl")
+RUN_MARKERS = ("status.json", "metrics.jsonl", EVENTS_FILE)
 
 
 class RunFiles:

@@ -8,6 +8,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from runner.monitor.events import EVENTS_FILE
 from runner.monitor.source import RunFiles, list_jobs, open_run
 from ten.progress import clock, duration, table
 
@@ -25,7 +26,7 @@ def read_status(run: RunFiles) -> dict[str, Any] | None:
         return None
     from runner.monitor.heartbeat import build_status
 
-    return build_status(run.job or run.label, records, run.read_jsonl("events.jsonl"), [],
+    return build_status(run.job or run.label, records, run.read_jsonl(EVENTS_FILE), [],
                         records[-1].get("time", 0.0), state="unknown")
 
 

@@ -10,19 +10,21 @@ from click.testing import CliRunner
 from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.monitor.heartbeat import Heartbeat
-from ten.metrics import MetricsWriter
+from ten.metrics import MetricKind, MetricsWriter
 
 
 @pytest.fixture
 def store(tmp_path):
     run = tmp_path / "runs" / "demo"
     metrics = MetricsWriter(run, tensorboard=False)
-    metrics.write("start", 0, {"total_steps": 40, "tokens_per_step": 1024, "resumed": False})
+    metrics.write(MetricKind.START, 0,
+                  {"total_steps": 40, "tokens_per_step": 1024, "resumed": False})
     for step in range(10, 41, 10):
-        metrics.write("train", step, {"loss": 6.0 - step / 20, "lr": 1e-3, "tokens": step * 1024,
-                                      "tokens_per_s": 5000.0, "mfu": None, "step_time_s": 0.2,
-                                      "data_wait_frac": 0.01, "checkpoint_frac": 0.0})
-    metrics.write("eval", 40, {"loss": 4.1, "perplexity": 60.3})
+        metrics.write(MetricKind.TRAIN, step,
+                      {"loss": 6.0 - step / 20, "lr": 1e-3, "tokens": step * 1024,
+                       "tokens_per_s": 5000.0, "mfu": None, "step_time_s": 0.2,
+                       "data_wait_frac": 0.01, "checkpoint_frac": 0.0})
+    metrics.write(MetricKind.EVAL, 40, {"loss": 4.1, "perplexity": 60.3})
     metrics.close()
     (run / "run.log").write_text("step 10/40 | loss 5.5\ndone: 40 steps\n")
     beat = Heartbeat(run, None, "demo", period_s=30.0, price_per_hour=0.9, log=lambda s: None)

@@ -8,6 +8,7 @@ import pytest
 from monitor_tables import TOKENS_PER_STEP, gpu_run, train_run
 
 from runner.errors import UserError
+from runner.monitor.events import EventKind
 from runner.monitor.heartbeat import Heartbeat, build_status, read_jsonl
 from runner.monitor.status import format_status_table, is_stale, read_statuses
 from runner.storage import open_store
@@ -203,7 +204,7 @@ def test_a_broken_store_never_reaches_training(tmp_path):
     hb = Heartbeat(run_dir, BrokenStore(), "r", period_s=0.01, log=lines.append)
     hb.start()
     time.sleep(0.2)
-    hb.event("preemption_notice", detail="aws")
+    hb.event(EventKind.PREEMPTION_NOTICE, detail="aws")
     hb.stop("done")
     assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
     assert lines == ["heartbeat: connection refused"]  # rate-limited: once a minute
@@ -303,7 +304,7 @@ def test_the_store_never_has_events_newer_than_its_status(tmp_path):
     records, _ = recent_run()
     write_metrics(run_dir, records)
     hb = store.heartbeat = Heartbeat(run_dir, store, "r", period_s=30, log=lambda s: None)
-    hb.event("start")
+    hb.event(EventKind.START)
     store.armed = True
     hb.beat()  # the checkpoint event arrives mid-beat: this beat's status lacks it ...
     assert b"checkpoint" not in store.get_bytes("r/events.jsonl")  # ... so do its events
