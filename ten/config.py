@@ -1,9 +1,10 @@
 """The library's training configuration, its names, and its field errors: no torch.
 
-One set of defaults: :class:`TrainConfig` is what ``runner/job/schema.py``'s train
-section defaults to (it reads them from here), and ``runner/job/library.py`` builds a
-TrainConfig from a job by field name. The name tuples are what the schema accepts; the
-CLI imports them without importing torch.
+One declaration per setting: :class:`TrainConfig`'s fields carry their type, bounds
+(:class:`Range`), default and description (:class:`Doc`); ``runner/job/schema.py`` builds
+the job's train section from them, and ``runner/job/library.py`` builds a TrainConfig
+from a job by field name (the runner alone knows which job key holds which field). The
+name tuples are what the schema accepts; the CLI imports them without importing torch.
 
 A wrong field value in a library config raises :class:`FieldError`, which carries the
 field's name, the problem and the value; the job layer points at ``model.<field>`` from
@@ -12,8 +13,9 @@ those, never by parsing the message.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 ARCHS = ("ten", "transformer")
 PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.PRESETS
@@ -49,50 +51,99 @@ class UnknownFieldError(FieldError):
 
 
 @dataclass(frozen=True)
+class Range:
+    """A numeric field's bounds (``Annotated`` metadata): the library checks them, and the
+    job schema is built from them. For a tuple, each item's bounds."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value``, or None."""
+        for bound, op, ok in ((self.ge, ">=", lambda b: value >= b),
+                              (self.gt, ">", lambda b: value > b),
+                              (self.le, "<=", lambda b: value <= b),
+                              (self.lt, "<", lambda b: value < b)):
+            if bound is not None and not ok(bound):
+                return f"must be {op} {bound:g}"
+        return None
+
+
+class Doc(str):
+    """A field's one-line description (``Annotated`` metadata), for the job schema."""
+
+
+def check_fields(config: Any) -> None:
+    """Every field's :class:`Range` and ``Literal`` choices, as :class:`FieldError`."""
+    for name, hint in typing.get_type_hints(type(config), include_extras=True).items():
+        value = getattr(config, name)
+        for meta in getattr(hint, "__metadata__", ()):
+            items = value if isinstance(value, tuple) else (value,)
+            for item in items if isinstance(meta, Range) and value is not None else ():
+                why = meta.problem(item)
+                if why:
+                    raise FieldError(name, why, value)
+        choices = _choices(hint)
+        if choices and value not in choices:
+            raise FieldError(name, f"must be one of {', '.join(choices)}", value)
+
+
+def _choices(hint: Any) -> tuple[Any, ...]:
+    base = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+    return typing.get_args(base) if typing.get_origin(base) is Literal else ()
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    max_steps: int | None = None  # the budget: max_steps or max_tokens (one is given)
-    max_tokens: int | None = None
-    batch_size: int = 8  # sequences per micro-batch per process
-    grad_accum: int = 1
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    precision: str = "auto"
-    optimizer: str = "adamw"
-    compile: bool = False  # torch.compile every block (regional)
-    # Bit-identical results on a GPU too (ten.trainer.make_deterministic); some speed.
-    deterministic: bool = False
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
-    eval_every: int = 100
-    eval_batches: int = 20
-    log_every: int = 10
-    seed: int = 1234
-    device: str = "auto"
-    num_workers: int = 2  # the job's data.num_workers
-    checkpoint_every: int = 500  # the job's checkpoint.every_steps
-    keep_last: int = 3  # the job's checkpoint.keep_last
-    # Steps with a non-finite loss or grad norm are skipped; one more than this many in a
-    # row stops the run (DivergedError). Checked at log intervals, so up to log_every
-    # steps more may be skipped first (no per-step host sync).
-    max_nonfinite_steps: int = 5
-    # ten.loss backend: auto (the fused Triton kernel on CUDA, else chunked), chunked,
-    # fused, liger (each raises where it cannot run) or reference (the plain B×T×V loss).
-    loss: str = "auto"
+    """How to train: the budget, the optimizer and its schedule, precision, evaluation.
+    The only declaration of these settings: the job's ``train`` section is built from
+    these fields (their types, bounds, defaults and descriptions)."""
+
+    max_steps: Annotated[int | None, Range(ge=1), Doc("budget in optimizer steps")] = None
+    max_tokens: Annotated[int | None, Range(ge=1), Doc("budget in training tokens")] = None
+    batch_size: Annotated[int, Range(ge=1), Doc(
+        "sequences per micro-batch (per process)")] = 8
+    grad_accum: Annotated[int, Range(ge=1), Doc("micro-batches per optimizer step")] = 1
+    lr: Annotated[float, Range(gt=0.0), Doc("peak learning rate")] = 3e-4
+    min_lr_ratio: Annotated[float, Range(ge=0.0, le=1.0), Doc("final lr = lr * ratio")] = 0.1
+    warmup_steps: Annotated[int, Range(ge=0), Doc("steps of linear warm-up to lr")] = 100
+    schedule: Annotated[Literal[SCHEDULES], Doc("the lr schedule after warm-up")] = "cosine"
+    weight_decay: Annotated[float, Range(ge=0.0), Doc(
+        "AdamW's decoupled weight decay; not applied to norms, biases, embeddings, "
+        "eigenvalues")] = 0.1
+    betas: Annotated[tuple[float, float], Range(ge=0.0, lt=1.0), Doc(
+        "AdamW's beta1 and beta2")] = (0.9, 0.95)
+    precision: Annotated[Literal[PRECISIONS], Doc(
+        "auto: bf16 autocast on a GPU that has it, else fp32")] = "auto"
+    optimizer: Annotated[Literal[OPTIMIZERS], Doc(
+        "adamw8bit: 8-bit states (bitsandbytes, on CUDA)")] = "adamw"
+    compile: Annotated[bool, Doc("torch.compile every block")] = False
+    deterministic: Annotated[bool, Doc(
+        "bit-identical steps on a GPU too (deterministic algorithms, a fixed cuBLAS "
+        "workspace), so a resumed run matches an uninterrupted one; costs some speed")] = False
+    grad_clip: Annotated[float, Range(ge=0.0), Doc(
+        "max gradient norm; 0 disables (the norm is still logged)")] = 1.0
+    eval_every: Annotated[int, Range(ge=0), Doc(
+        "steps between evaluations; 0: only the final one")] = 100
+    eval_batches: Annotated[int, Range(ge=1), Doc("held-out batches per evaluation")] = 20
+    log_every: Annotated[int, Range(ge=1), Doc("steps between log lines and records")] = 10
+    seed: Annotated[int, Range(ge=0), Doc("seeds the model, the data order and sampling")] = 1234
+    device: Annotated[Literal[DEVICES], Doc("auto: CUDA when there is one")] = "auto"
+    num_workers: Annotated[int, Range(ge=0), Doc("DataLoader worker processes")] = 2
+    checkpoint_every: Annotated[int, Range(ge=1), Doc("steps between checkpoints")] = 500
+    keep_last: Annotated[int, Range(ge=1), Doc("committed checkpoints kept")] = 3
+    # Checked at log intervals, so up to log_every steps more may be skipped first (no
+    # per-step host sync).
+    max_nonfinite_steps: Annotated[int, Range(ge=0), Doc(
+        "steps in a row with a non-finite loss or gradient norm that are skipped before the "
+        "run stops with exit 9 (diverged)")] = 5
+    loss: Annotated[Literal[LOSSES], Doc(
+        "the loss kernel: auto (fused on CUDA, else chunked), chunked, fused (one Triton "
+        "kernel per chunk), liger (Liger-Kernel's), or reference (B x T x V logits)")] = "auto"
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.max_tokens is None):
             raise FieldError("max_steps", "give exactly one of max_steps and max_tokens")
-        for name, known in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
-                            ("schedule", SCHEDULES), ("loss", LOSSES), ("device", DEVICES)):
-            if getattr(self, name) not in known:
-                raise FieldError(name, f"must be one of {', '.join(known)}",
-                                 getattr(self, name))
-
-
-# Job keys outside the train section that TrainConfig holds: field -> (section, key).
-FROM_OTHER_SECTIONS = {"num_workers": ("data", "num_workers"),
-                       "checkpoint_every": ("checkpoint", "every_steps"),
-                       "keep_last": ("checkpoint", "keep_last")}
+        check_fields(self)

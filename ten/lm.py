@@ -133,8 +133,9 @@ class LanguageModel(nn.Module):
         """Names of parameters that must not be weight-decayed.
 
         Every vector (norm gains and biases, eigenvalue decay/frequency parameters) and
-        every embedding table. Decaying ν would push |λ| towards 1 and θ towards 0 for
-        no reason but the regulariser: the public reference implementation did that.
+        every embedding table. Decaying ν (|λ| = exp(-exp(ν))) would pull every |λ|
+        towards e^-1, memories of about one token, and θ towards 0, for no reason but the
+        regulariser: the public reference implementation did that.
         """
         names = {name for name, p in self.named_parameters() if p.dim() < 2}
         for mod_name, module in self.named_modules():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -20,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    create_model,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -122,39 +125,42 @@ class DataSection(Section):
     cache_dir: Str | None = Field(None, description="null: $TEN_CACHE_DIR or ~/.cache/ten")
 
 
-class TrainSection(Section):
-    max_steps: Int | None = Field(None, ge=1, description="budget in optimizer steps")
-    max_tokens: Int | None = Field(None, ge=1, description="budget in training tokens")
-    batch_size: Int = Field(TRAIN["batch_size"], ge=1, description="sequences per micro-batch")
-    grad_accum: Int = Field(TRAIN["grad_accum"], ge=1,
-                            description="micro-batches per optimizer step")
-    lr: Float = Field(TRAIN["lr"], gt=0.0, description="peak learning rate")
-    min_lr_ratio: Float = Field(TRAIN["min_lr_ratio"], ge=0.0, le=1.0,
-                                description="final lr = lr * ratio")
-    warmup_steps: Int = Field(TRAIN["warmup_steps"], ge=0)
-    schedule: Literal[ten_config.SCHEDULES] = TRAIN["schedule"]
-    weight_decay: Float = Field(TRAIN["weight_decay"], ge=0.0)
-    betas: tuple[Annotated[float, Strict(), Field(ge=0.0, lt=1.0)],
-                 Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]] = TRAIN["betas"]
-    precision: Literal[ten_config.PRECISIONS] = TRAIN["precision"]
-    optimizer: Literal[ten_config.OPTIMIZERS] = TRAIN["optimizer"]
-    compile: Bool = Field(TRAIN["compile"], description="torch.compile every block")
-    deterministic: Bool = Field(TRAIN["deterministic"], description=(
-        "bit-identical steps on a GPU too (deterministic algorithms, a fixed cuBLAS "
-        "workspace), so a resumed run matches an uninterrupted one; costs some speed"))
-    grad_clip: Float = Field(TRAIN["grad_clip"], ge=0.0,
-                             description="max gradient norm; 0 disables")
-    loss: Literal[ten_config.LOSSES] = Field(TRAIN["loss"], description=(
-        "the loss kernel: auto (fused on CUDA, else chunked), chunked, fused (one Triton "
-        "kernel per chunk), liger (Liger-Kernel's), or reference (B x T x V logits)"))
-    max_nonfinite_steps: Int = Field(TRAIN["max_nonfinite_steps"], ge=0, description=(
-        "steps in a row with a non-finite loss or gradient norm that are skipped before the "
-        "run stops with exit 9 (diverged)"))
-    eval_every: Int = Field(TRAIN["eval_every"], ge=1, description="steps between evaluations")
-    eval_batches: Int = Field(TRAIN["eval_batches"], ge=1)
-    log_every: Int = Field(TRAIN["log_every"], ge=1)
-    seed: Int = Field(TRAIN["seed"], ge=0)
-    device: Literal[ten_config.DEVICES] = TRAIN["device"]
+def section_from(config: type, name: str, exclude: frozenset[str] = frozenset()) -> type:
+    """A job section whose keys are the library dataclass's fields (less ``exclude``):
+    each field's type made strict (:data:`Int`, :data:`Float`, ...), its
+    ``ten.config.Range`` as bounds, its ``ten.config.Doc`` as description, its default."""
+    hints = typing.get_type_hints(config, include_extras=True)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.name in exclude:
+            continue
+        base, *meta = typing.get_args(hints[f.name])
+        bounds = next((dataclasses.asdict(m) for m in meta if isinstance(m, ten_config.Range)),
+                      {})
+        bounds = {k: v for k, v in bounds.items() if v is not None}
+        doc = next((str(m) for m in meta if isinstance(m, ten_config.Doc)), None)
+        if typing.get_origin(base) is tuple:  # the bounds are each item's
+            fields[f.name] = (_strict(base, bounds), Field(f.default, description=doc))
+        else:
+            fields[f.name] = (_strict(base), Field(f.default, description=doc, **bounds))
+    return create_model(name, __base__=Section, __doc__=config.__doc__, **fields)
+
+
+def _strict(tp: Any, item_bounds: dict[str, float] | None = None) -> Any:
+    """The job's strict form of a library type; a tuple's items get ``item_bounds``."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        args = [_strict(a) for a in typing.get_args(tp)]
+        return args[0] | args[1] if len(args) == 2 else tp
+    if typing.get_origin(tp) is tuple:
+        return tuple[tuple(Annotated[a, Strict(), Field(**(item_bounds or {}))]
+                           for a in typing.get_args(tp))]
+    return {int: Int, float: Float, bool: Bool, str: Str}.get(tp, tp)
+
+
+# The train section: TrainConfig's fields, less those the job keeps in its data and
+# checkpoint sections (runner.job.library maps them).
+TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
+                            exclude=frozenset({"num_workers", "checkpoint_every", "keep_last"}))
 
 
 class CheckpointSection(Section):

@@ -1,14 +1,15 @@
-"""The seam between a job and the library: one set of names and defaults (ten.config),
-and the library's configs built from a job by field name."""
+"""The seam between a job and the library: one declaration of each training setting
+(ten.config.TrainConfig), the job's train section built from it, and the library's
+configs built from a job by field name."""
 
 import dataclasses
 
 from runhelpers import MINIMAL_JOB
 
 from runner.job import parse_job
-from runner.job.library import train_config
+from runner.job.library import FROM_OTHER_SECTIONS, train_config
 from runner.job.schema import JobSchema
-from ten.config import FROM_OTHER_SECTIONS, TrainConfig
+from ten.config import TrainConfig
 
 MINIMAL = MINIMAL_JOB
 
@@ -29,9 +30,27 @@ def test_every_key_reaches_the_library_under_its_own_name():
     assert (cfg.num_workers, cfg.checkpoint_every, cfg.keep_last) == (0, 25, 5)
 
 
-def test_the_schema_has_a_key_for_every_library_field():
-    train_keys = set(JobSchema.model_fields["train"].annotation.model_fields)
+def test_the_train_section_is_built_from_the_library_declaration():
+    """One declaration: each TrainConfig field is a train key (or lives where
+    FROM_OTHER_SECTIONS says) with the field's default, description and bounds."""
+    import typing
+
+    import pytest
+
+    from runner.job import JobError
+    from ten.config import Doc, FieldError
+
+    train = JobSchema.model_fields["train"].annotation.model_fields
+    hints = typing.get_type_hints(TrainConfig, include_extras=True)
     for f in dataclasses.fields(TrainConfig):
-        section, key = FROM_OTHER_SECTIONS.get(f.name, ("train", f.name))
-        if section == "train":
-            assert key in train_keys, f.name
+        if f.name in FROM_OTHER_SECTIONS:
+            assert f.name not in train
+            continue
+        doc = next(m for m in hints[f.name].__metadata__ if isinstance(m, Doc))
+        assert (train[f.name].default, train[f.name].description) == (f.default, doc)
+    # a bound, said by the job layer on the key and by the library on the field
+    with pytest.raises(JobError) as err:
+        parse_job(MINIMAL, check_model=False, sets=["train.batch_size=0"])
+    assert err.value.errors == ["--set train.batch_size: must be >= 1, got 0"]
+    with pytest.raises(FieldError, match="batch_size: must be >= 1, got 0"):
+        TrainConfig(max_steps=10, batch_size=0)
