@@ -100,9 +100,9 @@ class ModelSection(BaseModel):
 
 class TokenizerSection(Section):
     vocab_size: Int = Field(4096, ge=8, description="trained sentencepiece vocabulary size")
-    type: Literal["bpe", "unigram"] = "bpe"
+    type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type")
     path: Str | None = Field(None, description="existing sentencepiece .model: used as-is")
-    byte_fallback: Bool = True
+    byte_fallback: Bool = Field(True, description="unknown characters as bytes, never <unk>")
     sample_chars: Int = Field(20_000_000, ge=1000,
                               description="characters of text the tokenizer is trained on")
 
@@ -110,7 +110,10 @@ class TokenizerSection(Section):
 class DataSection(Section):
     dataset: Str = Field(min_length=1, description="known hub name (e.g. finewebedu), a local "
                          ".txt/.jsonl/.parquet path, glob or directory, or builtin:botocore-docs")
-    mode: Literal["pretokenized", "streaming", "download"] = "pretokenized"
+    mode: Literal["pretokenized", "streaming", "download"] = Field(
+        "pretokenized", description="pretokenized: tokenize once into shards (the fast "
+        "path); streaming: tokenize on the fly, nothing written; download: the hub's "
+        "datasets library, then the same shards")
     seq_len: Int = Field(256, ge=1, description="tokens per training sequence")
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
     text_field: Str | None = Field(None, description="text column; null: the dataset's own")
@@ -119,7 +122,8 @@ class DataSection(Section):
     val_fraction: Float = Field(0.01, gt=0.0, lt=1.0, description=(
         "documents held out for evaluation (more than 0: every run ends with one)"))
     max_documents: Int | None = Field(None, ge=1, description="read at most this many")
-    shuffle: Bool = True
+    shuffle: Bool = Field(True, description="a seeded shuffle each epoch (streaming: of "
+                          "documents, through a buffer)")
     num_workers: Int = Field(TRAIN["num_workers"], ge=0,
                              description="DataLoader worker processes")
     cache_dir: Str | None = Field(None, description="null: $TEN_CACHE_DIR or ~/.cache/ten")
@@ -164,7 +168,8 @@ TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
 
 
 class CheckpointSection(Section):
-    every_steps: Int = Field(TRAIN["checkpoint_every"], ge=1)
+    every_steps: Int = Field(TRAIN["checkpoint_every"], ge=1,
+                             description="steps between committed checkpoints")
     keep_last: Int = Field(TRAIN["keep_last"], ge=1, description="committed checkpoints kept")
     milestone_every: Int | None = Field(
         None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
@@ -197,7 +202,8 @@ class StorageSection(Section):
     url: Str = Field("./runs", description="where runs and checkpoints go: a local path, "
                      "file:///abs/path or s3://bucket/prefix")
     endpoint_url: Str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
-    region: Str | None = None
+    region: Str | None = Field(None, description="the bucket's region; null: the SDK's "
+                               "default chain")
 
     @field_validator("url")
     @classmethod
@@ -263,8 +269,10 @@ class StorageSection(Section):
 
 
 class ResourcesSection(Section):
-    gpus: Int = Field(0, ge=0)
-    spot: Bool = False
+    gpus: Int = Field(0, ge=0, description="GPUs per machine: more than 1 runs that many "
+                      "ranks under torchrun")
+    spot: Bool = Field(False, description="a spot (preemptible) machine: watch for the "
+                       "preemption notice")
     price_per_hour: Float | None = Field(None, gt=0.0, description="USD, for cost reports")
     spot_notice: Literal["auto", "none", "aws", "gcp", "azure"] = Field(
         "auto", description="preemption-notice poller: auto detects the cloud when spot is "

@@ -103,3 +103,21 @@ def test_schema_command_prints_json_schema():
     assert train["additionalProperties"] is False
     assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant"]
     assert schema["$defs"]["ModelSection"]["additionalProperties"] is True
+
+
+def test_the_schema_describes_every_key():
+    """`ten-runner schema` is editor completion: every key says what it is for."""
+    schema = json_schema()
+
+    def undescribed(node: dict, prefix: str) -> list[str]:
+        out = []
+        for key, prop in node.get("properties", {}).items():
+            ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", [])
+                                            if "$ref" in a), None)
+            if ref:
+                out += undescribed(schema["$defs"][ref.split("/")[-1]], f"{prefix}{key}.")
+            elif not prop.get("description"):
+                out.append(prefix + key)
+        return out
+
+    assert undescribed(schema, "") == []
