@@ -53,7 +53,7 @@ from ten.scan import backend_note
 from ten.schedule import lr_multiplier
 from ten.step import evaluate, train_step
 from ten.stop import Stop
-from ten.trainstate import Checkpointing, first_line, seed_everything
+from ten.trainstate import CheckpointManager, TrainState, first_line, seed_everything
 
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
 # and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in
@@ -128,7 +128,7 @@ def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device
 
 # --- the loop --------------------------------------------------------------------------------
 
-class Trainer(Checkpointing):
+class Trainer:
     """Trains one run in ``run_dir``; resumes from its newest usable checkpoint.
 
     ``data`` is an object from ``ten.data.open_data``. ``identity`` holds what must not
@@ -152,7 +152,6 @@ class Trainer(Checkpointing):
         self.model_config, self.data, self.cfg = model_config, data, cfg
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
         self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
-        self.ckpt_root = self.run_dir / "checkpoints"
         self.stop = Stop() if stop is None else stop
         if cfg.deterministic:
             make_deterministic()
@@ -171,12 +170,18 @@ class Trainer(Checkpointing):
             self.total_steps = cfg.max_steps
         else:
             self.total_steps = math.ceil(cfg.max_tokens / self.tokens_per_step)
-        self.nonfinite = NonFiniteCounter(self.device)
-        self.save_s = 0.0  # seconds spent checkpointing, for the log's checkpoint_frac
+        self.checkpoints = CheckpointManager(self.run_dir, cfg, self.dist, self.device, identity,
+                                             resolved, model_config, log, on_commit)
+        self.state: TrainState | None = None  # from run() on: what survives a restart
         self.no_sync: Callable[[], Any] | None = None  # DDP: skip the all-reduce
         self.any_rank: Callable[[torch.Tensor], None] | None = None  # DDP: max over ranks
         self.metrics: MetricsWriter | None = None  # the main rank's, from run() on
 
+
+    @property
+    def raw_model(self) -> LanguageModel:
+        """The model being trained (unwrapped), once :meth:`run` has built it."""
+        return self.state.model
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -201,7 +206,7 @@ class Trainer(Checkpointing):
             self.metrics.write(MetricKind.END, step, {"outcome": outcome.value, "tokens": tokens})
             self.metrics.close()
         shutdown(self.dist)
-        return RunResult(outcome, step, tokens, final_loss, self.raw_model)
+        return RunResult(outcome, step, tokens, final_loss, self.state.model)
 
     def _build(self) -> tuple[torch.nn.Module, Any, int, int]:
         """Model, optimizer, schedule and data, resumed; returns the objective as trained
@@ -215,21 +220,25 @@ class Trainer(Checkpointing):
         # before any weight is placed: a job the device cannot hold raises DeviceMemoryError
         self._say(check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
                              self.amp_dtype, cfg.optimizer, self.device))
-        self.raw_model = build_model(self.model_config).to(self.device)
-        self.optimizer = build_optimizer(self.raw_model, cfg, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_multiplier(s, self.total_steps, cfg.warmup_steps,
-                                                    cfg.schedule, cfg.min_lr_ratio))
-        self.scaler = torch.amp.GradScaler(self.device.type,
-                                           enabled=self.amp_dtype == torch.float16)
-        loader = self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
-                                        self.dist.world_size,
-                                        pin_memory=self.device.type == "cuda")
-        step, tokens = self._resume(loader)
+        model = build_model(self.model_config).to(self.device)
+        optimizer = build_optimizer(model, cfg, self.device)
+        self.state = TrainState(
+            model=model, optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda s: lr_multiplier(s, self.total_steps, cfg.warmup_steps,
+                                                   cfg.schedule, cfg.min_lr_ratio)),
+            scaler=torch.amp.GradScaler(self.device.type,
+                                        enabled=self.amp_dtype == torch.float16),
+            loader=self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
+                                          self.dist.world_size,
+                                          pin_memory=self.device.type == "cuda"),
+            nonfinite=NonFiniteCounter(self.device))
+        self.checkpoints.resume(self.state)
+        loader, step, tokens = self.state.loader, self.state.step, self.state.tokens
         # The objective (model + loss head) is what DDP wraps: DDP sees every parameter
         # used in its own forward; the model keeps returning logits elsewhere.
-        self.objective = NextTokenLoss(self.raw_model, self.loss_backend)
-        model: torch.nn.Module = self.objective
+        self.objective = NextTokenLoss(self.state.model, self.loss_backend)
+        model = self.objective
         if self.dist.enabled:
             import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -245,7 +254,7 @@ class Trainer(Checkpointing):
             # Regional: each block is compiled in place (its state_dict keys unchanged) and
             # the blocks share one compiled graph, so compile time does not grow with depth;
             # the loss head is already fused (ten.loss). Errors surface at the first call.
-            self.raw_model.compile_blocks()
+            self.state.model.compile_blocks()
             self._say("compile: every block with torch.compile (train.compile)")
         model.train()
         return model, loader, step, tokens
@@ -253,14 +262,14 @@ class Trainer(Checkpointing):
     def _start_record(self, step: int) -> None:
         """The FLOP counts MFU needs, the start record, and the notes said once."""
         seq_len = self.data.cfg.seq_len
-        self.flops = self.raw_model.flops_per_token(seq_len)
-        self.recompute = self.raw_model.recompute_flops_per_token(seq_len)
+        self.flops = self.state.model.flops_per_token(seq_len)
+        self.recompute = self.state.model.recompute_flops_per_token(seq_len)
         self.peak = peak_flops(self.device)
         self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
         if self.metrics:
             self.metrics.write(MetricKind.START, step, {
-                "params": self.raw_model.num_params(), "tokens_per_step": self.tokens_per_step,
+                "params": self.state.model.num_params(), "tokens_per_step": self.tokens_per_step,
                 "total_steps": self.total_steps, "world_size": self.dist.world_size,
                 "device": str(self.device), "resumed": step > 0,
                 "loss_backend": self.loss_backend, "peak_flops": self.peak})
@@ -280,16 +289,17 @@ class Trainer(Checkpointing):
             micro = [next(batches).to(self.device, non_blocking=True)
                      for _ in range(cfg.grad_accum)]
             t1 = time.perf_counter()
-            lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-            loss, norm, flags = train_step(model, self.optimizer, self.scaler, micro,
+            state = self.state
+            lr = state.scheduler.get_last_lr()[0]  # the lr this step uses
+            loss, norm, flags = train_step(model, state.optimizer, state.scaler, micro,
                                            self.amp_dtype, cfg.grad_clip, self.no_sync,
                                            self.any_rank)
-            self.scheduler.step()
+            state.scheduler.step()
             step += 1
             tokens += self.tokens_per_step
             if self.on_step is not None:
                 self.on_step(step)
-            self.nonfinite.add(flags)
+            state.nonfinite.add(flags)
             window.add_step(loss.masked_fill(flags.any(), 0.0), t1 - t0,
                             time.perf_counter() - t1)
             self.pace.stepped(step)
@@ -306,13 +316,15 @@ class Trainer(Checkpointing):
                 window.eval += time.perf_counter() - t_eval  # not in tokens/s
             committed = False
             if stopping or save_due:
-                save_s = self.save_s
-                committed = self._save(step, tokens, loader, last_loss)
-                window.checkpoint += self.save_s - save_s
+                before = self.checkpoints.seconds
+                state.step, state.tokens = step, tokens
+                committed = self.checkpoints.save(state, last_loss)
+                window.checkpoint += self.checkpoints.seconds - before
             if stopping:
                 self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: " + (
                     "checkpoint committed, run again to resume" if committed else
-                    f"not committed, {self._last_committed()}; run again to resume"))
+                    f"not committed, {self.checkpoints.last_committed()}; run again to "
+                    "resume"))
                 return Outcome.PREEMPTED, step, tokens
         return Outcome.DONE, step, tokens
 
@@ -326,8 +338,8 @@ class Trainer(Checkpointing):
         # The window's wall time less evaluation; checkpoint saves stay in (they are part
         # of training's cost; their share is checkpoint_frac).
         elapsed = now - window.start - window.eval
-        stats = self.nonfinite.read()  # host sync (logging)
-        self._check_divergence(step, stats)
+        stats = self.state.nonfinite.read()  # host sync (logging)
+        self.checkpoints.check_divergence(step, stats)
         all_reduce_mean(window.loss, self.dist)  # the global batch's loss
         good = window.steps - stats.skipped
         last_loss = (window.loss / good).item() if good else math.nan  # host sync
@@ -354,7 +366,7 @@ class Trainer(Checkpointing):
             self.log(progress_line(step, self.total_steps, rec))
             if self.on_log is not None:
                 self.on_log(rec)
-        self.nonfinite.new_window()
+        self.state.nonfinite.new_window()
         return last_loss
 
     def _say(self, note: str | None) -> None:

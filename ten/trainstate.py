@@ -1,6 +1,8 @@
-"""What survives a restart, outside the loop: RNG states as tensors, a checkpoint's
-config and trainer state checked before use, the identity a resume must keep, and a
-model rebuilt from a checkpoint.
+"""What survives a restart: :class:`TrainState` (the weights, the optimizer and its
+schedule, the data position, the RNGs, the step) and :class:`CheckpointManager`, which
+saves, restores and prunes it; RNG states as tensors, a checkpoint's config and trainer
+state checked before use, the identity a resume must keep, and a model rebuilt from a
+checkpoint. The training loop never touches a file.
 
 Everything here loads with ``weights_only=True`` (ten.checkpoint): a damaged or tampered
 file raises ``CheckpointError`` in one line, never a KeyError or a pickle that runs code.
@@ -12,6 +14,8 @@ import dataclasses
 import json
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,101 +148,161 @@ def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> Lang
     return model.eval()
 
 
-class Checkpointing:
-    """The trainer's checkpoint half, mixed into :class:`ten.trainer.Trainer`: commit a
-    step (``_save``), and resume from the newest usable checkpoint (``_resume``). It uses
-    the trainer's run_dir, ckpt_root, cfg, dist, log, identity, resolved, model_config,
-    device, raw_model, optimizer, scheduler, scaler, nonfinite, on_commit and save_s.
-    """
+@dataclass
+class TrainState:
+    """What survives a restart: the weights, the optimizer and its schedule, the loss
+    scaler, the data position, the RNGs, the non-finite streak, and how far training got
+    (``step``, ``tokens``). The loop trains it; :class:`CheckpointManager` saves and
+    restores it through :meth:`state_dict` / :meth:`load_state_dict`."""
 
-    def _save(self, step: int, tokens: int, loader: Any, last_loss: float | None) -> bool:
-        """Commit a checkpoint of ``step``; False when it is not committed because the
-        latest step was skipped as non-finite. Adds its seconds to ``self.save_s``."""
+    model: LanguageModel
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    loader: Any
+    nonfinite: NonFiniteCounter
+    step: int = 0
+    tokens: int = 0
+
+    def state_dict(self, *, world_size: int, nonfinite_streak: int) -> dict[str, Any]:
+        """The checkpoint's files by name: tensors and plain containers only."""
+        return {
+            "model.pt": self.model.state_dict(),
+            "optimizer.pt": self.optimizer.state_dict(),
+            "trainer.pt": {"step": self.step, "tokens": self.tokens,
+                           "scheduler": self.scheduler.state_dict(),
+                           "scaler": self.scaler.state_dict(), "rng": rng_state(),
+                           "data": self.loader.state_dict(), "world_size": world_size,
+                           "nonfinite_streak": nonfinite_streak},
+        }
+
+    def load_state_dict(self, files: dict[str, Any], where: Path) -> None:
+        """Apply what :meth:`state_dict` saved (loaded already, so a refused file left no
+        trace); a file that does not fit this run is a CheckpointError naming it."""
+        trainer = files["trainer.pt"]
+        for name, apply in (("model.pt", self.model.load_state_dict),
+                            ("optimizer.pt", self.optimizer.load_state_dict),
+                            ("trainer.pt", self._load_trainer)):
+            try:
+                apply(files[name])
+            except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
+                    AttributeError) as e:  # a malformed state; DataError (cursor) passes
+                raise ckpt.CheckpointError(f"{where}: {name} does not fit this run "
+                                           f"({type(e).__name__}: {first_line(e)})") from None
+        self.step, self.tokens = trainer["step"], trainer["tokens"]
+
+    def _load_trainer(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        self.loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
+        self.nonfinite = NonFiniteCounter(self.nonfinite.streak.device,
+                                          int(state.get("nonfinite_streak", 0)))
+
+
+class CheckpointManager:
+    """Saves, restores and prunes a run's :class:`TrainState` under
+    ``<run_dir>/checkpoints`` (ten.checkpoint: atomic folders, manifest last). Only the
+    main rank writes; every rank restores. ``identity``: what a resume must keep (the
+    model's shape, the tokenizer, ...); ``resolved``: the whole job, saved with each
+    checkpoint; ``on_commit(path, seconds)`` after each commit. ``seconds``: the time
+    spent checkpointing so far (the log's checkpoint_frac)."""
+
+    def __init__(self, run_dir: Path, cfg: Any, dist: Any, device: torch.device,
+                 identity: dict[str, Any], resolved: dict[str, Any], model_config: Any,
+                 log: Callable[[str], None],
+                 on_commit: Callable[[Path, float], None] | None = None) -> None:
+        self.run_dir, self.root, self.device = run_dir, run_dir / "checkpoints", device
+        self.cfg, self.dist, self.log, self.on_commit = cfg, dist, log, on_commit
+        self.identity, self.resolved, self.model_config = identity, resolved, model_config
+        self.seconds = 0.0
+
+    def save(self, state: TrainState, last_loss: float | None) -> bool:
+        """Commit a checkpoint of ``state``; False when it is not committed because the
+        latest step was skipped as non-finite."""
+        t0 = time.perf_counter()
+        try:
+            return self._save(state, last_loss)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _save(self, state: TrainState, last_loss: float | None) -> bool:
         t0 = time.perf_counter()
         # Every rank holds the same weights and flags, so every rank decides alike.
-        stats = self.nonfinite.read()  # host sync: once per checkpoint
-        self._check_divergence(step, stats)
-        self._check_weights_finite(step)
+        stats = state.nonfinite.read()  # host sync: once per checkpoint
+        self.check_divergence(state.step, stats)
+        self._check_weights_finite(state)
         if stats.streak:
             # Weights whose latest steps gave a non-finite loss are suspect even when they
             # are finite: committing them could push good checkpoints out (keep_last) and
             # a relaunch with a lower lr would resume from them.
             if self.dist.is_main:
-                self.log(f"not committing a checkpoint at step {step}: its last "
+                self.log(f"not committing a checkpoint at step {state.step}: its last "
                          f"{stats.streak} step(s) had a non-finite "
-                         f"{stats.what(streak=True)} "
-                         f"({self._last_committed()})")
-            self.save_s += time.perf_counter() - t0
+                         f"{stats.what(streak=True)} ({self.last_committed()})")
             return False
         if self.dist.is_main:
             config = {"identity": self.identity, "resolved": self.resolved,
                       "model_config": dataclasses.asdict(self.model_config),
-                      "model_class": type(self.raw_model).__name__}
-            files = {
-                "model.pt": self.raw_model.state_dict(),
-                "optimizer.pt": self.optimizer.state_dict(),
-                "trainer.pt": {"step": step, "tokens": tokens,
-                               "scheduler": self.scheduler.state_dict(),
-                               "scaler": self.scaler.state_dict(), "rng": rng_state(),
-                               "data": loader.state_dict(),
-                               "world_size": self.dist.world_size,
-                               "nonfinite_streak": stats.streak},
-                "config.json": json.dumps(config, indent=1, default=str).encode(),
-            }
-            path = ckpt.save(self.ckpt_root, step, files,
-                             meta={"step": step, "tokens": tokens, "loss": last_loss})
-            ckpt.prune(self.ckpt_root, self.cfg.keep_last)
+                      "model_class": type(state.model).__name__}
+            files = state.state_dict(world_size=self.dist.world_size,
+                                     nonfinite_streak=stats.streak)
+            files["config.json"] = json.dumps(config, indent=1, default=str).encode()
+            path = ckpt.save(self.root, state.step, files, meta={
+                "step": state.step, "tokens": state.tokens, "loss": last_loss})
+            ckpt.prune(self.root, self.cfg.keep_last)
             if self.on_commit is not None:
                 self.on_commit(path, time.perf_counter() - t0)
         barrier(self.dist)
-        self.save_s += time.perf_counter() - t0
         return True
 
-    def _check_divergence(self, step: int, stats: NonFiniteStats) -> None:
+    def check_divergence(self, step: int, stats: NonFiniteStats) -> None:
+        """DivergedError once more steps in a row than train.max_nonfinite_steps were
+        non-finite."""
         limit = self.cfg.max_nonfinite_steps
         if stats.worst > limit:
             raise DivergedError(
                 f"training diverged: {stats.worst} steps in a row had a non-finite "
                 f"{stats.what(streak=stats.streak > 0)} (by step {step}; "
                 f"train.max_nonfinite_steps is {limit}); their updates were skipped and "
-                f"nothing non-finite was committed ({self._last_committed()}); lower "
+                f"nothing non-finite was committed ({self.last_committed()}); lower "
                 f"train.lr (now {self.cfg.lr:g})")
 
-    def _check_weights_finite(self, step: int) -> None:
+    def _check_weights_finite(self, state: TrainState) -> None:
         with torch.no_grad():
-            finite = torch.stack([torch.isfinite(p).all() for p in self.raw_model.parameters()])
+            finite = torch.stack([torch.isfinite(p).all() for p in state.model.parameters()])
         if not bool(finite.all()):  # host sync: once per checkpoint
             raise DivergedError(
-                f"training diverged: the weights are not finite at step {step}, so they are "
-                f"not committed ({self._last_committed()}); lower train.lr "
+                f"training diverged: the weights are not finite at step {state.step}, so "
+                f"they are not committed ({self.last_committed()}); lower train.lr "
                 f"(now {self.cfg.lr:g})")
 
-    def _last_committed(self) -> str:
-        steps = ckpt.committed_steps(self.ckpt_root)
+    def last_committed(self) -> str:
+        steps = ckpt.committed_steps(self.root)
         return f"the last checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
 
-    def _resume(self, loader: Any) -> tuple[int, int]:
-        """Restore the newest checkpoint that verifies and loads; an unusable one (corrupt,
-        malformed, refused by weights_only) is reported in one line and the one before it
-        tried. Committed checkpoints of which none is usable raise ResumeError: a run is
-        never silently restarted from scratch over its own checkpoints."""
+    def resume(self, state: TrainState) -> None:
+        """Restore the newest checkpoint that verifies and loads into ``state``; an
+        unusable one (corrupt, malformed, refused by weights_only) is reported in one line
+        and the one before it tried. Committed checkpoints of which none is usable raise
+        ResumeError: a run is never silently restarted from scratch over its own
+        checkpoints. Nothing committed: ``state`` stays at step 0."""
         if self.dist.is_main:
-            ckpt.cleanup(self.ckpt_root, self.log)
+            ckpt.cleanup(self.root, self.log)
         barrier(self.dist)
-        for found in ckpt.valid_checkpoints(self.ckpt_root, self.log):
+        for found in ckpt.valid_checkpoints(self.root, self.log):
             try:
-                return self._restore(found, loader)
+                self._restore(found, state)
+                return
             except ckpt.CheckpointError as e:
                 self.log(f"skipping unusable checkpoint: {e}")
-        committed = ckpt.committed_steps(self.ckpt_root)
+        committed = ckpt.committed_steps(self.root)
         if committed:
             raise ResumeError(f"cannot resume {self.run_dir}: none of its {len(committed)} "
                               "committed checkpoint(s) is usable (see above); restore one "
-                              f"from a trusted copy, or move {self.ckpt_root} away to start "
-                              "over")
-        return 0, 0
+                              f"from a trusted copy, or move {self.root} away to start over")
 
-    def _restore(self, found: ckpt.Found, loader: Any) -> tuple[int, int]:
+    def _restore(self, found: ckpt.Found, state: TrainState) -> None:
         path = found.path
         saved = read_config(path)
         unsafe = config_diff(model_proper(saved["identity"]), model_proper(self.identity))
@@ -246,29 +310,12 @@ class Checkpointing:
             raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
                               f"changes ({'; '.join(unsafe)}); restore those settings or "
                               "use a new job name")
-        # Load everything before changing anything, so a refused file leaves no trace.
-        model_state = ckpt.load(path, "model.pt", self.device)
-        optim_state = ckpt.load(path, "optimizer.pt", self.device)
-        state = ckpt.load(path, "trainer.pt")
-        check_trainer_state(path, state, found.step)
+        files = {"model.pt": ckpt.load(path, "model.pt", self.device),
+                 "optimizer.pt": ckpt.load(path, "optimizer.pt", self.device),
+                 "trainer.pt": ckpt.load(path, "trainer.pt")}
+        check_trainer_state(path, files["trainer.pt"], found.step)
         changed = config_diff(saved["resolved"], self.resolved)
         if changed:
             self.log(f"resuming with changed settings: {'; '.join(changed)}")
-        for what, apply in (("model.pt", lambda: self.raw_model.load_state_dict(model_state)),
-                            ("optimizer.pt", lambda: self.optimizer.load_state_dict(optim_state)),
-                            ("trainer.pt", lambda: self._apply_trainer_state(state, loader))):
-            try:
-                apply()
-            except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
-                    AttributeError) as e:  # a malformed state; DataError (cursor) passes
-                raise ckpt.CheckpointError(f"{path}: {what} does not fit this run "
-                                           f"({type(e).__name__}: {first_line(e)})") from None
-        self.log(f"resumed from {path} (step {state['step']}, {state['tokens']:,} tokens)")
-        return state["step"], state["tokens"]
-
-    def _apply_trainer_state(self, state: dict[str, Any], loader: Any) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
-        self.nonfinite = NonFiniteCounter(self.device, int(state.get("nonfinite_streak", 0)))
+        state.load_state_dict(files, path)
+        self.log(f"resumed from {path} (step {state.step}, {state.tokens:,} tokens)")

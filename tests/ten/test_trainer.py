@@ -22,11 +22,19 @@ from ten.data import DataConfig, open_data
 from ten.distributed import DistInfo, StopAgreement
 from ten.loss import NextTokenLoss
 from ten.metrics import read_metrics
+from ten.nonfinite import NonFiniteCounter
 from ten.presets import model_config
 from ten.progress import eta_seconds, progress_line
 from ten.step import train_step
 from ten.trainer import Outcome, Trainer
-from ten.trainstate import DivergedError, ResumeError, load_model, rng_state, set_rng_state
+from ten.trainstate import (
+    DivergedError,
+    ResumeError,
+    TrainState,
+    load_model,
+    rng_state,
+    set_rng_state,
+)
 
 WORDS = ("the eigenstate decays and rotates while tokens arrive one after another in a "
          "long sequence of plain english words").split()
@@ -455,11 +463,13 @@ def test_a_diverging_run_stops_with_one_line_and_commits_nothing_non_finite(data
 
 def test_non_finite_weights_are_never_committed(data, tmp_path):
     t = trainer(data, tmp_path / "run", max_steps=4)
-    t.raw_model = Tiny()
+    model = Tiny()
     with torch.no_grad():
-        t.raw_model.out.bias[3] = math.inf
+        model.out.bias[3] = math.inf
+    state = TrainState(model=model, optimizer=None, scheduler=None, scaler=None, loader=None,
+                       nonfinite=NonFiniteCounter(torch.device("cpu")), step=4)
     with pytest.raises(DivergedError, match="weights are not finite at step 4.*lower train.lr"):
-        t._save(4, 0, None, None)
+        t.checkpoints.save(state, None)
     assert ckpt.committed_steps(tmp_path / "run" / "checkpoints") == []
 
 
