@@ -403,7 +403,7 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
     import torch
 
     from runner.storage.checkpoints import Lease
-    from runner.sync import CheckpointSync
+    from runner.storage.sync import CheckpointSync
     from ten.config import TrainConfig
     from ten.data import DataConfig, open_data
     from ten.model import TENLM
@@ -566,7 +566,7 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
 
 def bench_emergency(store, ckpt_dir: Path, save_s: float) -> list:
     from runner.storage.checkpoints import Lease, latest_committed
-    from runner.sync import CheckpointSync
+    from runner.storage.sync import CheckpointSync
 
     step = json.loads((ckpt_dir / "manifest.json").read_text())["step"]
     nbytes = sum(p.stat().st_size for p in ckpt_dir.iterdir())

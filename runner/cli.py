@@ -48,7 +48,7 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
 
     Exit codes: 0 all valid, 2 any invalid (also with --json)."""
     from runner.job import JobError
-    from runner.jobfile import load_any
+    from runner.storage.jobfile import load_any
 
     bad = 0
     results = []
@@ -212,7 +212,7 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
 
 def _load(job_file: str, sets: tuple[str, ...] = ()):
     from runner.job import JobError
-    from runner.jobfile import load_any
+    from runner.storage.jobfile import load_any
 
     try:
         return load_any(job_file, sets=sets)

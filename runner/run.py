@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.bucket import connect_store, fetch_checkpoint
-from runner.datacache import BucketDataCache, open_data
 from runner.exit_codes import ExitCode
 from runner.failures import ThreadDiskErrors, exit_code_of
 from runner.job import Job
@@ -27,6 +25,8 @@ from runner.job.library import train_config
 from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl
 from runner.spot import start_notice_watcher, step_warning
+from runner.storage.datacache import BucketDataCache, open_data
+from runner.storage.restore import connect_store, fetch_checkpoint
 from ten.fileio import atomic_copy, atomic_write
 from ten.stop import Interrupted, Stop
 
@@ -319,7 +319,7 @@ class JobRun:
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
                           stop=self.stop)
         if self.store is not None:
-            from runner.sync import CheckpointSync
+            from runner.storage.sync import CheckpointSync
 
             self.store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
             # Beside the checkpoints, so `ten-runner sample s3://...` needs nothing else.

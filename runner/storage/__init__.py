@@ -6,6 +6,12 @@
     <url>/<job>/lease/epoch-NNNNNNNN          one per writer start (runner.storage.lease)
     <url>/datasets/<fingerprint>/...          prepared data cache (runner.storage.datasets)
 
+The package holds everything that touches a bucket: the interface (:mod:`.base`,
+:mod:`.local`, :mod:`.s3`), the commit protocol (:mod:`.checkpoints`), the writer lease
+(:mod:`.lease`), retention, the restore at a run's start (:mod:`.restore`), background
+uploads (:mod:`.sync`), prepared data shared through the bucket (:mod:`.datasets`,
+:mod:`.datacache`) and job files in it (:mod:`.jobfile`).
+
 Importing this package does not import boto3 (the CLI stays fast); :func:`open_store`
 does when given an ``s3://`` URL.
 """

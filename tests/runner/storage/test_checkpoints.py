@@ -353,7 +353,7 @@ def test_redownloading_over_a_damaged_local_copy_never_deletes_it_first(
 # --- the background uploader -----------------------------------------------------------
 
 def test_checkpoint_sync_survives_an_unexpected_upload_error(store, tmp_path):
-    from runner.sync import CheckpointSync
+    from runner.storage.sync import CheckpointSync
 
     class Flaky(Recorder):
         fail = True

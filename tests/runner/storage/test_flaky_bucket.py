@@ -39,7 +39,7 @@ def test_a_failed_checkpoint_upload_is_tried_again_without_a_newer_one(flaky, tm
     import time
 
     from runner.storage.checkpoints import latest_committed
-    from runner.sync import CheckpointSync
+    from runner.storage.sync import CheckpointSync
 
     proxy, direct, store = flaky
     logs = []
