@@ -62,7 +62,20 @@ class CheckpointWriteError(Exception):
 
 
 def step_name(step: int) -> str:
+    """A checkpoint folder's name: ``step-NNNNNNNN``."""
     return f"step-{step:08d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint folder's name holds (:func:`step_name`), or None."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def temp_dir(root: Path, step: int) -> Path:
+    """Where this process writes ``step`` before its rename into place; :func:`cleanup`
+    knows these and removes what a crash left."""
+    return root / f".tmp-{step_name(step)}-{os.getpid()}"
 
 
 def _is_int(value: Any) -> bool:
@@ -130,7 +143,7 @@ def save(root: Path, step: int, files: dict[str, Any], meta: dict[str, Any] | No
         if not _NAME_RE.match(name) or name == MANIFEST:
             raise ValueError(f"bad checkpoint file name {name!r}")
     final = root / step_name(step)
-    tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
+    tmp = temp_dir(root, step)
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
@@ -199,8 +212,8 @@ def verify(path: Path, step: int | None = None) -> dict[str, Any]:
     """Check every file against the manifest (size, then sha256); return the manifest.
 
     ``step`` defaults to the one in the folder's name (``step-NNNNNNNN``)."""
-    if step is None and (m := _STEP_RE.match(path.name)):
-        step = int(m.group(1))
+    if step is None:
+        step = step_of(path.name)
     manifest = read_manifest(path, step)
     for name, entry in manifest["files"].items():
         f = path / name
@@ -231,9 +244,9 @@ def committed_steps(root: Path) -> list[int]:
         return []
     steps = []
     for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and (p / MANIFEST).is_file():
-            steps.append(int(m.group(1)))
+        step = step_of(p.name)
+        if step is not None and (p / MANIFEST).is_file():
+            steps.append(step)
     return sorted(steps)
 
 

@@ -26,7 +26,6 @@ torch.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,19 +42,14 @@ __all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "NoWholeCheckpoint", "comm
            "download_checkpoint", "latest_committed", "prune_remote", "restore_latest",
            "retained_steps", "upload_checkpoint"]
 
-MANIFEST = tc.MANIFEST
-FORMAT_VERSION = tc.FORMAT_VERSION
+MANIFEST = tc.MANIFEST  # the local format is the bucket's: ten.checkpoint defines it
 LATEST = "LATEST"
-_STEP_RE = re.compile(r"^step-(\d{8})$")
+step_name, step_of = tc.step_name, tc.step_of
 Report = Callable[[str], None]
 
 
 class CorruptCheckpoint(StorageError):
     """A remote checkpoint is incomplete or fails its checksums (an older one may do)."""
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def _step_prefix(job_prefix: str, step: int) -> str:
@@ -88,9 +82,9 @@ def committed_steps(store: Store, job_prefix: str) -> list[int]:
     base = f"{job_prefix.strip('/')}/checkpoints/"
     for key in store.list(base):
         parts = key[len(base):].split("/")
-        m = _STEP_RE.match(parts[0])
-        if m and parts[1:] == [MANIFEST]:
-            steps.add(int(m.group(1)))
+        step = step_of(parts[0])
+        if step is not None and parts[1:] == [MANIFEST]:
+            steps.add(step)
     hint = _latest_hint(store, job_prefix)
     if hint is not None and hint not in steps and store.head(
             f"{_step_prefix(job_prefix, hint)}/{MANIFEST}") is not None:
@@ -100,8 +94,7 @@ def committed_steps(store: Store, job_prefix: str) -> list[int]:
 
 def _latest_hint(store: Store, job_prefix: str) -> int | None:
     raw = store.get_bytes(f"{job_prefix.strip('/')}/{LATEST}")
-    m = _STEP_RE.match(raw.decode(errors="replace").strip()) if raw else None
-    return int(m.group(1)) if m else None
+    return step_of(raw.decode(errors="replace").strip()) if raw else None
 
 
 def upload_checkpoint(store: Store, job_prefix: str, local_ckpt_dir: Path,
@@ -121,8 +114,7 @@ def upload_checkpoint(store: Store, job_prefix: str, local_ckpt_dir: Path,
                            "not uploading it") from None
     except OSError as e:
         raise StorageError(f"cannot read {local / MANIFEST}: {e.strerror or e}") from None
-    m = _STEP_RE.match(local.name)
-    manifest = parse_manifest(raw, str(local), int(m.group(1)) if m else None)
+    manifest = parse_manifest(raw, str(local), step_of(local.name))
     step = manifest["step"]
     prefix = _step_prefix(job_prefix, step)
     remote = store.get_bytes(f"{prefix}/{MANIFEST}")
@@ -205,7 +197,7 @@ def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_roo
     final = root / step_name(step)
     if _local_matches(final, raw, manifest):
         return final
-    tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
+    tmp = tc.temp_dir(root, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -299,9 +291,9 @@ def prune_remote(store: Store, job_prefix: str, keep_last: int,
     base = f"{job_prefix.strip('/')}/checkpoints/"
     by_step: dict[int, list[str]] = {}
     for key in store.list(base):
-        m = _STEP_RE.match(key[len(base):].split("/")[0])
-        if m:
-            by_step.setdefault(int(m.group(1)), []).append(key)
+        step = step_of(key[len(base):].split("/")[0])
+        if step is not None:
+            by_step.setdefault(step, []).append(key)
     committed = sorted(s for s, keys in by_step.items()
                        if f"{base}{step_name(s)}/{MANIFEST}" in keys)
     if not committed:

@@ -58,12 +58,6 @@ def flip_a_bit(store, key):
     store.put_bytes(key, bytes(data))
 
 
-def test_format_mirrors_ten_checkpoint():
-    assert rc.MANIFEST == tc.MANIFEST
-    assert rc.FORMAT_VERSION == tc.FORMAT_VERSION
-    assert rc.step_name(42) == tc.step_name(42)
-
-
 def test_upload_commits_manifest_last_then_latest_and_restores(store, tmp_path):
     local = tmp_path / "local" / "checkpoints"
     make_ckpt(local, 1)
