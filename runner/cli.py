@@ -15,6 +15,7 @@ import click
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.target import resolve_target, submitted_record
+from ten.config import ARCHS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,7 +25,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--arch", type=click.Choice(["ten", "transformer"]), default="ten",
+@click.option("--arch", type=click.Choice(ARCHS), default="ten",
               show_default=True, help="Model family to list.")
 def presets(arch: str) -> None:
     """Print the named model presets with parameter counts and FLOPs per token."""

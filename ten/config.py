@@ -22,7 +22,7 @@ PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
 SCHEDULES = ("cosine", "onecycle", "constant")
-LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.loss.LOSS_BACKENDS
+LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.loss's backends
 DEVICES = ("auto", "cpu", "cuda")
 
 _NO_VALUE = object()

@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-LOSS_BACKENDS = ("auto", "chunked", "fused", "liger", "reference")
+from ten.config import LOSSES
+
+LOSS_BACKENDS = LOSSES  # declared with the training settings (ten.config)
 IGNORE_INDEX = -100  # as F.cross_entropy; the data never pads, but the loss honours it
 # A chunk's logits hold at most max(N·d, 2**24) elements (64 MiB in fp32): never more
 # than the hidden states themselves once those are large, and big enough chunks that the

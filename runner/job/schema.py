@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
 from ten import config as ten_config
 
@@ -36,6 +37,7 @@ Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
 TRAIN = {f.name: f.default for f in dataclasses.fields(ten_config.TrainConfig)}
+SPOT_NOTICES = ("auto", "none", *PROVIDERS)  # resources.spot_notice
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024
 
@@ -274,7 +276,7 @@ class ResourcesSection(Section):
     spot: Bool = Field(False, description="a spot (preemptible) machine: watch for the "
                        "preemption notice")
     price_per_hour: Float | None = Field(None, gt=0.0, description="USD, for cost reports")
-    spot_notice: Literal["auto", "none", "aws", "gcp", "azure"] = Field(
+    spot_notice: Literal[SPOT_NOTICES] = Field(
         "auto", description="preemption-notice poller: auto detects the cloud when spot is "
         "true; none disables it")
     metadata_endpoint: Str | None = Field(
