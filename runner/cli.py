@@ -129,9 +129,9 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
         from runner.run import run_job
 
         code = run_job(job, stop, sample_prompt=None if no_sample else "The")
-    except Interrupted as signal:
+    except Interrupted as stopped:
         stop.handled()
-        click.echo(f"stopped by {signal.name} during {stop.phase}: nothing to save "
+        click.echo(f"stopped by {stopped.name} during {stop.phase}: nothing to save "
                    "yet; run again to resume", err=True)
         code = ExitCode.PREEMPTED
     except MemoryError:  # importing torch, loading the job: the machine, before any run

@@ -94,10 +94,10 @@ class JobRun:
                 # Interrupted"): once a stop arrived, it is the stop that ends the run.
                 self.stop.raise_if_received()
                 raise
-        except Interrupted as signal:
+        except Interrupted as stopped:
             self.stop.handled()
-            self.stop_reason = signal.name
-            code = self._interrupted(signal)
+            self.stop_reason = stopped.name
+            code = self._interrupted(stopped)
         except KeyboardInterrupt:
             self.stop_reason = "SIGINT"
             self.log("interrupted before a checkpoint could be committed")
@@ -113,16 +113,16 @@ class JobRun:
     def _stderr(self, line: str) -> None:
         print(self.job.scrub(self.tag + line), file=sys.stderr, flush=True)
 
-    def _interrupted(self, signal: Interrupted) -> ExitCode:
+    def _interrupted(self, stopped: Interrupted) -> ExitCode:
         """A stop signal outside the training loop: nothing new to save; after the loop
         the committed checkpoint must still reach the bucket before the exit."""
         during = self.stop.phase
         if not self.commits:
-            self.log(f"stopped by {signal.name} during {during}: nothing to save yet; run "
+            self.log(f"stopped by {stopped.name} during {during}: nothing to save yet; run "
                      "again to resume")
             return ExitCode.PREEMPTED
         last = self.commits[-1][0].name
-        self.log(f"stopped by {signal.name} during {during}: {last} is committed; run again "
+        self.log(f"stopped by {stopped.name} during {during}: {last} is committed; run again "
                  "to finish")
         try:
             if not self._finish_uploads():
