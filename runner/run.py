@@ -23,7 +23,7 @@ from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import train_config
 from runner.runlog import RunLog, ScrubbedStream
-from runner.sample import generate_text, ppl
+from runner.sample import generate_text, ppl, shown_text
 from runner.spot import start_notice_watcher, step_warning
 from runner.storage.datacache import BucketDataCache, open_data
 from runner.storage.restore import connect_store, fetch_checkpoint
@@ -215,7 +215,7 @@ class JobRun:
         except Exception as e:  # noqa: BLE001 - reported, never a crash after "done:"
             self.log(f"no sample: {type(e).__name__}: {e}")
             return
-        self.log(f"sample: {text!r}")
+        self.log(f"sample: {shown_text(text)}")
 
     # -- the steps -------------------------------------------------------------------------
     def _agree_on_checkpoint(self) -> None:

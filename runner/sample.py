@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,15 @@ def ppl(loss: float) -> float:
     import math
 
     return math.exp(min(loss, 50.0))
+
+
+def shown_text(text: str) -> str:
+    """Generated text for a log line: as text, not a Python repr; its further lines
+    indented under the first; control characters (which a terminal would act on) shown
+    as U+FFFD."""
+    clean = "".join("\ufffd" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c
+                    for c in text)
+    return clean.replace("\n", "\n  ")
 
 
 def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int,

@@ -248,8 +248,10 @@ def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
                          "sequences": max(0, (tokens - 1) // cfg.seq_len),
                          "shards": writer.finish()}
     if counts["invalid_utf8"]:
-        print(f"ten.data: {counts['invalid_utf8']} documents of {source.name} contain "
-              "U+FFFD (invalid UTF-8 bytes were replaced)", file=sys.stderr)
+        n = counts["invalid_utf8"]
+        docs, verb = ("1 document", "contains") if n == 1 else (f"{n:,} documents", "contain")
+        print(f"ten.data: {docs} of {source.name} {verb} U+FFFD (invalid UTF-8 bytes were "
+              "replaced)", file=sys.stderr)
     manifest = {
         "format": "ten-token-shards", "version": VERSION, **identity,
         "dtype": tokenizer.dtype.name, "mode": cfg.mode,

@@ -61,3 +61,33 @@ def test_every_way_a_run_fails_has_its_exit_code_and_one_message(tmp_path, case)
     said = []
     assert exit_code_of(error, None, tmp_path, False, said.append) == code
     assert len(said) == 1 and said[0].startswith(start), said
+
+
+def test_the_end_of_run_sample_is_printed_as_text(tmp_path, corpus, capfd):
+    """Not a Python repr (quotes, \\n escapes): the text, its lines indented, and nothing a
+    terminal would act on (an escape sequence in generated text shows as U+FFFD)."""
+    import torch
+
+    from runner.job import load_job
+    from runner.run import JobRun
+    from ten.stop import Stop
+
+    class Model:
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+        def generate(self, ids, n, **kw):
+            return ids
+
+    class Tokenizer:
+        eos_id = 0
+
+        def encode(self, text):
+            return [1]
+
+        def decode(self, ids):
+            return "The sea's edge\nwhere \x1b[2Jnothing"
+
+    JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")._sample(Model(), Tokenizer())
+    err = capfd.readouterr().err
+    assert "sample: The sea's edge\n  where \ufffd[2Jnothing" in err

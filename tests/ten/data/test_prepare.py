@@ -141,13 +141,14 @@ def test_empty_source_is_an_error(cfg, tmp_path, write_jsonl):
         open_data(cfg.replace(dataset=str(tmp_path / "blank.txt")))
 
 
-def test_invalid_utf8_is_replaced_and_counted(cfg, tmp_path, docs):
+def test_invalid_utf8_is_replaced_and_counted(cfg, tmp_path, docs, capfd):
     path = tmp_path / "bad.jsonl"
     lines = [json.dumps({"text": d}).encode() for d in docs[:30]]
     lines[3] = b'{"text": "broken \xff\xfe bytes here"}'
     path.write_bytes(b"\n".join(lines) + b"\n")
     data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0))
     assert data.manifest["documents"]["invalid_utf8"] == 1
+    assert f"1 document of {path} contains U+FFFD" in capfd.readouterr().err
     assert "broken \ufffd\ufffd bytes here" in data.tokenizer.decode(
         data.train.read(0, len(data.train)).tolist())
 
