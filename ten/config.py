@@ -79,12 +79,12 @@ def check_fields(config: Any) -> None:
     """Every field's :class:`Range` and ``Literal`` choices, as :class:`FieldError`."""
     for name, hint in typing.get_type_hints(type(config), include_extras=True).items():
         value = getattr(config, name)
-        for meta in getattr(hint, "__metadata__", ()):
-            items = value if isinstance(value, tuple) else (value,)
-            for item in items if isinstance(meta, Range) and value is not None else ():
-                why = meta.problem(item)
-                if why:
-                    raise FieldError(name, why, value)
+        ranges = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)]
+        items = value if isinstance(value, tuple) else (value,)  # a tuple: each item's
+        for bound in ranges if value is not None else ():
+            why = next(filter(None, map(bound.problem, items)), None)
+            if why:
+                raise FieldError(name, why, value)
         choices = _choices(hint)
         if choices and value not in choices:
             raise FieldError(name, f"must be one of {', '.join(choices)}", value)

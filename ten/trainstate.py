@@ -222,12 +222,11 @@ class CheckpointManager:
         latest step was skipped as non-finite."""
         t0 = time.perf_counter()
         try:
-            return self._save(state, last_loss)
+            return self._save(state, last_loss, t0)
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def _save(self, state: TrainState, last_loss: float | None) -> bool:
-        t0 = time.perf_counter()
+    def _save(self, state: TrainState, last_loss: float | None, t0: float) -> bool:
         # Every rank holds the same weights and flags, so every rank decides alike.
         stats = state.nonfinite.read()  # host sync: once per checkpoint
         self.check_divergence(state.step, stats)

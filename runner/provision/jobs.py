@@ -13,6 +13,7 @@ Only :func:`request_cancel` (``ten-runner cancel``) stops a job.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -49,13 +50,8 @@ def make_provider(record: JobRecord, job: Any = None,
     """The provider of ``record.target``, from its destination
     (runner.provision.destinations); ``job`` is loaded from the record's copy when the
     provider needs it and it is not given."""
-    loaded = [job] if job is not None else []
-
-    def load() -> Any:  # once, and only if the provider needs it
-        if not loaded:
-            loaded.append(load_job_copy(record))
-        return loaded[0]
-
+    # once, and only if the provider needs it
+    load = functools.cache(lambda: job if job is not None else load_job_copy(record))
     return destination(record.target).provider(record, load, log)
 
 
