@@ -279,7 +279,7 @@ class Trainer:
 
     def _loop(self, model: torch.nn.Module, loader: Any, step: int,
               tokens: int) -> tuple[Outcome, int, int]:
-        cfg, stop = self.cfg, self.stop
+        cfg, stop, state = self.cfg, self.stop, self.state
         agree = StopAgreement(self.dist, self.device, STOP_AGREE_EVERY)
         window, last_loss = _Window(torch.zeros((), device=self.device)), None
         self.pace = _Pace(step)
@@ -289,7 +289,6 @@ class Trainer:
             micro = [next(batches).to(self.device, non_blocking=True)
                      for _ in range(cfg.grad_accum)]
             t1 = time.perf_counter()
-            state = self.state
             lr = state.scheduler.get_last_lr()[0]  # the lr this step uses
             loss, norm, flags = train_step(model, state.optimizer, state.scaler, micro,
                                            self.amp_dtype, cfg.grad_clip, self.no_sync,
