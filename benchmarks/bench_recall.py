@@ -241,10 +241,11 @@ LM_LENGTHS = (1, 4, 16)  # × the training length
 def lm_data(args: argparse.Namespace):
     """The default job's corpus (builtin botocore docs, its fixed held-out services) unless
     --lm-dataset names another, its BPE and shards: prepared once into the usual cache."""
-    from ten.data.config import DataConfig
+    from ten.data.config import DataConfig, TokenizerConfig
     from ten.data.pipeline import open_data
     return open_data(DataConfig(dataset=args.lm_dataset, seq_len=args.T,
-                                vocab_size=args.lm_vocab, val_fraction=0.05, progress=False))
+                                tokenizer=TokenizerConfig(vocab_size=args.lm_vocab),
+                                val_fraction=0.05, progress=False))
 
 
 def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,

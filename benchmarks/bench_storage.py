@@ -405,7 +405,7 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
     from runner.storage.checkpoints import Lease
     from runner.storage.sync import CheckpointSync
     from ten.config import TrainConfig
-    from ten.data import DataConfig, open_data
+    from ten.data import DataConfig, TokenizerConfig, open_data
     from ten.model import TENLM
     from ten.presets import count_params, model_config
 
@@ -431,7 +431,8 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
     seq = 128
     corpus = work / "corpus.jsonl"
     make_corpus(corpus, 600 if quick else 2000)
-    data = open_data(DataConfig(dataset=str(corpus), seq_len=seq, vocab_size=512,
+    data = open_data(DataConfig(dataset=str(corpus), seq_len=seq,
+                                tokenizer=TokenizerConfig(vocab_size=512),
                                 cache_dir=str(work / "cache"), num_proc=1, progress=False,
                                 val_fraction=0.05))
     # The tokenizer has 512 pieces; the model's (unused) extra vocabulary rows make the

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.exit_codes import ExitCode
+from runner.job.library import in_job_terms
 
 Log = Callable[[str], None]
 
@@ -23,7 +24,7 @@ def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log,
     code: the one table of ``ten-runner run``'s failures (a stop is not one: ten.stop)."""
     for kinds, code, words in _failures():
         if isinstance(e, kinds):
-            log(f"{words}: {e}")
+            log(f"{words}: {in_job_terms(str(e))}")
             return code
     if isinstance(e, OSError):
         return disk_error(e, run_dir, bucket, log)
@@ -66,7 +67,8 @@ def crash_or_memory(e: Exception, job: Any, log: Log, phase: str = "the run") ->
         log("crash:\n" + traceback.format_exc())
         return ExitCode.CRASH
     try:
-        knobs = lowering(job.model_settings(), job.train.batch_size, job.data.seq_len)
+        knobs = in_job_terms(lowering(job.model_settings(), job.train.batch_size,
+                                      job.data.seq_len))
     except Exception:  # noqa: BLE001 - memory may be short for this too
         knobs = "lower train.batch_size or data.seq_len"
     log(f"out of memory during {phase}: {what}; {knobs}")

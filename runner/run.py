@@ -21,7 +21,7 @@ from runner.exit_codes import ExitCode
 from runner.failures import ThreadDiskErrors, exit_code_of
 from runner.job import Job
 from runner.job.layout import run_dir_of
-from runner.job.library import train_config
+from runner.job.library import in_job_terms, train_config
 from runner.runlog import RunLog, ScrubbedStream
 from runner.sample import generate_text, ppl, shown_text
 from runner.spot import start_notice_watcher, step_warning
@@ -315,7 +315,8 @@ class JobRun:
             "batch_size": job.train.batch_size,
         }
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved,
-                          log=self.log, on_commit=self._on_commit, on_log=self._on_log,
+                          log=lambda line: self.log(in_job_terms(line)),
+                          on_commit=self._on_commit, on_log=self._on_log,
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
                           stop=self.stop)
         if self.store is not None:

@@ -8,7 +8,9 @@ name tuples are what the schema accepts; the CLI imports them without importing 
 
 A wrong field value in a library config raises :class:`FieldError`, which carries the
 field's name, the problem and the value; the job layer points at ``model.<field>`` from
-those, never by parsing the message.
+those, never by parsing the message. Other messages of the library name a setting by its
+config and field (``TrainConfig.lr``, ``DataConfig.tokenizer.path``), never by a job key:
+the runner shows those names as the keys a job file sets.
 """
 
 from __future__ import annotations

@@ -126,12 +126,14 @@ def lowering(model_config: Any, batch_size: int, seq_len: int) -> str:
 
     knobs = []
     if recomputed_blocks(model_config) < model_config.n_layers:
-        knobs.append("set model.grad_checkpointing: true" if not model_config.grad_checkpointing
-                     else "raise model.checkpoint_blocks (null: every block)")
+        config = type(model_config).__name__
+        knobs.append(f"set {config}.grad_checkpointing to true"
+                     if not model_config.grad_checkpointing
+                     else f"raise {config}.checkpoint_blocks (null: every block)")
     if batch_size > 1:
-        knobs.append("lower train.batch_size (raise train.grad_accum to keep the tokens "
-                     "per step)")
-    knobs.append(f"lower data.seq_len (now {seq_len})")
+        knobs.append("lower TrainConfig.batch_size (raise TrainConfig.grad_accum to keep the "
+                     "tokens per step)")
+    knobs.append(f"lower DataConfig.seq_len (now {seq_len})")
     return ", or ".join(knobs)
 
 

@@ -232,7 +232,7 @@ def _fused_module() -> ModuleType:
         raise ScanBackendError(
             f"scan backend 'fused' needs triton, which does not import here ({why}): "
             "pip install the triton your torch pins (the CUDA torch wheel brings it), "
-            "or set model.scan_backend: chunked (or auto)"
+            "or set TENConfig.scan_backend to chunked (or auto)"
         ) from None
 
 
@@ -245,7 +245,7 @@ BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "chunked": scan_chunked,
     "fused": _fused_entry,
 }
-NAMES = ("auto", *sorted(BACKENDS))  # what model.scan_backend accepts
+NAMES = ("auto", *sorted(BACKENDS))  # what TENConfig.scan_backend accepts
 
 
 def check_backend(name: str) -> None:
@@ -280,7 +280,7 @@ def _auto_choice(device: torch.device | str) -> tuple[str, str]:
 def resolve_backend(name: str, device: torch.device | str) -> str:
     """The backend that runs for ``name`` on ``device``: ``auto`` picks, others must run.
 
-    Raises ScanBackendError, naming model.scan_backend, for an unknown name or for
+    Raises ScanBackendError, naming TENConfig.scan_backend, for an unknown name or for
     ``fused`` where it cannot run (no triton; a CPU tensor without the interpreter).
     """
     check_backend(name)
@@ -292,7 +292,7 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
         if kind != "cuda" and not mod.INTERPRETED:
             raise ScanBackendError(
                 f"scan backend 'fused' runs Triton kernels on a CUDA device and this run is "
-                f"on {kind}: set model.scan_backend: auto or chunked (tests run it on CPU "
+                f"on {kind}: set TENConfig.scan_backend to auto or chunked (tests run it on CPU "
                 "with TRITON_INTERPRET=1)"
             )
     return name

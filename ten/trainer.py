@@ -79,7 +79,7 @@ class RunResult:
 
 
 class CompileError(Exception):
-    """``train.compile: true`` and torch.compile failed (one line with its reason, naming
+    """``TrainConfig.compile: true`` and torch.compile failed (one line with its reason, naming
     the field to turn off)."""
 
 
@@ -89,13 +89,13 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device is 'cuda' but no CUDA device is visible; "
+        raise RuntimeError("TrainConfig.device is 'cuda' but no CUDA device is visible; "
                            "use device: auto or cpu")
     return torch.device(name)
 
 
 def make_deterministic() -> None:
-    """``train.deterministic``: the same inputs give the same bits on a GPU too, so a
+    """``TrainConfig.deterministic``: the same inputs give the same bits on a GPU too, so a
     resumed run's steps equal those of a run never stopped (on a CPU they already do).
     cuBLAS keeps a fixed workspace only when told before its first handle is made (hence
     the runner calls this before its health gate's matmul), cuDNN stops benchmarking
@@ -192,7 +192,7 @@ class Trainer:
             if not self.cfg.compile:
                 raise
             raise CompileError(f"torch.compile failed ({type(e).__name__}: "
-                               f"{first_line(e)}); set train.compile: false to train "
+                               f"{first_line(e)}); set TrainConfig.compile: false to train "
                                "without it") from None
 
     def _run(self) -> RunResult:
@@ -255,7 +255,7 @@ class Trainer:
             # the blocks share one compiled graph, so compile time does not grow with depth;
             # the loss head is already fused (ten.loss). Errors surface at the first call.
             self.state.model.compile_blocks()
-            self._say("compile: every block with torch.compile (train.compile)")
+            self._say("compile: every block with torch.compile (TrainConfig.compile)")
         model.train()
         return model, loader, step, tokens
 

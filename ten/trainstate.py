@@ -35,7 +35,7 @@ class ResumeError(Exception):
 
 class DivergedError(Exception):
     """Training went non-finite and stayed so (one line naming the step, what was not
-    finite, and to lower train.lr). Nothing non-finite was committed."""
+    finite, and to lower TrainConfig.lr). Nothing non-finite was committed."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -256,16 +256,16 @@ class CheckpointManager:
         return True
 
     def check_divergence(self, step: int, stats: NonFiniteStats) -> None:
-        """DivergedError once more steps in a row than train.max_nonfinite_steps were
+        """DivergedError once more steps in a row than TrainConfig.max_nonfinite_steps were
         non-finite."""
         limit = self.cfg.max_nonfinite_steps
         if stats.worst > limit:
             raise DivergedError(
                 f"training diverged: {stats.worst} steps in a row had a non-finite "
                 f"{stats.what(streak=stats.streak > 0)} (by step {step}; "
-                f"train.max_nonfinite_steps is {limit}); their updates were skipped and "
+                f"TrainConfig.max_nonfinite_steps is {limit}); their updates were skipped and "
                 f"nothing non-finite was committed ({self.last_committed()}); lower "
-                f"train.lr (now {self.cfg.lr:g})")
+                f"TrainConfig.lr (now {self.cfg.lr:g})")
 
     def _check_weights_finite(self, state: TrainState) -> None:
         with torch.no_grad():
@@ -273,7 +273,7 @@ class CheckpointManager:
         if not bool(finite.all()):  # host sync: once per checkpoint
             raise DivergedError(
                 f"training diverged: the weights are not finite at step {state.step}, so "
-                f"they are not committed ({self.last_committed()}); lower train.lr "
+                f"they are not committed ({self.last_committed()}); lower TrainConfig.lr "
                 f"(now {self.cfg.lr:g})")
 
     def last_committed(self) -> str:

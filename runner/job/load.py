@@ -93,20 +93,6 @@ class Job(JobSchema):
         return model_config(self.model.arch, self.model.preset,
                             **{**self.model.overrides, **fixed})
 
-    def data_config(self) -> Any:
-        """The data layer's DataConfig for this job (imports torch)."""
-        from ten.data.config import DataConfig
-
-        d = self.data
-        return DataConfig(
-            dataset=d.dataset, mode=d.mode, seq_len=d.seq_len, text_field=d.text_field,
-            data_files=d.data_files, vocab_size=d.tokenizer.vocab_size,
-            tokenizer_type=d.tokenizer.type, tokenizer_path=d.tokenizer.path,
-            byte_fallback=d.tokenizer.byte_fallback,
-            tokenizer_sample_chars=d.tokenizer.sample_chars, num_proc=d.num_proc,
-            val_fraction=d.val_fraction, shuffle=d.shuffle, seed=self.train.seed,
-            cache_dir=d.cache_dir, max_documents=d.max_documents)
-
     def __repr__(self) -> str:  # the default repr would show resolved secrets
         name = self.redacted_dict()["name"]
         return f"Job(name={name!r}, source_path={str(self._source_path)!r})"

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
 from ten import config as ten_config
+from ten.data.config import DataConfig
 
 # Names and defaults from the library's torch-free config (ten.config): one source.
 Arch = Literal[ten_config.ARCHS]
@@ -100,56 +101,36 @@ class ModelSection(BaseModel):
         return dict(self.model_extra or {})
 
 
-class TokenizerSection(Section):
-    vocab_size: Int = Field(4096, ge=8, description="trained sentencepiece vocabulary size")
-    type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type")
-    path: Str | None = Field(None, description="existing sentencepiece .model: used as-is")
-    byte_fallback: Bool = Field(True, description="unknown characters as bytes, never <unk>")
-    sample_chars: Int = Field(20_000_000, ge=1000,
-                              description="characters of text the tokenizer is trained on")
-
-
-class DataSection(Section):
-    dataset: Str = Field(min_length=1, description="known hub name (e.g. finewebedu), a local "
-                         ".txt/.jsonl/.parquet path, glob or directory, or builtin:botocore-docs")
-    mode: Literal["pretokenized", "streaming", "download"] = Field(
-        "pretokenized", description="pretokenized: tokenize once into shards (the fast "
-        "path); streaming: tokenize on the fly, nothing written; download: the hub's "
-        "datasets library, then the same shards")
-    seq_len: Int = Field(256, ge=1, description="tokens per training sequence")
-    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
-    text_field: Str | None = Field(None, description="text column; null: the dataset's own")
-    data_files: Str | None = Field(None, description="local files standing in for a hub name")
-    num_proc: Int | None = Field(None, ge=1, description="tokenizing processes; null: all cores")
-    val_fraction: Float = Field(0.01, gt=0.0, lt=1.0, description=(
-        "documents held out for evaluation (more than 0: every run ends with one)"))
-    max_documents: Int | None = Field(None, ge=1, description="read at most this many")
-    shuffle: Bool = Field(True, description="a seeded shuffle each epoch (streaming: of "
-                          "documents, through a buffer)")
-    num_workers: Int = Field(TRAIN["num_workers"], ge=0,
-                             description="DataLoader worker processes")
-    cache_dir: Str | None = Field(None, description="null: $TEN_CACHE_DIR or ~/.cache/ten")
-
-
-def section_from(config: type, name: str, exclude: frozenset[str] = frozenset()) -> type:
+def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(), *,
+                 base: type[Section] | None = None,
+                 tighten: dict[str, dict[str, Any]] | None = None) -> type:
     """A job section whose keys are the library dataclass's fields (less ``exclude``):
     each field's type made strict (:data:`Int`, :data:`Float`, ...), its
-    ``ten.config.Range`` as bounds, its ``ten.config.Doc`` as description, its default."""
+    ``ten.config.Range`` as bounds, its ``ten.config.Doc`` as description, its default; a
+    field that is itself a config dataclass becomes a nested section. ``base`` adds the
+    keys the job keeps here for another config; ``tighten`` adds the job's own bounds to
+    a field (``{"dataset": {"default": ..., "min_length": 1}}`` makes it required)."""
     hints = typing.get_type_hints(config, include_extras=True)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(config):
         if f.name in exclude:
             continue
-        base, *meta = typing.get_args(hints[f.name])
+        if dataclasses.is_dataclass(hints[f.name]):  # a nested config: a nested section
+            nested = hints[f.name]
+            inner = section_from(nested, nested.__name__.replace("Config", "Section"))
+            fields[f.name] = (inner, Field(default_factory=inner))
+            continue
+        base_type, *meta = typing.get_args(hints[f.name])
         bounds = next((dataclasses.asdict(m) for m in meta if isinstance(m, ten_config.Range)),
                       {})
         bounds = {k: v for k, v in bounds.items() if v is not None}
         doc = next((str(m) for m in meta if isinstance(m, ten_config.Doc)), None)
-        if typing.get_origin(base) is tuple:  # the bounds are each item's
-            fields[f.name] = (_strict(base, bounds), Field(f.default, description=doc))
+        extra = {"default": f.default, "description": doc, **(tighten or {}).get(f.name, {})}
+        if typing.get_origin(base_type) is tuple:  # the bounds are each item's
+            fields[f.name] = (_strict(base_type, bounds), Field(**extra))
         else:
-            fields[f.name] = (_strict(base), Field(f.default, description=doc, **bounds))
-    return create_model(name, __base__=Section, __doc__=config.__doc__, **fields)
+            fields[f.name] = (_strict(base_type), Field(**bounds, **extra))
+    return create_model(name, __base__=base or Section, __doc__=config.__doc__, **fields)
 
 
 def _strict(tp: Any, item_bounds: dict[str, float] | None = None) -> Any:
@@ -167,6 +148,24 @@ def _strict(tp: Any, item_bounds: dict[str, float] | None = None) -> Any:
 # checkpoint sections (runner.job.library maps them).
 TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
                             exclude=frozenset({"num_workers", "checkpoint_every", "keep_last"}))
+
+
+class _TrainingReads(Section):
+    num_workers: Int = Field(TRAIN["num_workers"], ge=0,
+                             description="DataLoader worker processes")
+
+
+# The data section: DataConfig's fields (the tokenizer nested), less the seed (the job's
+# train.seed seeds both) and the knobs a job does not turn, plus TrainConfig's
+# num_workers. A job names its dataset, and always holds some documents out.
+DataSection = section_from(
+    DataConfig, "DataSection", base=_TrainingReads,
+    exclude=frozenset({"seed", "shard_tokens", "verify_checksums", "stream_block_docs",
+                       "stream_block_chars", "progress"}),
+    tighten={"dataset": {"default": ..., "min_length": 1},
+             "val_fraction": {"gt": 0.0, "description": (
+                 "documents held out for evaluation, by hash (more than 0: every run ends "
+                 "with one; the builtin corpus has its own split)")}})
 
 
 class CheckpointSection(Section):

@@ -12,11 +12,22 @@ exactly the batches that would have come next. Problems a user can fix raise
 :class:`DataError` with a one-line message.
 """
 
-from ten.data.config import DataConfig
+from ten.data.config import DataConfig, TokenizerConfig
 from ten.data.errors import DataError
-from ten.data.pipeline import ShardData, StreamData, open_data
-from ten.data.sources import KNOWN
-from ten.data.tokenizer import Tokenizer
 
 __all__ = ["KNOWN", "DataConfig", "DataError", "ShardData", "StreamData", "Tokenizer",
-           "open_data"]
+           "TokenizerConfig", "open_data"]
+
+# The pipeline imports torch; the configs and the error do not, so the job schema can
+# read DataConfig without it. The rest loads on first use.
+_LAZY = {"ShardData": "ten.data.pipeline", "StreamData": "ten.data.pipeline",
+         "open_data": "ten.data.pipeline", "KNOWN": "ten.data.sources",
+         "Tokenizer": "ten.data.tokenizer"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ten.data' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from ten.data.config import DataConfig
+from ten.data.config import DataConfig, TokenizerConfig
 from ten.data.errors import DataError, disk_errors
 
 
@@ -22,8 +22,9 @@ def _prepare(args: argparse.Namespace) -> None:
 
     cfg = DataConfig(
         dataset=args.dataset, mode=args.mode, seq_len=args.seq_len, text_field=args.text_field,
-        data_files=args.data_files, vocab_size=args.vocab_size,
-        tokenizer_type=args.tokenizer_type, tokenizer_path=args.tokenizer_path,
+        data_files=args.data_files,
+        tokenizer=TokenizerConfig(vocab_size=args.vocab_size, type=args.tokenizer_type,
+                                  path=args.tokenizer_path),
         num_proc=args.num_proc, val_fraction=args.val_fraction, cache_dir=args.cache_dir,
         max_documents=args.max_documents, shard_tokens=args.shard_tokens,
         progress=not args.quiet)
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--text-field")
     p.add_argument("--data-files")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size)
-    p.add_argument("--tokenizer-type", default=d.tokenizer_type)
+    p.add_argument("--vocab-size", type=int, default=d.tokenizer.vocab_size)
+    p.add_argument("--tokenizer-type", default=d.tokenizer.type)
     p.add_argument("--tokenizer-path")
     p.add_argument("--num-proc", type=int)
     p.add_argument("--val-fraction", type=float, default=d.val_fraction)

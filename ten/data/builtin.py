@@ -50,7 +50,7 @@ def botocore_data_dir() -> tuple[Path, str]:
     spec = importlib.util.find_spec("botocore")
     if spec is None or not spec.submodule_search_locations:
         raise DataError(f"{NAME} needs the botocore package (pip install boto3); "
-                        "or choose another data.dataset")
+                        "or choose another DataConfig.dataset")
     pkg = Path(list(spec.submodule_search_locations)[0])
     match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", (pkg / "__init__.py").read_text())
     return pkg / "data", match.group(1) if match else "unknown"

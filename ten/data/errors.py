@@ -48,13 +48,13 @@ def os_data_error(e: OSError, path: Path | str | None = None, what: str = "write
         what = "write"  # only ever a write fails so, whatever the caller was doing
     line = describe_os_error(e, e.filename or path, what)
     if e.errno in _FULL:
-        hint = "free space there, or point data.cache_dir (or TEN_CACHE_DIR) at a larger disk"
+        hint = "free space there, or point DataConfig.cache_dir (or TEN_CACHE_DIR) at a larger disk"
     elif e.errno == errno.EROFS:
-        hint = "point data.cache_dir (or TEN_CACHE_DIR) at a writable disk"
+        hint = "point DataConfig.cache_dir (or TEN_CACHE_DIR) at a writable disk"
     elif e.errno in (errno.EACCES, errno.EPERM):
-        hint = "fix its permissions, or point data.cache_dir (or TEN_CACHE_DIR) elsewhere"
+        hint = "fix its permissions, or point DataConfig.cache_dir (or TEN_CACHE_DIR) elsewhere"
     else:
-        hint = "check that disk, or point data.cache_dir (or TEN_CACHE_DIR) at another one"
+        hint = "check that disk, or point DataConfig.cache_dir (or TEN_CACHE_DIR) at another one"
     return DataError(f"{line}; {hint}")
 
 

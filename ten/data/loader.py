@@ -124,7 +124,7 @@ def check_cursor(state: dict[str, Any], kind: str, expect: dict[str, Any]) -> No
     if not isinstance(state, dict) or state.get("kind") != kind:
         got = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise DataError(f"data cursor is for a {got!r} loader, this one is {kind!r}; "
-                        "resume with the same data.mode")
+                        "resume with the same DataConfig.mode")
     if state.get("version") != CURSOR_VERSION:
         raise DataError(f"data cursor version {state.get('version')} is not {CURSOR_VERSION}")
     for key, want in expect.items():

@@ -68,8 +68,8 @@ class PreparedCache(Protocol):
 def open_tokenizer(cfg: DataConfig, source: Source,
                    cache: PreparedCache | None = None) -> Tokenizer:
     """The given ``.model``, or one trained on the source's training documents (cached)."""
-    if cfg.tokenizer_path:
-        return Tokenizer(Path(cfg.tokenizer_path).expanduser())
+    if cfg.tokenizer.path:
+        return Tokenizer(Path(cfg.tokenizer.path).expanduser())
     fraction = source.val_fraction(cfg.val_fraction)
 
     def texts() -> Iterator[str]:
@@ -80,8 +80,9 @@ def open_tokenizer(cfg: DataConfig, source: Source,
             if usable(text) and not is_val(key, fraction):
                 yield text
 
-    key = training_key(source.fingerprint(), cfg.vocab_size, cfg.tokenizer_type,
-                       cfg.byte_fallback, cfg.tokenizer_sample_chars, fraction)
+    wanted = cfg.tokenizer
+    key = training_key(source.fingerprint(), wanted.vocab_size, wanted.type,
+                       wanted.byte_fallback, wanted.sample_chars, fraction)
     key = digest({"key": key, "max_documents": cfg.max_documents})
     model, name = cached_model_path(cfg.cache_path, key), f"tokenizer-{key}"
     fetched = False
@@ -103,9 +104,10 @@ def open_tokenizer(cfg: DataConfig, source: Source,
 
 
 def _train_or_load(cfg: DataConfig, key: str, texts: Iterator[str]) -> Tokenizer:
-    return load_or_train(cfg.cache_path, key, texts, vocab_size=cfg.vocab_size,
-                         model_type=cfg.tokenizer_type, byte_fallback=cfg.byte_fallback,
-                         max_chars=cfg.tokenizer_sample_chars, num_threads=cfg.processes)
+    wanted = cfg.tokenizer
+    return load_or_train(cfg.cache_path, key, texts, vocab_size=wanted.vocab_size,
+                         model_type=wanted.type, byte_fallback=wanted.byte_fallback,
+                         max_chars=wanted.sample_chars, num_threads=cfg.processes)
 
 
 class ShardData:
@@ -138,7 +140,7 @@ def _check_val(tokens: int, seq_len: int, batch_size: int, fraction: float) -> N
     if have < batch_size:
         raise DataError(f"the validation split has {have} sequences of {seq_len} tokens, "
                         f"fewer than one batch of {batch_size} (val_fraction={fraction}); "
-                        "raise data.val_fraction or lower the eval batch size")
+                        "raise DataConfig.val_fraction or lower the eval batch size")
 
 
 class StreamData:

@@ -121,7 +121,7 @@ def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> 
                 yield pending.popleft().result()
         except BrokenProcessPool:
             raise DataError("a tokenization worker process died (out of memory?); lower "
-                            "data.num_proc and run again: finished work is kept") from None
+                            "DataConfig.num_proc and run again: finished work is kept") from None
         finally:
             for future in pending:
                 future.cancel()
@@ -239,7 +239,7 @@ def _finish(cfg: DataConfig, source: Source, tokenizer: Tokenizer, directory: Pa
         for w in writers.values():
             w.finish()
         _fresh(directory)
-        raise DataError(f"data.dataset {source.name!r} has no non-empty documents "
+        raise DataError(f"DataConfig.dataset {source.name!r} has no non-empty documents "
                         f"({rows} rows read, {counts['skipped_empty']} empty)")
     splits = {}
     for split, writer in writers.items():

@@ -148,10 +148,11 @@ def resolve_files(spec: str) -> list[Path]:
     else:
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     if not files:
-        raise DataError(f"no {'/'.join(LOCAL_SUFFIXES)} files match data.dataset={spec!r}")
+        raise DataError(f"no {'/'.join(LOCAL_SUFFIXES)} files match DataConfig.dataset={spec!r}")
     unsupported = [p for p in files if p.suffix not in LOCAL_SUFFIXES]
     if unsupported:
-        raise DataError(f"unsupported file type {unsupported[0].name!r} in data.dataset={spec!r}; "
+        raise DataError(f"unsupported file type {unsupported[0].name!r} in "
+                        f"DataConfig.dataset={spec!r}; "
                         f"supported: {', '.join(LOCAL_SUFFIXES)}")
     return files
 
@@ -184,7 +185,7 @@ def _jsonl_texts(path: Path, field: str) -> Iterator[Any]:
             if not isinstance(row, dict) or field not in row:
                 keys = sorted(row) if isinstance(row, dict) else type(row).__name__
                 raise DataError(f"{path}:{lineno}: no text field {field!r} (available: {keys}); "
-                                "set data.text_field")
+                                "set DataConfig.text_field")
             yield _without_lone_surrogates(row[field])
 
 
@@ -209,13 +210,13 @@ def _parquet_texts(path: Path, field: str) -> Iterator[Any]:
         columns = pf.schema_arrow.names
         if field not in columns:
             raise DataError(f"{path}: no text field {field!r} (available: {columns}); "
-                            "set data.text_field")
+                            "set DataConfig.text_field")
         for batch in pf.iter_batches(columns=[field], batch_size=1024):
             yield from batch.column(0).to_pylist()
     except (pa.ArrowException, OSError) as e:  # a damaged footer, page or row group
         why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise DataError(f"{path}: not a readable parquet file ({why}); replace it or "
-                        "leave it out of data.dataset") from None
+                        "leave it out of DataConfig.dataset") from None
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ class LocalSource(Source):
     def documents(self, start: int = 0) -> Iterator[Doc]:
         for text in itertools.islice(self._texts(), start, None):
             if text is not None and not isinstance(text, str):
-                raise DataError(f"data.text_field {self.text_field!r} of {self.spec!r} holds "
+                raise DataError(f"DataConfig.text_field {self.text_field!r} of {self.spec!r} holds "
                                 f"{type(text).__name__}, not text; choose a text column")
             yield (text or ""), (text or "")
 
@@ -284,7 +285,7 @@ def load_hub(spec: HubSpec, streaming: bool, data_files: str | None = None,
 def _check_field(columns: Any, field: str, where: str) -> None:
     if columns is not None and field not in columns:
         raise DataError(f"{where}: no text field {field!r} (available: {sorted(columns)}); "
-                        "set data.text_field")
+                        "set DataConfig.text_field")
 
 
 @dataclass(frozen=True)
@@ -342,7 +343,7 @@ def looks_local(dataset: str) -> bool:
 
 def open_source(dataset: str, text_field: str | None, cache_dir: Path,
                 data_files: str | None = None) -> Source:
-    """Resolve ``data.dataset`` to a source, or a one-line error listing what is known."""
+    """Resolve ``DataConfig.dataset`` to a source, or a one-line error listing what is known."""
     if dataset.startswith("builtin:"):
         if dataset != builtin.NAME:
             raise DataError(f"unknown builtin dataset {dataset!r}; known: {builtin.NAME}")

@@ -52,13 +52,13 @@ class Tokenizer:
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"tokenizer model {str(self.path)!r} does not exist; fix "
-                            "data.tokenizer.path or leave it empty to train one")
+                            "DataConfig.tokenizer.path or leave it empty to train one")
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.Load(str(self.path))
         except (OSError, RuntimeError):
             raise DataError(f"{str(self.path)!r} is not a sentencepiece model; fix "
-                            "data.tokenizer.path") from None
+                            "DataConfig.tokenizer.path") from None
         self.fingerprint = sha256_file(self.path)[:16]
         self.vocab_size = self._sp.get_piece_size()
         self.eos_id = self._sp.eos_id()
@@ -176,7 +176,7 @@ def train(texts: Iterable[str], out_path: Path, vocab_size: int, model_type: str
     first = next(lines, None)
     if first is None:
         raise DataError("no text to train the tokenizer on: the source has no non-empty "
-                        "training documents; check data.dataset / data.text_field")
+                        "training documents; check DataConfig.dataset / DataConfig.text_field")
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -200,17 +200,17 @@ _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) v
 
 
 def _training_hint(error: str, vocab_size: int) -> str:
-    """sentencepiece's error as one line that names the job key to change, and which way."""
+    """sentencepiece's error as one line that names the field to change, and which way."""
     msg = error.split("]")[-1].strip()
     if m := _TOO_HIGH.search(msg):
-        return (f"data.tokenizer.vocab_size {vocab_size} is more than this text can fill "
+        return (f"DataConfig.tokenizer.vocab_size {vocab_size} is more than this text can fill "
                 f"(Vocabulary size too high, at most {m.group(2)}); lower "
-                "data.tokenizer.vocab_size or give more text")
+                "DataConfig.tokenizer.vocab_size or give more text")
     if m := _TOO_LOW.search(msg):
-        return (f"data.tokenizer.vocab_size {vocab_size} is smaller than the {m.group(2)} "
+        return (f"DataConfig.tokenizer.vocab_size {vocab_size} is smaller than the {m.group(2)} "
                 "characters and bytes the text needs (Vocabulary size too small); raise "
-                f"data.tokenizer.vocab_size to at least {m.group(2)}")
-    return (f"{msg}; check data.tokenizer.vocab_size and data.tokenizer.type, or give "
+                f"DataConfig.tokenizer.vocab_size to at least {m.group(2)}")
+    return (f"{msg}; check DataConfig.tokenizer.vocab_size and DataConfig.tokenizer.type, or give "
             "more text")
 
 

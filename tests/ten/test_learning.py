@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ten.config import TrainConfig
-from ten.data import DataConfig, open_data
+from ten.data import DataConfig, TokenizerConfig, open_data
 from ten.presets import model_config
 from ten.trainer import Outcome, Trainer
 
@@ -20,9 +20,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    return open_data(DataConfig(dataset="builtin:botocore-docs", seq_len=128, vocab_size=1024,
+    return open_data(DataConfig(dataset="builtin:botocore-docs", seq_len=128,
+                                tokenizer=TokenizerConfig(vocab_size=1024,
+                                                          sample_chars=2_000_000),
                                 cache_dir=str(cache), max_documents=3000, num_proc=2,
-                                progress=False, tokenizer_sample_chars=2_000_000))
+                                progress=False))
 
 
 def unigram_entropy(tokens: np.ndarray, vocab: int) -> float:

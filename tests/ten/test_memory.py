@@ -90,8 +90,8 @@ def test_a_job_that_does_not_fit_is_refused_with_the_knobs():
     assert line.startswith("the job does not fit the 48.0 GiB NVIDIA L40S: training needs "
                            "an estimated 73.0 GiB (activations 70.0 GiB at batch_size 2 x "
                            "seq_len 32768")
-    for knob in ("set model.grad_checkpointing: true", "lower train.batch_size",
-                 "lower data.seq_len (now 32768)"):
+    for knob in ("set TENConfig.grad_checkpointing to true", "lower TrainConfig.batch_size",
+                 "lower DataConfig.seq_len (now 32768)"):
         assert knob in line
     assert "\n" not in line
     fits = MemoryEstimate(weights=GiB, gradients=GiB, activations=40 * GiB, optimizer=GiB,
@@ -109,7 +109,7 @@ def test_check_fits_on_a_device_too_small(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(memory, "device_capacity", lambda d: ("Tiny GPU", 256 * 2**20))
     with pytest.raises(DeviceMemoryError, match=r"does not fit the 256 MiB Tiny GPU.*"
-                                                r"lower train.batch_size"):
+                                                r"lower TrainConfig.batch_size"):
         check_fits(SMALL, 4, 4096, None, "adamw", cuda)
     monkeypatch.setattr(memory, "device_capacity", lambda d: ("Big GPU", 80 * GiB))
     note = check_fits(SMALL, 4, 4096, None, "adamw", cuda)
@@ -131,7 +131,7 @@ def test_on_a_cpu_a_job_larger_than_the_available_memory_is_refused_before_train
     line = str(err.value)
     assert line.startswith("the job does not fit the 256 MiB of memory available on this "
                            "machine: training needs an estimated ")
-    assert "lower train.batch_size" in line and "CUDA" not in line and "\n" not in line
+    assert "lower TrainConfig.batch_size" in line and "CUDA" not in line and "\n" not in line
     monkeypatch.setattr(memory, "host_available", lambda: GiB)  # estimated (~0.4 GiB): fits
     assert check_fits(SMALL, 4, 4096, None, "adamw", cpu).endswith(
         "of the 1.0 GiB of memory available on this machine")

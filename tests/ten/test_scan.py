@@ -108,7 +108,8 @@ def test_fused_without_triton_raises_with_the_fix(monkeypatch):
     monkeypatch.delitem(sys.modules, "ten.scan_fused", raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     beta, log_lam, _ = _inputs(4, selective=False)
-    with pytest.raises(ScanBackendError, match="needs triton.*model.scan_backend: chunked") as e:
+    with pytest.raises(ScanBackendError,
+                       match="needs triton.*TENConfig.scan_backend to chunked") as e:
         scan(beta, log_lam, backend="fused")
     assert "\n" not in str(e.value)
     assert resolve_backend("auto", "cuda") == "chunked"
@@ -119,7 +120,8 @@ def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
     """Triton installed but the kernels compiled for a GPU, and the tensors on CPU."""
     monkeypatch.setitem(sys.modules, "ten.scan_fused", SimpleNamespace(INTERPRETED=False))
     beta, log_lam, _ = _inputs(4, selective=False)
-    with pytest.raises(ScanBackendError, match="CUDA device.*on cpu: set model.scan_backend: "
+    with pytest.raises(ScanBackendError,
+                       match="CUDA device.*on cpu: set TENConfig.scan_backend to "
                        "auto or chunked"):
         scan(beta, log_lam, backend="fused")
     assert resolve_backend("fused", "cuda") == "fused"

@@ -18,7 +18,7 @@ import torch
 from ten import checkpoint as ckpt
 from ten import trainer as trainer_mod
 from ten.config import TrainConfig
-from ten.data import DataConfig, open_data
+from ten.data import DataConfig, TokenizerConfig, open_data
 from ten.distributed import DistInfo, StopAgreement
 from ten.loss import NextTokenLoss
 from ten.metrics import read_metrics
@@ -48,7 +48,8 @@ def data(tmp_path_factory):
         for _ in range(400):
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))
             f.write(json.dumps({"text": text}) + "\n")
-    cfg = DataConfig(dataset=str(root / "corpus.jsonl"), seq_len=32, vocab_size=400,
+    cfg = DataConfig(dataset=str(root / "corpus.jsonl"), seq_len=32,
+                     tokenizer=TokenizerConfig(vocab_size=400),
                      cache_dir=str(root / "cache"), num_proc=1, progress=False,
                      val_fraction=0.05)
     return open_data(cfg)
@@ -454,8 +455,8 @@ def test_a_diverging_run_stops_with_one_line_and_commits_nothing_non_finite(data
     with pytest.raises(DivergedError) as e:
         t.run()
     message = str(e.value)
-    assert "\n" not in message and "lower train.lr (now 1e+10)" in message
-    assert "non-finite loss" in message and "train.max_nonfinite_steps is 3" in message
+    assert "\n" not in message and "lower TrainConfig.lr (now 1e+10)" in message
+    assert "non-finite loss" in message and "TrainConfig.max_nonfinite_steps is 3" in message
     for step in ckpt.committed_steps(run / "checkpoints"):
         weights = ckpt.load(run / "checkpoints" / ckpt.step_name(step), "model.pt")
         assert all(torch.isfinite(w).all() for w in weights.values())
@@ -468,7 +469,8 @@ def test_non_finite_weights_are_never_committed(data, tmp_path):
         model.out.bias[3] = math.inf
     state = TrainState(model=model, optimizer=None, scheduler=None, scaler=None, loader=None,
                        nonfinite=NonFiniteCounter(torch.device("cpu")), step=4)
-    with pytest.raises(DivergedError, match="weights are not finite at step 4.*lower train.lr"):
+    with pytest.raises(DivergedError,
+                       match="weights are not finite at step 4.*lower TrainConfig.lr"):
         t.checkpoints.save(state, None)
     assert ckpt.committed_steps(tmp_path / "run" / "checkpoints") == []
 
@@ -637,7 +639,7 @@ def test_compile_trains_the_same_model_with_compiled_blocks(data, tmp_path):
     t = Trainer(mcfg(data), data, tcfg(compile=True, **kw), compiled, {"model": "m"}, {},
                 log=notes.append)
     assert t.run().outcome is Outcome.DONE
-    assert "compile: every block with torch.compile (train.compile)" in notes
+    assert "compile: every block with torch.compile (TrainConfig.compile)" in notes
     assert all(b._compiled_call_impl is not None for b in t.raw_model.blocks)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
     first = {c: [r["loss"] for r in read_metrics(c / "metrics.jsonl") if r["kind"] == "train"]

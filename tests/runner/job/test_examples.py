@@ -13,6 +13,7 @@ from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
 from runner.job import PRESETS, json_schema, load_job, parse_job
+from runner.job.library import data_config
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
@@ -58,7 +59,7 @@ def test_default_job_fields():
     assert job.storage.local_path() == Path("runs")
     assert (job.resources.gpus, job.resources.spot, job.resources.price_per_hour) == \
         (0, False, None)
-    assert job.data_config().vocab_size == 4096
+    assert data_config(job).tokenizer.vocab_size == 4096
     assert json.loads(json.dumps(job.redacted_dict()))["train"]["max_steps"] == 20
 
 

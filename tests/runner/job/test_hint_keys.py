@@ -1,6 +1,8 @@
-"""Every job key a message names exists. Scans the string literals of runner/
-and ten/ for dotted keys (``data.tokenizer.path``, ``train.max_steps``, ...) and checks
-each against the job schema, so a hint like "fix data.tokenizer_path" cannot come back."""
+"""Every key or field a message names exists. Scans the string literals of runner/ for
+dotted job keys (``data.tokenizer.path``, ``train.max_steps``, ...) and checks each
+against the job schema, so a hint like "fix data.tokenizer_path" cannot come back; and
+those of ten/, which names no job key, only its configs' fields (``DataConfig.seq_len``),
+each a real field that the runner shows as a real job key."""
 
 from __future__ import annotations
 
@@ -38,19 +40,23 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
-def mentioned_keys() -> list[tuple[str, str]]:
-    """(file:line, dotted key) for every key named in a string literal (f-strings too)."""
+def mentioned(package: str, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    """(file:line, match) for every ``pattern`` in a string literal of ``package``
+    (f-strings too)."""
     found = []
-    for package in ("runner", "ten"):
-        for path in sorted((ROOT / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(), str(path))
-            skip = _docstrings(tree)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                        and id(node) not in skip:
-                    for m in KEY.finditer(node.value):
-                        found.append((f"{path.relative_to(ROOT)}:{node.lineno}", m.group(0)))
+    for path in sorted((ROOT / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in skip:
+                for m in pattern.finditer(node.value):
+                    found.append((f"{path.relative_to(ROOT)}:{node.lineno}", m.group(0)))
     return found
+
+
+def mentioned_keys() -> list[tuple[str, str]]:
+    return mentioned("runner", KEY)
 
 
 def model_fields() -> set[str]:
@@ -91,3 +97,44 @@ def test_every_key_named_in_a_message_exists():
     wrong = [f"{where}: {key}" for where, key in mentioned_keys()
              if key not in NOT_KEYS and not is_job_key(key)]
     assert not wrong, "messages name job keys that do not exist:\n" + "\n".join(wrong)
+
+
+def test_the_library_names_no_job_key():
+    found = [f"{where}: {key}" for where, key in mentioned("ten", KEY) if key not in NOT_KEYS]
+    assert not found, "ten/ names job keys (name the config's field instead):\n" + \
+        "\n".join(found)
+
+
+def test_every_library_field_named_in_a_message_exists_and_has_its_job_key():
+    """``DataConfig.tokenizer.path`` in ten/'s messages: a real field, which
+    runner.job.library.in_job_terms shows as a job key that exists (or leaves as it is,
+    for a field no job sets)."""
+    import dataclasses
+    import typing
+
+    import ten.data.config
+    import ten.model
+    import ten.transformer
+    from runner.job.library import LIBRARY_CONFIGS, in_job_terms
+
+    classes = {name: getattr(module, name) for module in (ten.config, ten.data.config,
+                                                          ten.model, ten.transformer)
+               for name in LIBRARY_CONFIGS if hasattr(module, name)}
+    field = re.compile(rf"\b({'|'.join(LIBRARY_CONFIGS)})((?:\.[a-z_][a-z0-9_]*)+)")
+    named = mentioned("ten", field)
+    assert len(named) > 20, named
+    wrong = []
+    for where, dotted in named:
+        config, *parts = dotted.split(".")
+        owner = classes[config]
+        for part in parts:
+            names = {f.name for f in dataclasses.fields(owner)}
+            if part not in names:
+                wrong.append(f"{where}: {dotted} (no field {part})")
+                break
+            owner = typing.get_type_hints(owner).get(part)
+        else:
+            shown = in_job_terms(dotted)
+            if shown != dotted and not is_job_key(shown):
+                wrong.append(f"{where}: {dotted} is shown as {shown}, not a job key")
+    assert not wrong, "\n".join(wrong)

@@ -79,8 +79,9 @@ def test_twenty_thousand_unknown_keys(tmp_path):
     lines = check_screenful(CliRunner().invoke(cli, ["validate", str(path)]), path)
     assert len(lines) == MAX_PROBLEMS + 2  # 20 problems, the count, click's Error: line
     assert lines[0].startswith(f"{path}:5 key0: unknown key 'key0'")
-    assert lines[MAX_PROBLEMS] == f"{path}: ... and 19,980 more problems (fix the ones " \
-                                  "above, then validate again)"
+    # (a long path is shortened in the middle to keep the line on the screen)
+    assert lines[MAX_PROBLEMS].endswith(": ... and 19,980 more problems (fix the ones above, "
+                                        "then validate again)")
 
 
 def test_exactly_the_limit_has_no_count_line():

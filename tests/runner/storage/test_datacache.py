@@ -16,7 +16,7 @@ from runner.storage.datasets import is_committed, upload_dataset
 
 @pytest.fixture
 def cfg(tmp_path):
-    from ten.data import DataConfig
+    from ten.data import DataConfig, TokenizerConfig
 
     rng = random.Random(3)
     words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 7)))
@@ -26,7 +26,8 @@ def cfg(tmp_path):
         for _ in range(200):
             f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(5, 60)))})
                     + "\n")
-    return DataConfig(dataset=str(corpus), seq_len=16, vocab_size=300, num_proc=1,
+    return DataConfig(dataset=str(corpus), seq_len=16, num_proc=1,
+                      tokenizer=TokenizerConfig(vocab_size=300),
                       val_fraction=0.1, shuffle=False, progress=False,
                       cache_dir=str(tmp_path / "machine1"))
 

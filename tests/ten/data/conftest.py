@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ten.data import DataConfig
+from ten.data import DataConfig, TokenizerConfig
 
 WORDS = ("the a of to and in is it that for on with as was by at from this be or an are "
          "data model token shard stream batch cursor epoch seed worker process file text "
@@ -63,6 +63,7 @@ def corpus(tmp_path: Path, docs: list[str]) -> Path:
 @pytest.fixture
 def cfg(tmp_path: Path, corpus: Path) -> DataConfig:
     """Small, fast, unshuffled: 240 docs, vocab 400, seq_len 32, 10% held out."""
-    return DataConfig(dataset=str(corpus), seq_len=32, vocab_size=400, num_proc=1,
+    return DataConfig(dataset=str(corpus), seq_len=32, num_proc=1,
+                      tokenizer=TokenizerConfig(vocab_size=400),
                       val_fraction=0.1, shuffle=False, cache_dir=str(tmp_path / "cache"),
                       progress=False)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ten.data import DataConfig, builtin, open_data
+from ten.data import DataConfig, TokenizerConfig, builtin, open_data
 from ten.data.sources import BuiltinSource, is_val
 
 
@@ -51,19 +51,19 @@ def test_fixed_held_out_split_by_service_name(cache):
     source = BuiltinSource(cache_dir=cache)
     held = [k for k, _ in source.documents() if is_val(k, source.fixed_val_fraction)]
     assert 3 <= len(held) <= 40
-    data = open_data(DataConfig(mode="streaming", cache_dir=str(cache), vocab_size=400,
-                                seq_len=32, val_fraction=0.5, max_documents=40,
-                                tokenizer_sample_chars=200_000, progress=False))
+    data = open_data(DataConfig(mode="streaming", cache_dir=str(cache),
+                                tokenizer=TokenizerConfig(vocab_size=400, sample_chars=200_000),
+                                seq_len=32, val_fraction=0.5, max_documents=40, progress=False))
     assert data.fraction == builtin.VAL_FRACTION  # the job's val_fraction does not move it
 
 
 def test_streams_without_importing_boto(cache):
     code = (
         "import sys\n"
-        "from ten.data import DataConfig, open_data\n"
-        f"cfg = DataConfig(mode='streaming', cache_dir={str(cache)!r}, vocab_size=400,\n"
-        "                 seq_len=32, max_documents=20, tokenizer_sample_chars=100_000,\n"
-        "                 progress=False)\n"
+        "from ten.data import DataConfig, TokenizerConfig, open_data\n"
+        f"cfg = DataConfig(mode='streaming', cache_dir={str(cache)!r},\n"
+        "                 tokenizer=TokenizerConfig(vocab_size=400, sample_chars=100_000),\n"
+        "                 seq_len=32, max_documents=20, progress=False)\n"
         "batch = next(iter(open_data(cfg).train_loader(batch_size=2, num_workers=1)))\n"
         "assert tuple(batch.shape) == (2, 33)\n"
         "bad = {'boto3', 'botocore', 'runner', 'click'} & {m.split('.')[0] for m in sys.modules}\n"

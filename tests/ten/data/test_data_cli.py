@@ -10,7 +10,8 @@ from ten.data.__main__ import main
 
 def _args(cfg):
     return ["--dataset", cfg.dataset, "--seq-len", str(cfg.seq_len), "--vocab-size",
-            str(cfg.vocab_size), "--val-fraction", str(cfg.val_fraction), "--num-proc", "1",
+            str(cfg.tokenizer.vocab_size), "--val-fraction", str(cfg.val_fraction),
+            "--num-proc", "1",
             "--cache-dir", cfg.cache_dir, "--quiet"]
 
 

@@ -49,7 +49,7 @@ def test_shards_on_a_full_disk_then_freed(cfg, small_disk, small_chunks, num_pro
         open_data(full)
     msg = str(err.value)
     assert "\n" not in msg and NO_SPACE in msg and f"free on {disk}" in msg
-    assert f"cannot write {disk}/shards/" in msg and "data.cache_dir" in msg
+    assert f"cannot write {disk}/shards/" in msg and "DataConfig.cache_dir" in msg
     assert _hidden_temps(disk) == []
     filler.unlink()  # space freed: the same call now finishes the job
     again = open_data(full)
@@ -66,7 +66,7 @@ def test_tokenizer_on_a_full_disk_names_the_model_file(cfg, small_disk):
     assert f"cannot write {disk}/tokenizers/" in msg and "tokenizer.model" in msg
     assert _hidden_temps(disk) == []
     filler.unlink()
-    assert open_data(full).tokenizer.vocab_size == cfg.vocab_size
+    assert open_data(full).tokenizer.vocab_size == cfg.tokenizer.vocab_size
 
 
 @pytest.mark.parametrize("num_proc, leave_kib", [(1, 48), (2, 260)])
@@ -112,7 +112,7 @@ def test_a_read_only_cache_disk_is_one_line(cfg, small_disk):
         open_data(cfg.replace(cache_dir=str(disk)))
     msg = str(err.value)
     assert f"cannot write {disk}/tokenizers" in msg and "at a writable disk" in msg
-    assert "data.cache_dir (or TEN_CACHE_DIR)" in msg and "\n" not in msg
+    assert "DataConfig.cache_dir (or TEN_CACHE_DIR)" in msg and "\n" not in msg
 
 
 def test_only_environment_errors_become_data_errors(tmp_path):
@@ -130,5 +130,5 @@ def test_only_environment_errors_become_data_errors(tmp_path):
         except OSError as e:
             raise RuntimeError("wrapped by a library") from e
     assert str(err.value).startswith(f"cannot access {tmp_path / 'f'}: Permission denied (")
-    assert str(err.value).endswith("; fix its permissions, or point data.cache_dir "
+    assert str(err.value).endswith("; fix its permissions, or point DataConfig.cache_dir "
                                    "(or TEN_CACHE_DIR) elsewhere")

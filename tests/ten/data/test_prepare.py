@@ -121,7 +121,8 @@ def test_a_dying_worker_is_an_error_not_a_hang(cfg, small_chunks, monkeypatch):
 def test_empty_documents_skipped_and_counted(cfg, tmp_path, docs, write_jsonl):
     path = write_jsonl(tmp_path / "e.jsonl", [docs[0], "", "   \n ", docs[1], ""])
     data = open_data(cfg.replace(dataset=str(path), val_fraction=0.0,
-                                 tokenizer_path=str(open_data(cfg).tokenizer.path)))
+                                 tokenizer=cfg.tokenizer.replace(
+                                     path=str(open_data(cfg).tokenizer.path))))
     assert data.manifest["documents"]["skipped_empty"] == 3
     assert data.manifest["documents"]["train_docs"] == 2
     tok = data.tokenizer
@@ -135,7 +136,8 @@ def test_empty_source_is_an_error(cfg, tmp_path, write_jsonl):
         open_data(cfg.replace(dataset=str(path)))
     given = open_data(cfg).tokenizer.path
     with pytest.raises(DataError, match="has no non-empty documents.*2 rows read"):
-        open_data(cfg.replace(dataset=str(path), tokenizer_path=str(given)))
+        open_data(cfg.replace(dataset=str(path),
+                              tokenizer=cfg.tokenizer.replace(path=str(given))))
     (tmp_path / "blank.txt").write_text("")
     with pytest.raises(DataError):
         open_data(cfg.replace(dataset=str(tmp_path / "blank.txt")))
@@ -169,7 +171,7 @@ def test_a_lone_surrogate_is_replaced_and_counted_not_fatal(cfg, tmp_path, docs)
 def test_download_mode_writes_identical_shards(cfg, tmp_path):
     pre = open_data(cfg)
     down = open_data(cfg.replace(mode="download", cache_dir=str(tmp_path / "down"),
-                                 tokenizer_path=str(pre.tokenizer.path)))
+                                 tokenizer=cfg.tokenizer.replace(path=str(pre.tokenizer.path))))
     assert down.manifest["mode"] == "download"
     assert _shas(down.prepared_dir) == _shas(pre.prepared_dir)
     assert down.manifest["documents"] == pre.manifest["documents"]
@@ -193,7 +195,8 @@ def test_download_mode_empty_source_is_an_error(cfg, tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "empty.jsonl", ["", " "])
     given = open_data(cfg).tokenizer.path
     with pytest.raises(DataError, match="no non-empty documents"):
-        open_data(cfg.replace(dataset=str(path), mode="download", tokenizer_path=str(given)))
+        open_data(cfg.replace(dataset=str(path), mode="download",
+                              tokenizer=cfg.tokenizer.replace(path=str(given))))
 
 
 def test_download_mode_through_the_hub_path(cfg, tmp_path, make_docs):
@@ -202,7 +205,7 @@ def test_download_mode_through_the_hub_path(cfg, tmp_path, make_docs):
     hub = cfg.replace(dataset="tinystories", data_files=str(tmp_path / "tiny.parquet"))
     pre = open_data(hub)
     down = open_data(hub.replace(mode="download", num_proc=2, cache_dir=str(tmp_path / "d"),
-                                 tokenizer_path=str(pre.tokenizer.path)))
+                                 tokenizer=hub.tokenizer.replace(path=str(pre.tokenizer.path))))
     assert _shas(down.prepared_dir) == _shas(pre.prepared_dir)
     assert pre.manifest["documents"]["rows_read"] == 60
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -80,13 +81,15 @@ def test_cursor_restores_in_a_new_process(cfg):
     expected = [next(it).sum().item() for _ in range(3)]
     code = (
         "import json, sys\n"
-        "from ten.data import DataConfig, open_data\n"
-        "cfg = DataConfig(**json.loads(sys.argv[1]))\n"
+        "from ten.data import DataConfig, TokenizerConfig, open_data\n"
+        "fields = json.loads(sys.argv[1])\n"
+        "fields['tokenizer'] = TokenizerConfig(**fields['tokenizer'])\n"
+        "cfg = DataConfig(**fields)\n"
         "loader = open_data(cfg).train_loader(batch_size=4, num_workers=2)\n"
         "loader.load_state_dict(json.loads(sys.argv[2]))\n"
         "it = iter(loader)\n"
         "print(json.dumps([next(it).sum().item() for _ in range(3)]))\n")
-    fields = {k: v for k, v in vars(cfg.replace(shuffle=True)).items()}
+    fields = dataclasses.asdict(cfg.replace(shuffle=True))
     out = subprocess.run([sys.executable, "-c", code, json.dumps(fields), json.dumps(state)],
                          capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout) == expected

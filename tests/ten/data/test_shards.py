@@ -101,7 +101,8 @@ def test_missing_shard_and_missing_manifest(prepared):
 def test_manifest_from_another_tokenizer(prepared, tmp_path):
     """Shards built with tokenizer A, restored where a job with tokenizer B looks."""
     cfg, directory = prepared
-    other = cfg.replace(vocab_size=420, cache_dir=str(tmp_path / "other"))
+    other = cfg.replace(tokenizer=cfg.tokenizer.replace(vocab_size=420),
+                        cache_dir=str(tmp_path / "other"))
     made = open_data(other)
     good, want = made.prepared_dir, made.tokenizer.fingerprint
     shutil.rmtree(good)

@@ -8,12 +8,14 @@ import textwrap
 
 import pytest
 
-from ten.data import DataConfig, open_data
+from ten.data import DataConfig, TokenizerConfig, open_data
 
 SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     from ten.data import DataConfig, open_data
-    cfg = DataConfig(**json.loads(sys.argv[1]))
+    from ten.data import TokenizerConfig
+    fields = json.loads(sys.argv[1])
+    cfg = DataConfig(**fields, tokenizer=TokenizerConfig(vocab_size=300))
     seen = []
     signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))  # the trainer
     loader = open_data(cfg).train_loader(batch_size=2, num_workers=2)
@@ -35,9 +37,10 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["pretokenized", "streaming"])
 def test_workers_ignore_group_sigint(tmp_path, corpus, mode):
-    fields = dict(dataset=str(corpus), mode=mode, seq_len=16, vocab_size=300,
+    fields = dict(dataset=str(corpus), mode=mode, seq_len=16,
                   cache_dir=str(tmp_path / "cache"), num_proc=1, progress=False)
-    open_data(DataConfig(**fields))  # prepare outside the signalled process
+    # prepare outside the signalled process
+    open_data(DataConfig(**fields, tokenizer=TokenizerConfig(vocab_size=300)))
     p = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(fields)], capture_output=True,
                        text=True, timeout=120, start_new_session=True)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -28,7 +28,8 @@ def stream_cfg(cfg):
 
 def test_same_token_stream_as_pretokenized_when_unshuffled(cfg, stream_cfg):
     shards = open_data(cfg)
-    stream = open_data(stream_cfg.replace(tokenizer_path=str(shards.tokenizer.path)))
+    given = stream_cfg.tokenizer.replace(path=str(shards.tokenizer.path))
+    stream = open_data(stream_cfg.replace(tokenizer=given))
     assert isinstance(stream, StreamData) and stream.prepared_dir is None
     n = shards.train_loader(batch_size=4).batches_per_epoch
     # Two full epochs: the epoch boundary drops the same tail in both modes.
