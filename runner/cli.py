@@ -312,7 +312,11 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
               help="Supervise in the foreground until the job ends (Ctrl-C hands it to "
                    "a background controller; it never stops the training).")
 @click.option("--region", default=None, help="aws: override resources.region.")
-def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a job key, as for `run` (repeatable); the job submitted is "
+                   "the file with these written into it.")
+def submit(job_file: str, target: str, wait: bool, region: str | None,
+           sets: tuple[str, ...]) -> None:
     """Send a job to a machine and print its job id (for status, logs, cancel).
 
     Every target is managed: a controller relaunches the job after a preemption (always)
@@ -321,7 +325,7 @@ def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
     runs the job's container there. Secrets travel only in the environment (ssh: a 0600
     env file removed after start; aws: the instance profile), never on a command line or
     in a file we upload."""
-    job = _load(job_file)
+    job = _load(job_file, sets)
 
     def say(line: str) -> None:
         click.echo(line, err=True)  # stdout carries only the job id
@@ -329,7 +333,7 @@ def submit(job_file: str, target: str, wait: bool, region: str | None) -> None:
     from runner.provision.jobs import submit_managed
 
     record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
-                            details={"region": region} if region else None)
+                            details={"region": region} if region else None, sets=sets)
     click.echo(record.job_id)
     if wait and record.state in ("FAILED", "CANCELLED"):
         raise SystemExit(record.exit_code or int(ExitCode.CRASH))

@@ -160,6 +160,24 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
     return job
 
 
+def with_sets(text: str, sets: Iterable[str], source: str = "<job>") -> str:
+    """The job YAML ``text`` with ``--set`` overrides written into it: the file a job
+    submitted with ``--set`` runs from, ``${VAR}`` references kept as written (they
+    resolve where it runs). Without overrides, ``text`` itself (comments kept)."""
+    import yaml
+
+    sets = list(sets)
+    if not sets:
+        return text
+    problems = Problems(source)
+    data = apply_sets(_document(text, source, problems), sets, problems)
+    if problems:
+        raise problems.error()
+    header = "".join(f"# --set {item}\n" for item in sets)
+    return f"# {source}, with\n{header}" + yaml.safe_dump(data, sort_keys=False,
+                                                        allow_unicode=True)
+
+
 def _document(text: str, source: str, problems: Problems) -> dict[str, Any]:
     """The YAML text as its top-level mapping, with each key's line kept in ``problems``;
     raises the error when it is not YAML, empty, or not a mapping."""

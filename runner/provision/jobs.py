@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ def controller_for(record: JobRecord, provider: Provider | None = None, *,
 def submit_managed(job: Any, job_file: Path | str, target: str, *,
                    provider: Provider | None = None, detach: bool = True,
                    poll_s: float = 5.0, limits: Limits | None = None,
-                   details: dict[str, Any] | None = None,
+                   details: dict[str, Any] | None = None, sets: Sequence[str] = (),
                    log: Callable[[str], None] = print) -> JobRecord:
     """Create the job's record (state PENDING, a copy of the job YAML beside it; for
     ``aws`` the YAML also goes to the job's bucket, where the instance reads it) and
@@ -144,7 +144,10 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     or here until it ends. ``target``: ``local``, ``aws`` or ``ssh://user@host[:port]``
     (the host is checked first). A Ctrl-C in the foreground hands the job over to a
     background controller instead of stopping it. ``details``: more for the record
-    (e.g. a region override), never secrets."""
+    (e.g. a region override), never secrets. ``sets``: the ``--set`` overrides ``job``
+    was loaded with, written into the record's copy of the YAML (the file that runs)."""
+    from runner.job.load import with_sets
+
     where = destination(target)
     target = where.preflight(job, Path(job_file), target, check=provider is None, log=log)
     if limits is None and job.resources.max_preemptions is not None:
@@ -154,8 +157,9 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
     directory.mkdir(parents=True, exist_ok=False)
     copy = directory / JOB_COPY
     try:
-        shutil.copyfile(job_file, copy)
-        copy.chmod(0o600)  # the YAML may name secrets
+        copy.touch(mode=0o600)  # the YAML may name secrets
+        text = Path(job_file).read_text(encoding="utf-8-sig")
+        copy.write_text(with_sets(text, sets, str(job_file)), encoding="utf-8")
         extra = dict(details or {})
         extra.update(where.stage(job, copy, job_id, extra, check=provider is None))
     except BaseException:

@@ -469,3 +469,41 @@ def test_the_job_record_holds_the_storage_url_as_written_not_its_secrets(tmp_pat
                             log=lambda line: None)
     assert record.details["storage"] == f"{tmp_path}/${{RUNS_TOKEN}}"
     assert "s3cr3t" not in json.dumps(record.details)
+
+
+def test_submit_with_sets_runs_the_job_with_the_overrides(tmp_path, corpus, home):
+    """``submit --set``: the file the attempts run (the record's copy) holds the
+    overrides, so every relaunch trains the job as submitted; ${VAR}s stay references."""
+    from runhelpers import write_job
+
+    from runner.job import load_job
+    from runner.provision.jobs import submit_managed
+
+    path = write_job(tmp_path, corpus, name="with-sets")
+    path.write_text(path.read_text().replace("  mode:", "  text_field: ${FIELD:-text}\n  mode:"))
+    sets = ["train.max_steps=7", "train.lr=1e-3"]
+    job = load_job(path, sets, check_model=False)
+    cloud = FakeCloud([Script.runs(1, exited(0))])
+    record = submit_managed(job, path, "local", provider=cloud, detach=False, poll_s=0.001,
+                            log=lambda line: None, sets=sets)
+    assert record.state == "SUCCEEDED"
+    ran = cloud.launches[0][0].job_file
+    copy = load_job(ran, check_model=False)
+    assert (copy.train.max_steps, copy.train.lr) == (7, 1e-3)
+    assert copy.data.dataset == job.data.dataset and "${FIELD:-text}" in ran.read_text()
+    assert ran.stat().st_mode & 0o777 == 0o600
+
+
+def test_submit_with_a_bad_set_is_one_line_and_submits_nothing(tmp_path, corpus, home):
+    from click.testing import CliRunner
+    from runhelpers import write_job
+
+    from runner.cli import cli
+    from runner.provision.registry import list_records
+
+    path = write_job(tmp_path, corpus, name="bad-set")
+    out = CliRunner().invoke(cli, ["submit", str(path), "--to", "local",
+                                   "--set", "train.lr=-1"])
+    assert out.exit_code == ExitCode.CONFIG, out.output
+    assert out.output.strip().splitlines()[-1].endswith("--set train.lr: must be > 0.0, got -1")
+    assert list_records() == []
