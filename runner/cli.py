@@ -47,6 +47,11 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
              as_json: bool) -> None:
     """Check job files without running them: every problem, with file:line.
 
+    Local files must exist (--no-path-checks: they exist only where the job runs); a
+    local corpus of up to 4 MB is read whole, its tokenizer trained (the run reuses it),
+    so a missing text field, a vocabulary the text cannot fill, or a split shorter than
+    one batch is said now, not after training has started.
+
     Exit codes: 0 all valid, 2 any invalid (also with --json)."""
     from runner.job import JobError
     from runner.storage.jobfile import load_any

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
-from runner.job import checks
+from runner.job import checks, peek
 from runner.job.errors import (
     Problems,
     describe,
@@ -151,6 +151,8 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
     if check_paths:
         found += [(path, message) for path, message in checks.local_paths(data.get("data"), written)
                   if path not in unresolved]
+    if check_paths and job is not None and not found and not problems:
+        found += peek.local_data(job)  # reads the data: only a job otherwise valid
     for path, message in found:
         problems.add(path, message)
     if problems or job is None:

@@ -138,9 +138,10 @@ class ShardData:
 def _check_val(tokens: int, seq_len: int, batch_size: int, fraction: float) -> None:
     have = max(0, (tokens - 1) // seq_len)
     if have < batch_size:
-        raise DataError(f"the validation split has {have} sequences of {seq_len} tokens, "
-                        f"fewer than one batch of {batch_size} (val_fraction={fraction}); "
-                        "raise DataConfig.val_fraction or lower the eval batch size")
+        raise DataError(f"the validation split has {tokens:,} tokens, {have} sequences of "
+                        f"{seq_len}: fewer than one batch of {batch_size} (val_fraction="
+                        f"{fraction}); raise DataConfig.val_fraction, or lower "
+                        "TrainConfig.batch_size (the evaluation's too) or DataConfig.seq_len")
 
 
 class StreamData:
