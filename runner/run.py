@@ -391,8 +391,23 @@ class JobRun:
         self.exit_code = code
         self.resources.close()
 
+    def _cancelled(self) -> bool:
+        """This session's stop was ``ten-runner cancel`` (runner.monitor.cancel)."""
+        from runner.monitor.cancel import cancelled_since
+        from runner.monitor.source import RunFiles
+
+        files = RunFiles(self.job.name, store=self.store, job=self.job.name) \
+            if self.store is not None else RunFiles(str(self.run_dir), run_dir=self.run_dir)
+        try:
+            return cancelled_since(files, self.heartbeat.started)
+        except Exception as e:  # noqa: BLE001 - the last beat must go out regardless
+            self.log(f"warning: cannot read the cancel mark: {e}")
+            return False
+
     def _last_beat(self) -> None:
         code = self.exit_code
         state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
+        if state == "preempted" and self._cancelled():
+            state = "cancelled"
         reason = self.stop_reason or (self.trainer.stop.reason if self.trainer else None)
         self.heartbeat.stop(state, exit_code=int(code), reason=reason)

@@ -11,8 +11,9 @@ events (no clock, no I/O).
 * Goodput: useful tokens (the furthest the run got, excluding redone work) per paid
   GPU-second (machine-second for a CPU run); $ per 1B useful tokens.
 * Interruptions: a resume after a session that the user stopped (Ctrl-C: a "stop" event
-  in state "stopped" or with reason SIGINT) is not a preemption; exit code 75 is shared
-  by both, so only the heartbeat's stop event tells them apart.
+  in state "stopped" or with reason SIGINT; ``ten-runner cancel``: state "cancelled") is
+  not a preemption; exit code 75 is shared by all three, so only the heartbeat's stop
+  event tells them apart.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ def is_user_stop(reason: str | None) -> bool:
     return reason in USER_STOP_REASONS
 
 
+# Final states of a session the user ended (runner.monitor.heartbeat, .cancel).
+USER_STOP_STATES = frozenset({"stopped", "cancelled"})
+
+
 def _user_stopped(event: dict[str, Any]) -> bool:
-    return event.get("kind") == EventKind.STOP and (event.get("state") == "stopped"
+    return event.get("kind") == EventKind.STOP and (event.get("state") in USER_STOP_STATES
                                             or is_user_stop(event.get("reason")))
 
 

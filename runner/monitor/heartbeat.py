@@ -201,9 +201,9 @@ class Heartbeat:
 
     def stop(self, state: str = "done", exit_code: int | None = None,
              reason: str | None = None) -> None:
-        """A last beat with ``state`` (done, preempted, failed, stopped) and the process's
-        ``exit_code`` (a managed job's supervisor reads it from the store), every file
-        uploaded, thread joined. ``reason``: why training stopped (the trainer's stop
+        """A last beat with ``state`` (done, preempted, cancelled, failed, stopped) and the
+        process's ``exit_code`` (a managed job's supervisor reads it from the store), every
+        file uploaded, thread joined. ``reason``: why training stopped (the trainer's stop
         reason: "SIGTERM", "SIGINT", "aws preemption notice", ...); a "preempted" stop
         whose reason is the user's (Ctrl-C) is recorded as "stopped", so the report does
         not count it as a preemption (the exit code stays). Never raises; callable from

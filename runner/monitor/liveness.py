@@ -31,7 +31,7 @@ POINTER_NAME = "heartbeat-pointer"
 DEFAULT_PERIOD_S = 30.0
 MIN_MAX_AGE_S = 60.0  # a heartbeat is stale past max(3 x its period, this)
 # The runner wrote its last beat and is exiting on purpose: healthy until it is gone.
-EXITING = frozenset({"done", "preempted", "stopped"})
+EXITING = frozenset({"done", "preempted", "cancelled", "stopped"})
 # The runner wrote its last beat because it failed (or hung and is being killed).
 FAILED = frozenset({"failed", "stalled"})
 

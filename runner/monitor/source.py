@@ -16,7 +16,9 @@ RUN_MARKERS = ("status.json", "metrics.jsonl", EVENTS_FILE)
 
 
 class RunFiles:
-    """Read-only access to one run's files (status.json, metrics.jsonl, ...)."""
+    """One run's files (status.json, metrics.jsonl, ...), in its run directory or under
+    ``<job>/`` in its store. Readers read them; :meth:`write` is for the one file a
+    process other than the run writes there (:mod:`runner.monitor.cancel`)."""
 
     def __init__(self, label: str, run_dir: Path | None = None, store: Any = None,
                  job: str | None = None) -> None:
@@ -30,6 +32,14 @@ class RunFiles:
             except OSError:
                 return None
         return self.store.get_bytes(f"{self.job}/{name}" if self.job else name)
+
+    def write(self, name: str, data: bytes) -> None:
+        if self.run_dir is not None:
+            from ten.fileio import atomic_write
+
+            atomic_write(self.run_dir / name, data)
+        else:
+            self.store.put_bytes(f"{self.job}/{name}" if self.job else name, data)
 
     def read_text(self, name: str) -> str | None:
         data = self.read(name)

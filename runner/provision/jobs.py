@@ -112,6 +112,14 @@ def _run_files(job: Any) -> Any:
     return RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job))
 
 
+def cancel_announcer(record: JobRecord, job: Any) -> Callable[[], None]:
+    """What the controller calls before a cancel tears the attempt down: the run's mark
+    (:mod:`runner.monitor.cancel`), so it says "cancelled", not "preempted"."""
+    from runner.monitor.cancel import announce
+
+    return lambda: announce(_run_files(job), record.job_id)
+
+
 def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
     """The job's latest heartbeat status, whatever its state (for ``describe``); None
     when there is none yet or the store cannot be read."""
@@ -129,7 +137,8 @@ def controller_for(record: JobRecord, provider: Provider | None = None, *,
     job = load_job_copy(record)
     return ManagedJob(record, provider or make_provider(record, job),
                       spec_factory(record, job), final_status_reader(job),
-                      poll_s=float(record.details.get("poll_s", 5.0)), log=log, **kw)
+                      poll_s=float(record.details.get("poll_s", 5.0)), log=log,
+                      announce_cancel=cancel_announcer(record, job), **kw)
 
 
 # -- what the CLI calls ---------------------------------------------------------------------
@@ -181,7 +190,8 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
         return record
     controller = ManagedJob(record, provider or make_provider(record, job),
                             spec_factory(record, job), final_status_reader(job),
-                            poll_s=poll_s, log=log, limits=limits)
+                            poll_s=poll_s, log=log, limits=limits,
+                            announce_cancel=cancel_announcer(record, job))
     with _detach_on(controller, (signal.SIGINT,)):
         record = controller.run()
     if not State(record.state).terminal:  # Ctrl-C: hand over, do not stop the training

@@ -51,7 +51,9 @@ class ManagedJob:
 
     ``make_spec(attempt)`` builds the launch spec of attempt ``attempt`` (1, 2, ...);
     ``final_status()`` returns the job's final heartbeat status (state done/preempted/
-    failed with its exit code) or None while there is none. ``clock``/``sleep`` are
+    failed with its exit code) or None while there is none. ``announce_cancel()`` tells
+    the run, before its attempt is torn down, that the stop it is about to get is the
+    user's cancel (see :func:`runner.monitor.cancel.announce`). ``clock``/``sleep`` are
     injectable so tests run the loop on a fake clock.
     """
 
@@ -61,8 +63,10 @@ class ManagedJob:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  log: Callable[[str], None] = print, limits: Limits | None = None,
-                 max_restarts: int | None = None, status_every_s: float = 30.0) -> None:
+                 max_restarts: int | None = None, status_every_s: float = 30.0,
+                 announce_cancel: Callable[[], None] = lambda: None) -> None:
         self.record, self.provider = record, provider
+        self.announce_cancel = announce_cancel
         self.make_spec, self.final_status = make_spec, final_status
         self.poll_s, self.clock, self.sleep, self.log = poll_s, clock, sleep, log
         self.limits = limits or Limits(**record.details.get("limits", {}))
@@ -198,6 +202,8 @@ class ManagedJob:
         rec = self.record
         d = decide(rec.state, obs, restarts=rec.restarts, max_restarts=self.max_restarts,
                    preemptions=rec.preemptions, limits=self.limits)
+        if obs.kind == Kind.CANCEL and self.instance is not None:
+            self._announce_cancel()
         if d.teardown:
             try:
                 self._teardown()
@@ -218,6 +224,13 @@ class ManagedJob:
             self._end(d.state, d.exit_code, d.reason)
         elif d.state.value != rec.state or d.reason or d.charge or d.preempted or d.block:
             self._note(d.state, d.reason)
+
+    def _announce_cancel(self) -> None:
+        try:
+            self.announce_cancel()
+        except Exception as e:  # noqa: BLE001 - the cancel goes on; the run says "preempted"
+            self.log(f"could not tell the run it is cancelled ({e}); its heartbeat may say "
+                     "preempted")
 
     # -- record and teardown -------------------------------------------------------------
     def _note(self, state: State, reason: str) -> None:

@@ -56,8 +56,11 @@ def test_submit_local_then_status_logs_jobs_and_cancel(tmp_path, corpus):
 
     out = ten("cancel", job_id, home=home)
     assert out.stdout.strip() == f"{job_id}: CANCELLED"
-    assert "CANCELLED" in ten("status", job_id, home=home).stdout
+    status = ten("status", job_id, home=home).stdout
+    assert "CANCELLED" in status and "(heartbeat cancelled," in status, status
     assert "checkpoint committed" in ten("logs", job_id, home=home).stdout  # on its way out
+    # the run's own files say so too, not "preempted": the store's status table
+    assert "cancelled" in ten("status", tmp_path / "store", home=home).stdout
 
 
 def test_submit_errors_are_one_line_with_their_exit_code(tmp_path, corpus):

@@ -271,6 +271,28 @@ def test_cancel_tears_down_and_records_cancelled(home):
     assert "CANCELLED" in describe(record)
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_cancel_is_announced_to_the_run_before_its_attempt_is_stopped(home, fails):
+    """The run must know the SIGTERM it is about to get is a cancel, not a preemption:
+    the mark goes out before the teardown; a mark that cannot be written is said, and
+    the cancel goes on."""
+    cloud = FakeCloud([Script.runs(1000, exited(0))])
+    order = []
+
+    def announce():
+        order.append(("announce", list(cloud.terminations)))
+        if fails:
+            raise ConnectionError("bucket unreachable")
+    job, clock, lines = controller(cloud, announce_cancel=announce)
+    clock.on_sleep = lambda c: (job.record.dir / CANCEL).touch() if c.now >= 30 else None
+    assert job.run().state == "CANCELLED"
+    assert order == [("announce", [])]  # once, before any termination
+    assert cloud.terminations
+    said = [line for line in lines if "could not tell the run" in line]
+    assert bool(said) is fails, lines
+    cloud.assert_clean()
+
+
 def test_exception_in_the_loop_still_tears_down():
     """The finally block: a controller bug ends FAILED with nothing left running."""
     cloud = FakeCloud([Script.runs(1000, exited(0))])
