@@ -260,6 +260,38 @@ def status(target: str, job_name: str | None, endpoint_url: str | None,
         click.echo(format_status_table(statuses))
 
 
+@cli.command("rm")
+@click.argument("target")
+@_JOB
+@_ENDPOINT
+@click.option("-y", "--yes", is_flag=True, help="Do not ask: remove.")
+@click.option("--force", is_flag=True, help="Remove even a run whose heartbeat is live.")
+def rm(target: str, job_name: str | None, endpoint_url: str | None, yes: bool,
+       force: bool) -> None:
+    """Remove a run: all its files (checkpoints, metrics, logs, status) in its run
+    directory or under its name in the bucket; prepared data and other runs stay.
+    TARGET: a run directory, a store with one run (--job picks one of several),
+    s3://bucket/prefix/JOB, a job file or a submitted job's id. Asks first (--yes: does
+    not); a run that is training is refused (--force removes it anyway)."""
+    from runner.monitor.source import open_run
+    from runner.storage.remove import contents, refuse_if_live, remove
+
+    run = open_run(*resolve_target(target, job_name, endpoint_url).located())
+    if not force:
+        refuse_if_live(run)
+    there = contents(run)
+    what = f"{there.files} files, {there.size / 1e6:,.1f} MB, in {there.where}"
+    try:
+        sure = yes or click.confirm(f"remove {what}?", err=True)
+    except click.Abort:  # no answer (no terminal, Ctrl-C, end of input)
+        sure = False
+    if not sure:
+        raise UserError("nothing removed (--yes removes without asking)",
+                        exit_code=ExitCode.CONFIG)
+    remove(run)
+    click.echo(f"removed {what}")
+
+
 @cli.command()
 @_TARGET
 @_JOB
