@@ -436,9 +436,12 @@ def _submitted_data(record) -> dict:
 def export(job_file: str, target: str, job_url: str | None, output: str | None) -> None:
     """Print a SkyPilot task or a Kubernetes manifest that runs this job in the image.
     The job file travels as written (${VAR} unresolved); secrets appear only by name."""
-    from runner.provision.export import export_job
+    from runner.provision.export import export_job, laptop_values
 
-    text = export_job(_load(job_file), Path(job_file), target, job_url=job_url)
+    job = _load(job_file)
+    text = export_job(job, Path(job_file), target, job_url=job_url)
+    for warning in laptop_values(job):
+        click.echo(f"warning: {warning}", err=True)
     if output:
         Path(output).write_text(text)
         click.echo(f"wrote {output}", err=True)

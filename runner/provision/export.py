@@ -91,6 +91,43 @@ def export_job(job: Job, job_file: Path, target: str, *, job_url: str | None = N
     return k8s_manifests(job, text, variables, job_url=job_url)
 
 
+def laptop_values(job: Job) -> list[str]:
+    """Warnings for values that work on this machine but not in the exported container:
+    a local store, an endpoint on this machine's loopback, local data or tokenizer
+    paths (the container has its own disk). Values as the job shows them (a ``${VAR}``
+    stays a reference)."""
+    from ipaddress import ip_address
+    from urllib.parse import urlsplit
+
+    from ten.data.sources import KNOWN, looks_local
+
+    shown = job.redacted_dict()
+    warnings = []
+    if not job.storage.is_remote:
+        warnings.append(f"storage.url {shown['storage']['url']!r} is a path on the "
+                        "container's own disk: checkpoints go when it goes, and a relaunch "
+                        "cannot resume; use an s3:// storage.url")
+    host = urlsplit(job.storage.endpoint_url or "").hostname or ""
+    try:
+        loopback = host == "localhost" or ip_address(host).is_loopback \
+            or ip_address(host).is_unspecified
+    except ValueError:
+        loopback = False
+    if loopback:
+        warnings.append(f"storage.endpoint_url {shown['storage']['endpoint_url']!r} is the "
+                        "container's own loopback, not this machine: give an address the "
+                        "cluster reaches")
+    d = job.data
+    if not d.dataset.startswith("builtin:") and d.dataset not in KNOWN \
+            and looks_local(d.dataset):
+        warnings.append(f"data.dataset {shown['data']['dataset']!r} is a local path: the "
+                        "container must have it (bake it into the image or mount it)")
+    if d.tokenizer.path is not None:
+        warnings.append(f"data.tokenizer.path {shown['data']['tokenizer']['path']!r} is a "
+                        "local path: the container must have it")
+    return warnings
+
+
 # -- which variables ---------------------------------------------------------------------
 
 class _Everything(Mapping[str, str]):

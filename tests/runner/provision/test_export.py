@@ -338,3 +338,29 @@ def test_kubernetes_schema_accepts_the_manifests(name, job_url):
     docs[-1]["spec"]["template"]["spec"]["containers"][0]["secretRef"] = {"name": "x"}
     with pytest.raises(kv.ValidationError):
         kv.validate(docs[-1], "1.33.0", strict=True)
+
+
+def test_values_that_only_work_on_this_machine_are_warned_about(tmp_path, monkeypatch):
+    """A /tmp dataset, a local store and a 127.0.0.1 endpoint export fine but cannot work
+    in the container: `export` says so on stderr, the output stays the same."""
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+    from runner.provision.export import laptop_values
+
+    monkeypatch.setenv("MINIO_URL", "http://127.0.0.1:9000")
+    job = tmp_path / "laptop.yaml"
+    job.write_text("name: laptop\nmodel: {preset: tiny}\n"
+                   "data: {dataset: /tmp/my-docs.jsonl, tokenizer: {path: ./tok.model}}\n"
+                   "train: {max_steps: 10}\nstorage: {url: ./runs, endpoint_url: '${MINIO_URL}'}\n")
+    warnings = laptop_values(load_job(job, check_model=False))
+    assert [w.split(" ", 1)[0] for w in warnings] == [
+        "storage.url", "storage.endpoint_url", "data.dataset", "data.tokenizer.path"]
+    assert "'${MINIO_URL}'" in warnings[1] and "127.0.0.1" not in warnings[1]
+    out = CliRunner().invoke(cli, ["export", str(job), "--to", "k8s"])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.count("warning: ") == 4
+    # the GPU example is ready to export; the CPU one keeps its runs on the local disk
+    assert laptop_values(load_job(job_path("l40s-small-32k"), check_model=False)) == []
+    [local] = laptop_values(load_job(job_path("tiny-cpu"), check_model=False))
+    assert local.startswith("storage.url './runs' is a path on the container's own disk")
