@@ -44,6 +44,25 @@ def run_job(job: Job, stop: Stop, sample_prompt: str | None = "The") -> ExitCode
     return ranks.finish(JobRun(job, stop, sample_prompt, ranks).run())
 
 
+def identity_of(job: Job, data: Any = None) -> dict[str, Any]:
+    """What the job's checkpoints are made of: a resume with another value of any of it
+    is refused (ten.trainstate). Without ``data``, the part known before the data is
+    prepared (the model's vocabulary too, unless a given tokenizer decides it)."""
+    if data is not None:
+        model = dataclasses.asdict(job.model_settings(data.tokenizer.vocab_size))
+    else:
+        model = dataclasses.asdict(job.model_settings(job.data.tokenizer.vocab_size))
+        if job.data.tokenizer.path is not None:
+            del model["vocab_size"]
+    identity = {"arch": job.model.arch, "model": model,
+                "data": {"seq_len": job.data.seq_len, "mode": job.data.mode},
+                "batch_size": job.train.batch_size}
+    if data is not None:
+        identity["data"].update(fingerprint=data.fingerprint,
+                                tokenizer=data.tokenizer.fingerprint)
+    return identity
+
+
 class JobRun:
     """One execution of a job on this machine. Every resource it opens (log, bucket,
     uploader, notice watcher, GPU sampler, heartbeat) is closed in :meth:`_close`, and
@@ -147,6 +166,9 @@ class JobRun:
         unfit = self._start()
         if unfit is not None:
             return unfit
+        from ten.trainstate import refuse_unsafe_resume
+
+        refuse_unsafe_resume(self.run_dir, identity_of(self.job))  # before any tokenizing
         self.stop.set_phase("data preparation")
         data, mcfg = self._open_data()
         self.stop.set_phase("the model build")
@@ -307,14 +329,8 @@ class JobRun:
         resolved = job.redacted_dict()
         atomic_write(run_dir / "job.json",
                      job.scrub(json.dumps(resolved, indent=1, default=str)).encode())
-        identity = {
-            "arch": job.model.arch,
-            "model": dataclasses.asdict(mcfg),
-            "data": {"fingerprint": data.fingerprint, "seq_len": job.data.seq_len,
-                     "tokenizer": data.tokenizer.fingerprint, "mode": job.data.mode},
-            "batch_size": job.train.batch_size,
-        }
-        trainer = Trainer(mcfg, data, train_config(job), run_dir, identity, resolved,
+        trainer = Trainer(mcfg, data, train_config(job), run_dir, identity_of(job, data),
+                          resolved,
                           log=lambda line: self.log(in_job_terms(line)),
                           on_commit=self._on_commit, on_log=self._on_log,
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,

@@ -125,6 +125,39 @@ def model_proper(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "model": {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}}
 
 
+def refuse_unsafe_resume(run_dir: Path, known: dict[str, Any]) -> None:
+    """Before the data is prepared: ResumeError when the newest committed checkpoint in
+    ``run_dir`` was made with another value of a key that ``known`` holds (the part of
+    the identity a caller knows without the data: arch, model, seq_len, mode, batch
+    size), so a changed job is refused in seconds, not after tokenizing. The full check,
+    the data's fingerprint included, still comes at the resume; a checkpoint whose
+    config cannot be read is left to it."""
+    root = Path(run_dir) / "checkpoints"
+    steps = ckpt.committed_steps(root)
+    if not steps:
+        return
+    path = root / ckpt.step_name(steps[-1])
+    try:
+        saved = model_proper(read_config(path)["identity"])
+    except ckpt.CheckpointError:
+        return
+    _refuse_changes(run_dir, path, config_diff(_restricted(saved, known), model_proper(known)))
+
+
+def _refuse_changes(run_dir: Path, path: Path, unsafe: list[str]) -> None:
+    if unsafe:
+        raise ResumeError(f"cannot resume {run_dir} from {path.name}: unsafe changes "
+                          f"({'; '.join(unsafe)}); restore those settings or use a new "
+                          "job name")
+
+
+def _restricted(value: Any, keys: Any) -> Any:
+    """``value`` with only the (nested) keys that ``keys`` has."""
+    if isinstance(value, dict) and isinstance(keys, dict):
+        return {k: _restricted(value.get(k), v) for k, v in keys.items()}
+    return value
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
@@ -304,11 +337,8 @@ class CheckpointManager:
     def _restore(self, found: ckpt.Found, state: TrainState) -> None:
         path = found.path
         saved = read_config(path)
-        unsafe = config_diff(model_proper(saved["identity"]), model_proper(self.identity))
-        if unsafe:
-            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: unsafe "
-                              f"changes ({'; '.join(unsafe)}); restore those settings or "
-                              "use a new job name")
+        _refuse_changes(self.run_dir, path, config_diff(model_proper(saved["identity"]),
+                                                        model_proper(self.identity)))
         files = {"model.pt": ckpt.load(path, "model.pt", self.device),
                  "optimizer.pt": ckpt.load(path, "optimizer.pt", self.device),
                  "trainer.pt": ckpt.load(path, "trainer.pt")}

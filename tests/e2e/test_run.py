@@ -196,12 +196,16 @@ def test_a_compile_failure_is_one_line_naming_train_compile(tmp_path, corpus):
 
 
 def test_unsafe_resume_is_refused_with_the_differences(tmp_path, corpus):
+    """Refused before the data is prepared again: a new seq_len would tokenize the
+    corpus into new shards first."""
     job = write_job(tmp_path, corpus, steps=4)
     assert run_to_end("run", job, "--no-sample")[0] == 0
+    shards = sorted((corpus / "cache" / "shards").iterdir())
     code, _, err = run_to_end("run", job, "--set", "model.d_model=48", "--set",
-                              "train.max_steps=8")
+                              "train.max_steps=8", "--set", "data.seq_len=40")
     assert code == ExitCode.CONFIG
-    assert "unsafe changes" in err and "d_model: 32 -> 48" in err
+    assert "unsafe changes" in err and "d_model: 32 -> 48" in err and "seq_len: 32 -> 40" in err
+    assert sorted((corpus / "cache" / "shards").iterdir()) == shards  # nothing prepared
 
 
 def test_ddp_two_processes_agree_with_one(tmp_path, corpus):

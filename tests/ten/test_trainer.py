@@ -157,6 +157,24 @@ def test_unsafe_change_refused_safe_change_allowed(data, tmp_path):
     assert any("changed settings: train.max_steps: 4 -> 8" in n for n in notes)
 
 
+def test_a_change_known_before_the_data_is_refused_before_it(data, tmp_path):
+    """refuse_unsafe_resume compares what the caller knows without the data (no
+    fingerprint) against the newest committed checkpoint, so a changed job is refused
+    before tokenizing; what it does not know is left to the resume itself."""
+    from ten.trainstate import refuse_unsafe_resume
+
+    run = tmp_path / "run"
+    refuse_unsafe_resume(run, {"model": {"d_model": 64}})  # nothing committed: nothing to say
+    saved = {"model": {"d_model": 32, "scan_backend": "chunked"},
+             "data": {"seq_len": 32, "fingerprint": "f1"}}
+    trainer(data, run, max_steps=4, identity=saved).run()
+    refuse_unsafe_resume(run, {"model": {"d_model": 32}, "data": {"seq_len": 32}})
+    refuse_unsafe_resume(run, {"model": {"d_model": 32, "scan_backend": "fused"}})
+    with pytest.raises(ResumeError, match=r"from step-00000004: unsafe changes "
+                       r"\(data.seq_len: 32 -> 64; model.d_model: 32 -> 48\)"):
+        refuse_unsafe_resume(run, {"model": {"d_model": 48}, "data": {"seq_len": 64}})
+
+
 def test_how_the_model_computes_may_change_on_resume(data, tmp_path):
     """Chunk size, scan backend and checkpointing are not the model's identity: a relaunch
     on a smaller GPU may turn checkpointing on or lower the chunk size and resume."""
