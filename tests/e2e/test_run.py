@@ -226,7 +226,7 @@ def test_ddp_two_processes_agree_with_one(tmp_path, corpus):
 def test_sample_prints_text_from_the_newest_checkpoint(tmp_path, corpus):
     job = write_job(tmp_path, corpus, steps=4)
     code, _, err = run_to_end("run", job)
-    assert code == 0 and "sample:" in err and "perplexity" in err
+    assert code == 0 and "sample:" in err and "perplexity" in err, err[-3000:]
     code, out, _ = run_to_end("sample", tmp_path / "store" / "t", "--prompt", "a checkpoint",
                               "--max-new-tokens", "5")
     assert code == 0 and out.startswith("[t step 4] a checkpoint")
