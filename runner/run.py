@@ -79,6 +79,7 @@ class JobRun:
         self.log: Any = self._stderr  # until the run directory is ours (see run)
         self.store = self.lease = self.sync = self.cache = self.lock = None
         self.watcher = self.sampler = self.heartbeat = None
+        self.on_gpu = False  # a GPU job (gated, monitored)? decided by _start
         self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)
         self._warned = self._step_warned = False
         self.trainer: Any = None
@@ -191,7 +192,12 @@ class JobRun:
             from ten.trainer import make_deterministic
 
             make_deterministic()
-        if job.monitor.health_gate:
+        from runner.monitor.health import gpu_expected
+
+        self.on_gpu = gpu_expected(job.train.device)
+        if not self.on_gpu:  # one line of GPU talk on a CPU machine
+            log("no GPU: training on the CPU, no GPU health gate or monitoring")
+        elif job.monitor.health_gate:
             self.stop.set_phase("the GPU health check")
             unfit = self._unfit_host()
             if unfit is not None:
@@ -296,9 +302,10 @@ class JobRun:
         from runner.monitor.nvml import GpuSampler
 
         mon, log = self.job.monitor, self.log
-        self.sampler = GpuSampler(period_s=mon.gpu_sample_s, log=log)
-        self.sampler.start()
-        self.resources.callback(self.sampler.stop)
+        if self.on_gpu:
+            self.sampler = GpuSampler(period_s=mon.gpu_sample_s, log=log)
+            self.sampler.start()
+            self.resources.callback(self.sampler.stop)
 
         def on_stall(diagnosis: Any) -> None:
             if mon.exit_on_stall:

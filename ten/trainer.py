@@ -267,6 +267,7 @@ class Trainer:
         self.peak = peak_flops(self.device)
         self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
+        self.log(self._what_is_trained(step))
         if self.metrics:
             self.metrics.write(MetricKind.START, step, {
                 "params": self.state.model.num_params(), "tokens_per_step": self.tokens_per_step,
@@ -276,6 +277,23 @@ class Trainer:
         if self.cfg.warmup_steps >= self.total_steps:
             self.log(f"note: warmup_steps={self.cfg.warmup_steps} >= the {self.total_steps}"
                      "-step budget, so the lr never reaches its peak")
+
+    def _what_is_trained(self, step: int) -> str:
+        """The first screen's line: the model's size, the tokens a step and in all, the
+        device, and the loss a uniform guess scores (ln V), to read the first losses by."""
+        cfg, seq_len = self.cfg, self.data.cfg.seq_len
+        params = self.state.model.num_params()
+        where = str(self.device) + (f" ({torch.get_num_threads()} threads)"
+                                    if self.device.type == "cpu" else "")
+        ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
+        accum = f" x {cfg.grad_accum}" if cfg.grad_accum > 1 else ""
+        vocab = self.model_config.vocab_size
+        left = f"steps {step + 1}-{self.total_steps}" if step else f"{self.total_steps:,} steps"
+        size = f"{params / 1e6:,.1f}M" if params >= 1e6 else f"{params / 1e3:,.1f}K"
+        return (f"training {size} parameters on {where}: "
+                f"{cfg.batch_size} x {seq_len}{accum}{ranks} = {self.tokens_per_step:,} tokens "
+                f"a step, {left}, {self.total_steps * self.tokens_per_step:,} tokens in all; "
+                f"a uniform guess scores loss ln {vocab:,} = {math.log(vocab):.2f}")
 
     def _loop(self, model: torch.nn.Module, loader: Any, step: int,
               tokens: int) -> tuple[Outcome, int, int]:
@@ -303,6 +321,9 @@ class Trainer:
                             time.perf_counter() - t1)
             self.pace.stepped(step)
             log_due = step % cfg.log_every == 0 or step == self.total_steps
+            if step == self.pace.first_step + 1 and not log_due:  # not silence till log_every
+                self.log(f"first step done in {self.pace.first_step_s:.2f} s, loss "
+                         f"{loss.item():.4f}; a line every {cfg.log_every} steps from here")
             save_due = step % cfg.checkpoint_every == 0 or step == self.total_steps
             # single process: every step, no sync; DDP: at agreement points only
             stopping = agree(step, stop.reason is not None, force=log_due or save_due)

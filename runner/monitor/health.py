@@ -113,6 +113,19 @@ def expected_peak_tflops(name: str) -> float | None:
     return peak_tflops_for(name)
 
 
+def gpu_expected(device: str) -> bool:
+    """Whether a job on ``device`` is a GPU job: one to gate and monitor. False for
+    ``cpu``, and for ``auto`` on a machine with no GPU at all; a GPU that the driver shows
+    and CUDA cannot use is one (the gate then fails it), as is an explicit ``cuda``."""
+    if device == "cpu":
+        return False
+    if device != "auto":
+        return True
+    import torch
+
+    return torch.cuda.is_available() or bool(nvml_facts().get("nvml_gpus"))
+
+
 def preflight(device: str = "auto", matmul_n: int = 8192, seconds: float = 1.0,
               **thresholds: float) -> HealthReport:
     """The gate for ``device`` ("auto", "cuda", "cuda:1", "cpu"). On CPU, or auto on a

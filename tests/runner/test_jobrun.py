@@ -91,3 +91,20 @@ def test_the_end_of_run_sample_is_printed_as_text(tmp_path, corpus, capfd):
     JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")._sample(Model(), Tokenizer())
     err = capfd.readouterr().err
     assert "sample: The sea's edge\n  where \ufffd[2Jnothing" in err
+
+
+def test_a_cpu_run_says_one_line_about_gpus(tmp_path, corpus, capfd):
+    """On a machine without a GPU the first screen has one line about it, not a skipped
+    gate and then a monitor that cannot find NVML."""
+    from runner.job import load_job
+    from runner.run import JobRun
+    from ten.stop import Stop
+
+    run = JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")  # device: cpu
+    try:
+        assert run._start() is None
+    finally:
+        run.resources.close()
+    said = [line for line in capfd.readouterr().err.splitlines() if "GPU" in line]
+    assert said == ["no GPU: training on the CPU, no GPU health gate or monitoring"]
+    assert run.sampler is None and run.heartbeat is not None

@@ -667,3 +667,24 @@ def test_compile_trains_the_same_model_with_compiled_blocks(data, tmp_path):
     assert evals and all(math.isfinite(r["loss"]) for r in evals)
     loaded = load_model(compiled / "checkpoints" / "step-00000002")
     assert loaded.state_dict().keys() == t.raw_model.state_dict().keys()
+
+
+def test_the_first_screen_says_what_is_trained_and_the_first_step_is_heard_from(data,
+                                                                                tmp_path):
+    """Before the first step: the size, the tokens a step and in all, the device, and ln V
+    to read the first losses by; after it, a line, not silence until log_every."""
+    import math
+
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=6, log_every=5), tmp_path / "run",
+                {"model": "m"}, {}, log=notes.append)
+    t.run()
+    vocab = data.tokenizer.vocab_size
+    [what] = [n for n in notes if n.startswith("training ")]
+    assert f"on cpu ({torch.get_num_threads()} threads): 4 x 32 = 128 tokens a step, " \
+        f"6 steps, 768 tokens in all; a uniform guess scores loss ln {vocab} = " \
+        f"{math.log(vocab):.2f}" in what
+    assert f"training {t.raw_model.num_params() / 1e3:,.1f}K parameters" in what
+    first = next(i for i, n in enumerate(notes) if n.startswith("first step done in "))
+    assert "a line every 5 steps from here" in notes[first]
+    assert first < next(i for i, n in enumerate(notes) if n.startswith("step 5/6"))
