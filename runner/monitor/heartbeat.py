@@ -112,6 +112,16 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def merged_log(local: bytes, remote: bytes) -> bytes:
+    """The bucket's ``run.log`` (every earlier session's lines) followed by what this
+    machine's has beyond the lines the two share: a new machine's first lines go after
+    the history, a machine that ran the job before does not repeat what it shares."""
+    shared = os.path.commonprefix([local, remote])
+    shared = shared[:shared.rfind(b"\n") + 1]  # whole lines only
+    return remote + (b"" if remote.endswith(b"\n") or not remote else b"\n") + \
+        local[len(shared):]
+
+
 class Heartbeat:
     """Writes the status every ``period_s`` from a daemon thread (see module doc).
 
@@ -367,6 +377,14 @@ class Heartbeat:
             local = self.run_dir / name
             if data and (not local.exists() or local.stat().st_size < len(data)):
                 local.write_bytes(data)
+        remote = self.store.get_bytes(self._key(RUN_LOG))
+        if remote:  # this session has begun its log already: the earlier ones go first
+            path = self.run_dir / RUN_LOG
+            with self._lock:
+                local = path.read_bytes() if path.exists() else b""
+                merged = merged_log(local, remote)
+                if merged != local:
+                    path.write_bytes(merged)  # the same file: the log's appends follow
 
     def _upload(self, name: str) -> None:
         path = self.run_dir / name

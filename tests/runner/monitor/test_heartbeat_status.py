@@ -166,6 +166,35 @@ def test_a_new_machine_adopts_the_history_in_the_store(tmp_path):
     assert json.loads(store.get_bytes("j/status.json"))["cost"]["sessions"] == 2
 
 
+def test_every_sessions_log_stays_in_the_bucket(tmp_path):
+    """A new machine's run.log starts empty; the bucket's copy keeps the earlier
+    sessions' lines before the new ones (it used to be replaced by the newest machine's)."""
+    store = open_store(str(tmp_path / "store"))
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    (old / "run.log").write_text("first machine: step 10\nfirst machine: preempted\n")
+    hb = Heartbeat(old, store, "j", period_s=0.05)
+    hb.start()
+    hb.stop("preempted")
+    new.mkdir()
+    log = open(new / "run.log", "a")  # noqa: SIM115 - the run's log is open from the start
+    log.write("second machine: job j\n")
+    log.flush()
+    hb = Heartbeat(new, store, "j", period_s=0.05)
+    hb.start()
+    log.write("second machine: resumed from step 10\n")
+    log.close()
+    hb.stop("done")
+    assert store.get_bytes("j/run.log").decode().splitlines() == [
+        "first machine: step 10", "first machine: preempted", "second machine: job j",
+        "second machine: resumed from step 10"]
+    # the first machine back again: what the two share is not repeated
+    hb = Heartbeat(old, store, "j", period_s=0.05)
+    hb.start()
+    hb.stop("done")
+    assert store.get_bytes("j/run.log").decode().count("first machine: step 10") == 1
+
+
 def test_stall_warns_loudly_and_calls_on_stall_once(tmp_path):
     run_dir = tmp_path / "hung"
     write_metrics(run_dir, train_run(t0=time.time() - 870 - 1500))  # last step 25 min ago
