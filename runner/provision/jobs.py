@@ -30,7 +30,6 @@ from runner.provision.base import Instance, LaunchSpec, Provider, ProvisionError
 from runner.provision.destinations import destination
 from runner.provision.managed import (
     CANCEL,
-    LIVE_STATES,
     ManagedJob,
     controller_lock,
     controller_pid,
@@ -78,11 +77,10 @@ def spec_factory(record: JobRecord, job: Any) -> Callable[[int], LaunchSpec]:
     return make
 
 
-def final_status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
-    """A reader of the job's final heartbeat (``<name>/status.json`` in its store, or
-    its local run directory) that opens the store once. Returns the status when its
-    state is final (done, preempted, failed, stalled, ...), else None; store errors
-    propagate (the loop logs them and treats them as "no final status yet")."""
+def status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
+    """A reader of the job's latest heartbeat (``<name>/status.json`` in its store, or
+    its local run directory) that opens the store once: the status in any state, None
+    when there is none; store errors propagate (the loop logs them and reads again)."""
     from runner.monitor.status import read_status
 
     files: list[Any] = []
@@ -90,10 +88,7 @@ def final_status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
     def read() -> dict[str, Any] | None:
         if not files:
             files.append(_run_files(job))
-        status = read_status(files[0])
-        if status is None or status.get("state") in LIVE_STATES:
-            return None
-        return status
+        return read_status(files[0])
     return read
 
 
@@ -136,7 +131,7 @@ def controller_for(record: JobRecord, provider: Provider | None = None, *,
                    log: Callable[[str], None] = print, **kw: Any) -> ManagedJob:
     job = load_job_copy(record)
     return ManagedJob(record, provider or make_provider(record, job),
-                      spec_factory(record, job), final_status_reader(job),
+                      spec_factory(record, job), status_reader(job),
                       poll_s=float(record.details.get("poll_s", 5.0)), log=log,
                       announce_cancel=cancel_announcer(record, job), **kw)
 
@@ -189,7 +184,7 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
             f"(log {directory / CONTROLLER_LOG})")
         return record
     controller = ManagedJob(record, provider or make_provider(record, job),
-                            spec_factory(record, job), final_status_reader(job),
+                            spec_factory(record, job), status_reader(job),
                             poll_s=poll_s, log=log, limits=limits,
                             announce_cancel=cancel_announcer(record, job))
     with _detach_on(controller, (signal.SIGINT,)):

@@ -36,6 +36,7 @@ from runner.provision.base import (
 )
 from runner.provision.policy import Kind, Limits, Observation, State, decide
 from runner.provision.registry import JobRecord, job_dir
+from ten.progress import clock as hms
 
 CANCEL = "cancel"  # a file in the job's directory: the user asked to cancel
 LOCK = "controller.lock"  # held (flock) by the one controller of a job; holds its pid
@@ -50,8 +51,9 @@ class ManagedJob:
     """One controller for one submitted job (see the module doc).
 
     ``make_spec(attempt)`` builds the launch spec of attempt ``attempt`` (1, 2, ...);
-    ``final_status()`` returns the job's final heartbeat status (state done/preempted/
-    failed with its exit code) or None while there is none. ``announce_cancel()`` tells
+    ``read_status()`` returns the job's latest heartbeat status (None while there is
+    none): a final one (done/preempted/failed, with its exit code) ends the attempt, a
+    live one is progress to report (step, loss, ETA). ``announce_cancel()`` tells
     the run, before its attempt is torn down, that the stop it is about to get is the
     user's cancel (see :func:`runner.monitor.cancel.announce`). ``clock``/``sleep`` are
     injectable so tests run the loop on a fake clock.
@@ -59,7 +61,7 @@ class ManagedJob:
 
     def __init__(self, record: JobRecord, provider: Provider,
                  make_spec: Callable[[int], LaunchSpec],
-                 final_status: Callable[[], dict[str, Any] | None], *, poll_s: float = 5.0,
+                 read_status: Callable[[], dict[str, Any] | None], *, poll_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  log: Callable[[str], None] = print, limits: Limits | None = None,
@@ -67,7 +69,7 @@ class ManagedJob:
                  announce_cancel: Callable[[], None] = lambda: None) -> None:
         self.record, self.provider = record, provider
         self.announce_cancel = announce_cancel
-        self.make_spec, self.final_status = make_spec, final_status
+        self.make_spec, self.read_status = make_spec, read_status
         self.poll_s, self.clock, self.sleep, self.log = poll_s, clock, sleep, log
         self.limits = limits or Limits(**record.details.get("limits", {}))
         self.max_restarts = (int(record.details.get("max_restarts", 3))
@@ -75,7 +77,8 @@ class ManagedJob:
         self.status_every_s = status_every_s
         self.instance: Instance | None = None
         self._next_launch = 0.0
-        self._status_read: float | None = None  # clock() of the last final_status read
+        self._status_read: float | None = None  # clock() of the last read_status()
+        self._shown_step: int | None = None  # the step of the last progress line
         self._attempt_final: dict[str, Any] | None = None  # this attempt's final heartbeat
         self._final_seen = 0.0  # clock() when it was first seen
         self._refused_since: float | None = None
@@ -185,18 +188,32 @@ class ManagedJob:
 
     def _final(self, instance: Instance) -> dict[str, Any] | None:
         """The job's final heartbeat, if this attempt wrote it: a status older than the
-        launch belongs to a previous attempt (or a previous submit of the same job)."""
+        launch belongs to a previous attempt (or a previous submit of the same job). A
+        live one of this attempt is reported as progress when its step moved."""
         try:
-            status = self.final_status()
+            status = self.read_status()
         except Exception as e:  # noqa: BLE001 - the store may be briefly unreachable
             self._warn_once("status", f"cannot read the job's status: {e}")
             return None
         self._warned.discard("status")
-        if not status or status.get("state") in LIVE_STATES:
+        if not status or float(status.get("time") or 0.0) < instance.launched_at:
             return None
-        if float(status.get("time") or 0.0) < instance.launched_at:
+        if status.get("state") in LIVE_STATES:
+            self._progress(status)
             return None
         return status
+
+    def _progress(self, status: dict[str, Any]) -> None:
+        step, total = status.get("step"), status.get("total_steps")
+        if not isinstance(step, int) or step == self._shown_step:
+            return
+        self._shown_step = step
+        parts = [f"step {step}" + (f"/{total}" if total else "")]
+        if isinstance(status.get("loss"), int | float):
+            parts.append(f"loss {status['loss']:.4f}")
+        if isinstance(status.get("eta_s"), int | float):
+            parts.append(f"ETA {hms(status['eta_s'])}")
+        self.log(f"{self.record.job_id}: {', '.join(parts)}")
 
     def _apply(self, obs: Observation) -> None:
         rec = self.record

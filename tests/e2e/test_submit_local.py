@@ -22,10 +22,10 @@ from runner.job import load_job
 from runner.job.layout import run_dir_of
 from runner.provision.jobs import (
     describe,
-    final_status_reader,
     read_heartbeat,
     request_cancel,
     start_detached,
+    status_reader,
     submit_managed,
 )
 from runner.provision.local import LocalProvider, _group_alive
@@ -113,7 +113,7 @@ def test_kill_9_relaunch_resume_from_the_bucket_succeeds(tmp_path, corpus, moto_
     (s1, w1), (s2, w2) = final_weights(tmp_path / "store" / "ref"), final_weights(run_dir_of(job))
     assert s1 == s2 == STEPS and same_weights(w1, w2)
     assert latest_committed(store, name) == STEPS
-    final = final_status_reader(job)()
+    final = status_reader(job)()
     assert final["state"] == "done" and final["exit_code"] == 0
     assert record.instance is None
     assert not any(_group_alive(int(i.details["pgid"])) for i in provider.launched)
@@ -176,7 +176,7 @@ def test_background_controller_stopped_then_adopted_then_cancel(tmp_path, corpus
     cancelled = request_cancel(record.job_id, wait_s=60)
     assert cancelled.state == "CANCELLED" and cancelled.instance is None
     assert not _group_alive(pid)
-    assert final_status_reader(job)()["state"] == "preempted"  # it checkpointed on its way out
+    assert status_reader(job)()["state"] == "preempted"  # it checkpointed on its way out
     wait_for(lambda: controller_pid(record.job_id) is None, what="controller exit")
 
 

@@ -293,6 +293,32 @@ def test_a_cancel_is_announced_to_the_run_before_its_attempt_is_stopped(home, fa
     cloud.assert_clean()
 
 
+def test_a_live_heartbeat_is_reported_as_progress(home):
+    """`submit --wait` (and the controller's log) hear the step, loss and ETA as the job
+    trains, once per step reached, not only the state changes."""
+    import time as real_time
+
+    cloud = FakeCloud([Script.runs(6, exited(0))])
+    steps = iter([None, 10, 10, 20, 30])
+
+    def read_status():
+        step = next(steps, None)
+        if step is None:
+            return cloud.final_status()
+        return {"state": "running", "time": real_time.time(), "step": step,
+                "total_steps": 40, "loss": 6.0 - step / 10, "eta_s": 4.0 * (40 - step)}
+    clock = FakeClock()
+    lines = []
+    job = ManagedJob(new_record(), cloud, spec, read_status, poll_s=5.0, clock=clock,
+                     sleep=clock.sleep, log=lines.append, limits=LIMITS, status_every_s=0)
+    assert job.run().state == "SUCCEEDED"
+    progress = [line.split(": ", 1)[1] for line in lines if ": step " in line]
+    assert progress == ["step 10/40, loss 5.0000, ETA 0:02:00",
+                        "step 20/40, loss 4.0000, ETA 0:01:20",
+                        "step 30/40, loss 3.0000, ETA 0:00:40"]
+    cloud.assert_clean()
+
+
 def test_exception_in_the_loop_still_tears_down():
     """The finally block: a controller bug ends FAILED with nothing left running."""
     cloud = FakeCloud([Script.runs(1000, exited(0))])
