@@ -111,6 +111,12 @@ class TrainConfig:
     lr: Annotated[float, Range(gt=0.0), Doc("peak learning rate")] = 3e-4
     min_lr_ratio: Annotated[float, Range(ge=0.0, le=1.0), Doc("final lr = lr * ratio")] = 0.1
     warmup_steps: Annotated[int, Range(ge=0), Doc("steps of linear warm-up to lr")] = 100
+    seq_warmup_start: Annotated[int | None, Range(ge=1), Doc(
+        "sequence-length warm-up: the first seq_warmup_steps train on sequences this long "
+        "(seq_len over a power of two), doubling up to seq_len, with the same tokens per "
+        "step; null: none")] = None
+    seq_warmup_steps: Annotated[int, Range(ge=0), Doc(
+        "steps of the sequence-length warm-up (shared equally by its lengths)")] = 0
     schedule: Annotated[Literal[SCHEDULES], Doc("the lr schedule after warm-up")] = "cosine"
     weight_decay: Annotated[float, Range(ge=0.0), Doc(
         "AdamW's decoupled weight decay; not applied to norms, biases, embeddings, "
@@ -148,4 +154,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.max_tokens is None):
             raise FieldError("max_steps", "give exactly one of max_steps and max_tokens")
+        if self.seq_warmup_start is not None and self.seq_warmup_steps < 1:
+            raise FieldError("seq_warmup_steps", "must be >= 1 with seq_warmup_start",
+                             self.seq_warmup_steps)
         check_fields(self)

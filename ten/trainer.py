@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from ten.config import TrainConfig
+from ten import seqwarmup
+from ten.config import FieldError, TrainConfig
 from ten.distributed import (
     DistInfo,
     StopAgreement,
@@ -166,6 +167,11 @@ class Trainer:
         self.loss_backend, self.loss_note = resolve_loss_backend(cfg.loss, self.device)
         self.tokens_per_step = (cfg.batch_size * data.cfg.seq_len * cfg.grad_accum
                                 * self.dist.world_size)
+        if cfg.seq_warmup_start is not None:
+            try:
+                seqwarmup.lengths(data.cfg.seq_len, cfg.seq_warmup_start)
+            except ValueError as e:
+                raise FieldError("seq_warmup_start", str(e), cfg.seq_warmup_start) from None
         if cfg.max_steps is not None:
             self.total_steps = cfg.max_steps
         else:
@@ -176,6 +182,8 @@ class Trainer:
         self.no_sync: Callable[[], Any] | None = None  # DDP: skip the all-reduce
         self.any_rank: Callable[[torch.Tensor], None] | None = None  # DDP: max over ranks
         self.metrics: MetricsWriter | None = None  # the main rank's, from run() on
+        self.length = data.cfg.seq_len  # the sequence length of the latest step
+        self._flops_at: dict[int, tuple[float, float]] = {}  # length -> FLOPs per token
 
 
     @property
@@ -261,13 +269,16 @@ class Trainer:
 
     def _start_record(self, step: int) -> None:
         """The FLOP counts MFU needs, the start record, and the notes said once."""
-        seq_len = self.data.cfg.seq_len
-        self.flops = self.state.model.flops_per_token(seq_len)
-        self.recompute = self.state.model.recompute_flops_per_token(seq_len)
+        cfg, seq_len = self.cfg, self.data.cfg.seq_len
         self.peak = peak_flops(self.device)
         self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
         self.log(self._what_is_trained(step))
+        if cfg.seq_warmup_start is not None and step < cfg.seq_warmup_steps:
+            shorter = seqwarmup.lengths(seq_len, cfg.seq_warmup_start)[:-1]
+            self._say(f"sequence-length warm-up: {', '.join(map(str, shorter))} tokens for "
+                      f"steps 1-{cfg.seq_warmup_steps}, then {seq_len} (the same "
+                      f"{self.tokens_per_step:,} tokens a step)")
         if self.metrics:
             self.metrics.write(MetricKind.START, step, {
                 "params": self.state.model.num_params(), "tokens_per_step": self.tokens_per_step,
@@ -306,6 +317,9 @@ class Trainer:
             t0 = time.perf_counter()
             micro = [next(batches).to(self.device, non_blocking=True)
                      for _ in range(cfg.grad_accum)]
+            self.length = seqwarmup.length_at(step + 1, self.data.cfg.seq_len,
+                                              cfg.seq_warmup_start, cfg.seq_warmup_steps)
+            micro = [seqwarmup.split_rows(b, self.length) for b in micro]
             t1 = time.perf_counter()
             lr = state.scheduler.get_last_lr()[0]  # the lr this step uses
             loss, norm, flags = train_step(model, state.optimizer, state.scaler, micro,
@@ -365,15 +379,18 @@ class Trainer:
         last_loss = (window.loss / good).item() if good else math.nan  # host sync
         tok_s = window.steps * self.tokens_per_step / elapsed
         per_rank = tok_s / self.dist.world_size
+        flops, recompute = self._flops(self.length)
         rec = {"loss": last_loss, "lr": lr, "grad_norm": norm.item(), "tokens": tokens,
-               "tokens_per_s": tok_s, "mfu": mfu(self.flops, per_rank, self.peak),
-               "hfu": hfu(self.flops, self.recompute, per_rank, self.peak),
+               "tokens_per_s": tok_s, "mfu": mfu(flops, per_rank, self.peak),
+               "hfu": hfu(flops, recompute, per_rank, self.peak),
                "data_wait_frac": window.data / elapsed,
                "compute_frac": window.compute / elapsed,
                "checkpoint_frac": window.checkpoint / elapsed,
                "step_time_s": elapsed / window.steps,
                "eta_s": self.pace.eta(step, self.total_steps, now),
                "skipped_steps": stats.skipped}
+        if self.cfg.seq_warmup_start is not None:
+            rec["seq_len"] = self.length  # the last step's
         if self.device.type == "cuda":
             rec["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         else:  # ru_maxrss is in KiB on Linux
@@ -388,6 +405,15 @@ class Trainer:
                 self.on_log(rec)
         self.state.nonfinite.new_window()
         return last_loss
+
+    def _flops(self, length: int) -> tuple[float, float]:
+        """FLOPs per token at sequence length ``length``: the model's, and its
+        recomputation's (MFU and HFU); counted once per length."""
+        if length not in self._flops_at:
+            model = self.state.model
+            self._flops_at[length] = (model.flops_per_token(length),
+                                      model.recompute_flops_per_token(length))
+        return self._flops_at[length]
 
     def _say(self, note: str | None) -> None:
         """Log a set-up note once (the main rank), if there is one."""

@@ -44,10 +44,29 @@ def cross(job: JobSchema) -> Found:
     if t.optimizer == "adamw8bit" and t.device == "cpu":
         found.append((("train", "optimizer"), "adamw8bit needs a CUDA device (hint: use adamw "
                       "with device: cpu)"))
+    found += _seq_warmup(t, d.seq_len)
     if d.tokenizer.path is not None and "vocab_size" in d.tokenizer.model_fields_set:
         found.append((("data", "tokenizer", "vocab_size"), "give either tokenizer.path or "
                       "tokenizer.vocab_size, not both (the .model file fixes the vocabulary)"))
     return found
+
+
+def _seq_warmup(train: Any, seq_len: int) -> Found:
+    """The sequence-length warm-up's start against data.seq_len, and its steps."""
+    from runner.job.library import in_job_terms
+    from ten.seqwarmup import lengths
+
+    start = train.seq_warmup_start
+    if start is None:
+        return []
+    try:
+        lengths(seq_len, start)
+    except ValueError as e:
+        return [(("train", "seq_warmup_start"), f"{in_job_terms(str(e))}, got {start}")]
+    if train.seq_warmup_steps < 1:
+        return [(("train", "seq_warmup_steps"), "must be >= 1 with seq_warmup_start (the "
+                 "steps the warm-up lasts)")]
+    return []
 
 
 def _override_type_problem(name: str, value: Any, default: Any) -> str | None:

@@ -688,3 +688,32 @@ def test_the_first_screen_says_what_is_trained_and_the_first_step_is_heard_from(
     first = next(i for i, n in enumerate(notes) if n.startswith("first step done in "))
     assert "a line every 5 steps from here" in notes[first]
     assert first < next(i for i, n in enumerate(notes) if n.startswith("step 5/6"))
+
+
+def test_a_resume_in_the_middle_of_the_sequence_warm_up_is_bit_exact(data, tmp_path):
+    """The trainer's sequence-length warm-up: the records say each step's length, and a
+    run stopped at step 4 of 8 warm-up steps resumes to the same losses and weights."""
+    from ten.metrics import read_metrics
+
+    warm = dict(seq_warmup_start=8, seq_warmup_steps=8)
+
+    def run(where, data_, **kw):
+        return Trainer(mcfg(data_), data_, tcfg(**warm, **kw), tmp_path / where,
+                       {"model": "m"}, {"train": {}}, log=lambda s: None).run()
+    assert run("a", data).outcome is Outcome.DONE
+    records = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl")
+               if r["kind"] == "train"]
+    assert [r["seq_len"] for r in records] == [8] * 4 + [16] * 4 + [32] * 4
+    assert run("b", SignalAt(data, 3)).outcome is Outcome.PREEMPTED
+    assert run("b", data).outcome is Outcome.DONE
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    (sa, wa), (sb, wb) = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert sa == sb == 12 and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_start_that_does_not_divide_the_length_is_a_field_error(data, tmp_path):
+    from ten.config import FieldError
+    with pytest.raises(FieldError, match=r"seq_warmup_start: must be DataConfig.seq_len "
+                       r"\(32\) over a power of two \(e.g. 8\), got 12"):
+        Trainer(mcfg(data), data, tcfg(seq_warmup_start=12, seq_warmup_steps=4),
+                tmp_path / "r", {}, {}, log=lambda s: None)

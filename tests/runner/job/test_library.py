@@ -117,3 +117,23 @@ def test_a_data_error_is_said_in_job_keys_by_a_run():
     code = exit_code_of(DataError("no text; set DataConfig.text_field"), None, Path("."),
                         False, lines.append)
     assert (int(code), lines) == (3, ["data error: no text; set data.text_field"])
+
+
+def test_the_sequence_warm_up_is_checked_against_the_jobs_seq_len():
+    from runner.job import JobError
+
+    job = parse_job(MINIMAL, check_model=False, sets=[
+        "data.seq_len=256", "train.seq_warmup_start=64", "train.seq_warmup_steps=100"])
+    cfg = train_config(job)
+    assert (cfg.seq_warmup_start, cfg.seq_warmup_steps) == (64, 100)
+    for sets, said in (
+            (["train.seq_warmup_start=96", "train.seq_warmup_steps=100"],
+             "--set train.seq_warmup_start: must be data.seq_len (256) over a power of two "
+             "(e.g. 64), got 96"),
+            (["train.seq_warmup_start=64"],
+             "train.seq_warmup_steps: must be >= 1 with seq_warmup_start (the steps the "
+             "warm-up lasts)")):
+        with pytest.raises(JobError) as err:
+            parse_job(MINIMAL, check_model=False, sets=["data.seq_len=256", *sets])
+        [line] = err.value.errors
+        assert line.endswith(said), line
