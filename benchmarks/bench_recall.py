@@ -51,6 +51,7 @@ from ten.config import TrainConfig
 from ten.loss import IGNORE_INDEX, NextTokenLoss
 from ten.presets import build_model, ten_config, transformer_config
 from ten.schedule import lr_multiplier
+from ten.seqwarmup import length_at, lengths, split_rows
 
 # Token layout shared by the tasks: 0 blank/noise filler, 1 query marker, 2 separator,
 # then the value tokens (VALUES of them), then the key tokens (KEYS of them).
@@ -256,17 +257,8 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
     torch.manual_seed(seed)
     model = build_model(cfg).to(device)
     objective = NextTokenLoss(model, "chunked")
-    opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=args.lr)
-    batches = iter(data.train_loader(args.batch))
     t0 = time.perf_counter()
-    for step in range(args.steps):
-        set_lr(opt, step, args)
-        b = next(batches).to(device)
-        loss = objective(b[:, :-1], b[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    loss = train_lm(model, objective, data, args, device)
     train_s = time.perf_counter() - t0
     span = args.lm_eval_tokens  # the same held-out tokens, cut into sequences of each length
     held_out: dict[str, float] = {}
@@ -288,6 +280,25 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
     model.train()
     return {"loss": held_out, "tokens": scored, "final_loss": loss.item(), "train_s": train_s,
             "params": model.num_params()}
+
+
+def train_lm(model: torch.nn.Module, objective: NextTokenLoss, data,
+             args: argparse.Namespace, device: torch.device) -> torch.Tensor:
+    """``args.steps`` steps on the corpus's training windows; with ``--curriculum``, the
+    trainer's sequence-length warm-up (ten.seqwarmup) over the first half. The last loss."""
+    opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=args.lr)
+    batches = iter(data.train_loader(args.batch))
+    for step in range(args.steps):
+        set_lr(opt, step, args)
+        b = next(batches).to(device)
+        if args.curriculum:  # the trainer's warm-up: shorter rows, the same tokens
+            b = split_rows(b, length_at(step + 1, args.T, args.curriculum, args.steps // 2))
+        loss = objective(b[:, :-1], b[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def run_lm(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
@@ -370,7 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--curriculum", type=int, default=0, metavar="START",
                    help="train at START, doubling up to --T over the first half of the steps "
-                        "(0: every step at --T); the synthetic tasks only")
+                        "(0: every step at --T): the synthetic tasks make sequences that "
+                        "long; lm cuts its windows into rows that long, the trainer's "
+                        "train.seq_warmup_start (--T over a power of two)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
@@ -393,6 +406,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.curriculum < 0:
         p.error("--curriculum must be 0 (off) or a starting length")
+    if args.curriculum and "lm" in args.tasks:
+        try:
+            lengths(args.T, args.curriculum)
+        except ValueError as e:
+            p.error(f"--curriculum with the lm task {e}")
     if args.T not in args.lengths:
         args.lengths = [args.T, *args.lengths]
     return args

@@ -109,11 +109,37 @@ def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():
     assert lengths[500:] == [256] * 500  # the second half, and so the end, at --T
     off = br.parse_args(["--T", "256", "--steps", "10"])
     assert [br.train_length(s, off) for s in range(10)] == [256] * 10
-    odd = br.parse_args(["--T", "100", "--curriculum", "32", "--steps", "9"])
+    odd = br.parse_args(["--T", "100", "--curriculum", "32", "--steps", "9",
+                         "--tasks", "copy_first"])
     assert [br.train_length(s, odd) for s in range(9)] == [32, 32, 32, 64, 64, 100, 100,
                                                             100, 100]
     with pytest.raises(SystemExit):
         br.parse_args(["--curriculum", "-1"])
+    # lm warms up as the trainer does (train.seq_warmup_start): --T over a power of two
+    with pytest.raises(SystemExit):
+        br.parse_args(["--T", "100", "--curriculum", "32", "--tasks", "lm"])
+
+
+def test_the_lm_warm_up_is_the_trainers_same_tokens_in_shorter_rows(monkeypatch):
+    """With --curriculum the lm task trains on the trainer's warm-up rows: every batch
+    of the first half is cut by ten.seqwarmup.split_rows at the trainer's length."""
+    seen = []
+    real = br.split_rows
+
+    def spy(batch, length):
+        seen.append(length)
+        return real(batch, length)
+    monkeypatch.setattr(br, "split_rows", spy)
+    args = br.parse_args(["--T", "64", "--curriculum", "16", "--steps", "8", "--tasks", "lm"])
+    import torch
+
+    class Data:
+        def train_loader(self, batch):
+            while True:
+                yield torch.randint(0, 50, (batch, 65))
+    model = br.build_model(br.model_configs(args, 50, 64)["ten"])
+    br.train_lm(model, br.NextTokenLoss(model, "chunked"), Data(), args, torch.device("cpu"))
+    assert seen == [16, 16, 32, 32, 64, 64, 64, 64]
 
 
 def test_schedule_warms_up_then_holds_or_decays_to_a_tenth():
