@@ -7,6 +7,7 @@ level; the model and dataset checks import it when they run.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -175,8 +176,8 @@ def with_sets(text: str, sets: Iterable[str], source: str = "<job>") -> str:
     data = apply_sets(_document(text, source, problems), sets, problems)
     if problems:
         raise problems.error()
-    header = "".join(f"# --set {item}\n" for item in sets)
-    return f"# {source}, with\n{header}" + yaml.safe_dump(data, sort_keys=False,
+    header = "".join(f"# --set {json.dumps(item)}\n" for item in sets)  # one line each
+    return f"# {json.dumps(source)}, with\n{header}" + yaml.safe_dump(data, sort_keys=False,
                                                         allow_unicode=True)
 
 

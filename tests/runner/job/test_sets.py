@@ -1,5 +1,6 @@
-"""--set of one key of a mutually exclusive pair replaces the file's other key
-(train.max_steps / max_tokens, data.tokenizer.path / vocab_size)."""
+"""--set: one key of a mutually exclusive pair replaces the file's other key
+(train.max_steps / max_tokens, data.tokenizer.path / vocab_size); the sets written into
+the file a submitted job runs."""
 
 from __future__ import annotations
 
@@ -65,3 +66,18 @@ def test_exclusive_pairs_name_real_keys():
     for pair in EXCLUSIVE:
         for path in pair:
             assert path[-1] in section_fields(JobSchema, path[:-1]), path
+
+
+def test_the_file_a_submit_with_sets_runs_holds_them_and_comments_stay_comments():
+    """submit --set writes the overrides into the job's YAML: what a set says in the
+    header stays on its comment line whatever it holds."""
+    from runner.job.load import with_sets
+
+    text = with_sets(WITH_VOCAB, ["train.max_steps=7", "data.text_field=a\nb"],
+                     "job\nname: evil.yaml")
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert header == ['# "job\\nname: evil.yaml", with', '# --set "train.max_steps=7"',
+                      '# --set "data.text_field=a\\nb"']
+    job = parse_job(text, check_model=False)
+    assert (job.train.max_steps, job.data.text_field) == (7, "a b")
+    assert with_sets(WITH_VOCAB, [], "job.yaml") == WITH_VOCAB  # comments and all
