@@ -136,6 +136,9 @@ class TrainConfig:
     eval_every: Annotated[int, Range(ge=0), Doc(
         "steps between evaluations; 0: only the final one")] = 100
     eval_batches: Annotated[int, Range(ge=1), Doc("held-out batches per evaluation")] = 20
+    recall_probe: Annotated[bool, Doc(
+        "at each evaluation also score in-context recall: random tokens repeated, the "
+        "share of the repeat predicted (eval records' recall_repeat)")] = True
     log_every: Annotated[int, Range(ge=1), Doc("steps between log lines and records")] = 10
     seed: Annotated[int, Range(ge=0), Doc("seeds the model, the data order and sampling")] = 1234
     device: Annotated[Literal[DEVICES], Doc("auto: CUDA when there is one")] = "auto"

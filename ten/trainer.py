@@ -49,6 +49,7 @@ from ten.metrics import MetricKind, MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
+from ten.probes import repeat_recall
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
@@ -424,9 +425,15 @@ class Trainer:
         batches = self.data.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
         loss = evaluate(self.objective, batches, self.device, self.amp_dtype)
         ppl = math.exp(min(loss, 50.0))
-        if self.metrics:
-            self.metrics.write(MetricKind.EVAL, step, {"loss": loss, "perplexity": ppl})
-            self.log(f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}")
+        if self.metrics:  # the main rank
+            rec = {"loss": loss, "perplexity": ppl}
+            said = f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}"
+            if self.cfg.recall_probe:
+                rec["recall_repeat"] = repeat_recall(self.state.model, self.data.cfg.seq_len,
+                                                     self.device, self.amp_dtype)
+                said += f", recalls {100 * rec['recall_repeat']:.1f}% of a repeat"
+            self.metrics.write(MetricKind.EVAL, step, rec)
+            self.log(said)
         return loss
 
 

@@ -717,3 +717,17 @@ def test_a_start_that_does_not_divide_the_length_is_a_field_error(data, tmp_path
                        r"\(32\) over a power of two \(e.g. 8\), got 12"):
         Trainer(mcfg(data), data, tcfg(seq_warmup_start=12, seq_warmup_steps=4),
                 tmp_path / "r", {}, {}, log=lambda s: None)
+
+
+def test_every_evaluation_scores_recall_unless_turned_off(data, tmp_path):
+    from ten.metrics import read_metrics
+
+    notes = []
+    Trainer(mcfg(data), data, tcfg(max_steps=6), tmp_path / "on", {"model": "m"}, {},
+            log=notes.append).run()
+    evals = [r for r in read_metrics(tmp_path / "on" / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [6] and 0.0 <= evals[0]["recall_repeat"] <= 1.0
+    assert any(n.startswith("eval step 6:") and "% of a repeat" in n for n in notes)
+    trainer(data, tmp_path / "off", max_steps=6, recall_probe=False).run()
+    evals = [r for r in read_metrics(tmp_path / "off" / "metrics.jsonl") if r["kind"] == "eval"]
+    assert "recall_repeat" not in evals[0]
