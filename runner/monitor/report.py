@@ -36,7 +36,8 @@ def load_run(store_or_path: str, job: str | None = None,
             "metrics": run.read_jsonl("metrics.jsonl"),
             "events": run.read_jsonl(EVENTS_FILE),
             "gpu": run.read_jsonl("gpu.jsonl"),
-            "status": run.read_json("status.json")}
+            "status": run.read_json("status.json"),
+            "resolved": run.read_json("job.json")}
 
 
 def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
@@ -58,11 +59,36 @@ def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png = out / f"{run['job']}-report.png"
-    render_png(run["metrics"], run["events"], run["gpu"], png, title=run["job"])
+    render_png(run["metrics"], run["events"], run["gpu"], png,
+               title=f"{run['job']}: {headline(run['metrics'], run['resolved'])}")
     page = out / f"{run['job']}-report.html"
     text = render_html(run, summary, png)
     page.write_text(scrub(text) if scrub else text, encoding="utf-8")
     return png, page
+
+
+def headline(metrics: list[dict[str, Any]], resolved: dict[str, Any] | None) -> str:
+    """What was trained on what, and how it ended: the model, its size, the data, and the
+    last held-out loss, perplexity and recall (what a reader of the report asks first)."""
+    parts = []
+    model, data = (resolved or {}).get("model") or {}, (resolved or {}).get("data") or {}
+    if model:
+        parts.append(f"{model.get('arch', '?')}/{model.get('preset', '?')}")
+    starts = [r for r in metrics if r.get("kind") == MetricKind.START and r.get("params")]
+    if starts:
+        parts.append(f"{starts[-1]['params'] / 1e6:,.1f}M parameters")
+    if data:
+        parts.append(f"data {data.get('dataset', '?')} ({data.get('mode', '?')})")
+    evals = [r for r in metrics if r.get("kind") == MetricKind.EVAL and "loss" in r]
+    if evals:
+        last = evals[-1]
+        said = f"held-out loss {last['loss']:.4f}"
+        if last.get("perplexity") is not None:
+            said += f", perplexity {last['perplexity']:,.2f}"
+        if last.get("recall_repeat") is not None:
+            said += f", recall {100 * last['recall_repeat']:.1f}%"
+        parts.append(f"{said} at step {last.get('step', '?')}")
+    return "; ".join(parts) or "no model or evaluation recorded"
 
 
 def _series(records: list[dict[str, Any]], kind: MetricKind | None, key: str, t0: float,
@@ -89,13 +115,7 @@ def _series(records: list[dict[str, Any]], kind: MetricKind | None, key: str, t0
 
 def _gpu_panel(ax: Any, gpu: list[dict[str, Any]], series: Any, plot: Any,
                drawn: dict[str, int], t0: float) -> None:
-    """Utilisation and memory (%), power (W) on a twin axis; or "no GPU samples"."""
-    if not gpu:
-        drawn["GPU util %"] = 0
-        ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center",
-                transform=ax.transAxes, fontsize=14, color="gray")
-        ax.set_yticks([])
-        return
+    """Utilisation and memory (%), power (W) on a twin axis."""
     plot(ax, *series(gpu, None, "util", t0), "GPU util %", color="tab:green")
     mem = [dict(s, mem_pct=100.0 * s["mem_used"] / s["mem_total"]) for s in gpu
            if s.get("mem_used") is not None and s.get("mem_total")]
@@ -134,9 +154,11 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     t0 = min(times) if times else 0.0
     span = (max(times) - t0) if times else 0.0
     unit_s, unit = (60.0, "minutes") if span < 7200 else (3600.0, "hours")
-    drawn: dict[str, int] = {}
-    fig, axes = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
-    fig.suptitle(f"{title} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}")
+    drawn: dict[str, int] = {"panels": 4 if gpu else 3}  # no empty GPU panel on a CPU run
+    fig, axes = plt.subplots(drawn["panels"], 1, figsize=(11, 3.25 * drawn["panels"] + 0.5),
+                             sharex=True)
+    fig.suptitle(f"{title}\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}",
+                 fontsize=10)
 
     def series(*args, **kw):  # on this figure's time unit
         return _series(*args, unit_s=unit_s, **kw)
@@ -161,6 +183,8 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     twin.set_ylabel("MFU %")
     ax.set_ylim(bottom=0)  # from zero: a 3% wobble should look like one
     twin.set_ylim(bottom=0)
+    if not drawn["MFU %"]:  # a CPU has no peak to measure against: no empty axis
+        twin.axis("off")
     _legend(ax, twin)
 
     ax = axes[2]
@@ -172,8 +196,11 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     ax.set_ylim(0, 100)
     ax.legend(loc="upper right")
 
-    _gpu_panel(axes[3], gpu, series, plot, drawn, t0)
-    axes[3].set_xlabel(f"{unit} since start")
+    if gpu:
+        _gpu_panel(axes[3], gpu, series, plot, drawn, t0)
+    else:
+        drawn["GPU util %"] = 0
+    axes[-1].set_xlabel(f"{unit} since start")
     marks = preemption_marks(events, metrics)
     drawn["preemptions"] = len(marks)
     _mark_preemptions(axes, marks, t0, unit_s)
@@ -221,6 +248,7 @@ def render_html(run: dict[str, Any], summary: dict[str, Any], png: Path) -> str:
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left}}</style></head>
 <body><h1>{html.escape(run['job'])}</h1>
+<p>{html.escape(headline(run['metrics'], run.get('resolved')))}</p>
 <p>source {html.escape(run['label'])} — state {state}, step {status.get('step', '-')}</p>
 <h2>Cost</h2><table>{rows}</table>
 <h2>Diagnoses</h2><ul>{diag or '<li>none</li>'}</ul>

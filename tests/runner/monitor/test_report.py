@@ -36,7 +36,7 @@ def test_png_has_the_expected_series(tmp_path):
     metrics, events, gpu = recorded_run()
     drawn = render_png(metrics, events, gpu, tmp_path / "r.png", title="preempted-twice")
     n_train = sum(r["kind"] == "train" for r in metrics)
-    assert drawn == {"train loss": n_train, "eval loss": 10, "tokens/s": n_train,
+    assert drawn == {"panels": 4, "train loss": n_train, "eval loss": 10, "tokens/s": n_train,
                      "MFU %": n_train, "data wait %": n_train, "checkpoint %": n_train,
                      "GPU util %": 300, "GPU memory %": 300, "power W": 300,
                      "preemptions": 4}
@@ -46,10 +46,25 @@ def test_png_has_the_expected_series(tmp_path):
                       "preemption notice", "resume @500: lost 30 steps"]
 
 
-def test_no_gpu_samples_says_so(tmp_path):
+def test_a_run_without_gpu_samples_has_no_empty_gpu_panel(tmp_path):
     metrics, events, _ = recorded_run(with_gpu=False)
     drawn = render_png(metrics, events, [], tmp_path / "cpu.png")
-    assert drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+    assert drawn["panels"] == 3 and drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+
+
+def test_the_headline_says_what_was_trained_on_what_and_how_it_ended():
+    from runner.monitor.report import headline
+
+    metrics = [{"kind": "start", "step": 0, "params": 1_353_728},
+               {"kind": "eval", "step": 100, "loss": 6.1, "perplexity": 445.9},
+               {"kind": "eval", "step": 300, "loss": 5.6526, "perplexity": 285.04,
+                "recall_repeat": 0.031}]
+    resolved = {"model": {"arch": "ten", "preset": "tiny"},
+                "data": {"dataset": "builtin:botocore-docs", "mode": "pretokenized"}}
+    assert headline(metrics, resolved) == (
+        "ten/tiny; 1.4M parameters; data builtin:botocore-docs (pretokenized); held-out "
+        "loss 5.6526, perplexity 285.04, recall 3.1% at step 300")
+    assert headline([], None) == "no model or evaluation recorded"
 
 
 @pytest.mark.parametrize("where", ["run_dir", "store"])
