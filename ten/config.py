@@ -139,6 +139,9 @@ class TrainConfig:
     recall_probe: Annotated[bool, Doc(
         "at each evaluation also score in-context recall: random tokens repeated, the "
         "share of the repeat predicted (eval records' recall_repeat)")] = True
+    state_health: Annotated[bool, Doc(
+        "at each evaluation log a TEN's state per layer: decay |λ| and step Δ spread, the "
+        "imaginary part's share of the state's energy (state records)")] = True
     log_every: Annotated[int, Range(ge=1), Doc("steps between log lines and records")] = 10
     seed: Annotated[int, Range(ge=0), Doc("seeds the model, the data order and sampling")] = 1234
     device: Annotated[Literal[DEVICES], Doc("auto: CUDA when there is one")] = "auto"

@@ -53,6 +53,7 @@ from ten.probes import repeat_recall
 from ten.progress import eta_seconds, progress_line
 from ten.scan import backend_note
 from ten.schedule import lr_multiplier
+from ten.statehealth import state_health
 from ten.step import evaluate, train_step
 from ten.stop import Stop
 from ten.trainstate import CheckpointManager, TrainState, first_line, seed_everything
@@ -434,7 +435,18 @@ class Trainer:
                 said += f", recalls {100 * rec['recall_repeat']:.1f}% of a repeat"
             self.metrics.write(MetricKind.EVAL, step, rec)
             self.log(said)
+            if self.cfg.state_health:
+                self._log_state(step)
         return loss
+
+    def _log_state(self, step: int) -> None:
+        """The state's health per layer (ten.statehealth) on the first held-out batch."""
+        batch = next(iter(self.data.val_batches(self.cfg.batch_size, 1)))
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            health = state_health(self.state.model, batch[:, :-1].to(self.device))
+        if health:
+            self.metrics.write(MetricKind.STATE, step, health)
 
 
 @dataclass

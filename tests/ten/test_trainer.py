@@ -731,3 +731,23 @@ def test_every_evaluation_scores_recall_unless_turned_off(data, tmp_path):
     trainer(data, tmp_path / "off", max_steps=6, recall_probe=False).run()
     evals = [r for r in read_metrics(tmp_path / "off" / "metrics.jsonl") if r["kind"] == "eval"]
     assert "recall_repeat" not in evals[0]
+
+
+def test_every_evaluation_logs_the_state_per_layer_unless_turned_off(data, tmp_path):
+    """Decay and step spread and the imaginary share, per layer: the figures that show a
+    state collapsing to its real part while the run trains (in TensorBoard too)."""
+    from ten.metrics import read_metrics
+
+    trainer(data, tmp_path / "on", max_steps=6).run()
+    [state] = [r for r in read_metrics(tmp_path / "on" / "metrics.jsonl")
+               if r["kind"] == "state"]
+    assert state["step"] == 6
+    for layer in ("L0", "L1"):  # mcfg: 2 layers, selective
+        p10, p50, p90 = (state[f"{layer}/decay_p{q}"] for q in (10, 50, 90))
+        assert 0.0 < p10 <= p50 <= p90 < 1.0
+        assert state[f"{layer}/step_p10"] <= state[f"{layer}/step_p90"]
+        assert 0.0 < state[f"{layer}/imag_share"] < 1.0
+    assert list((tmp_path / "on" / "tensorboard").iterdir())
+    trainer(data, tmp_path / "off", max_steps=6, state_health=False).run()
+    kinds = {r["kind"] for r in read_metrics(tmp_path / "off" / "metrics.jsonl")}
+    assert "state" not in kinds

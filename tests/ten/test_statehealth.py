@@ -1,0 +1,42 @@
+"""ten.statehealth: the figures say what they name (a state with no imaginary part
+reports a share of 0, rotation brings it back; a fixed decay reads as itself)."""
+
+import math
+
+import torch
+
+from ten.presets import build_model, model_config
+from ten.statehealth import state_health
+
+SEED = 7
+
+
+def tiny(**kw):
+    torch.manual_seed(SEED)
+    return build_model(model_config("ten", "tiny", vocab_size=100, d_model=32, n_layers=1,
+                                    n_eigenstates=8, n_heads=2, seq_len=64, **kw))
+
+
+def test_the_imaginary_share_is_zero_without_imaginary_drive_or_rotation():
+    model = tiny(selective=False, conv_width=0)
+    mixer = model.blocks[0].mixer
+    with torch.no_grad():
+        mixer.in_proj.weight[8:].zero_()  # β's imaginary half
+        mixer.theta.zero_()  # no rotation to carry the real part into it
+    ids = torch.randint(0, 100, (2, 64))
+    assert state_health(model, ids)["L0/imag_share"] == 0.0
+    with torch.no_grad():
+        mixer.theta.fill_(0.5)
+    assert state_health(model, ids)["L0/imag_share"] > 0.1
+
+
+def test_a_fixed_decay_is_reported_as_its_eigenvalues_moduli():
+    model = tiny(selective=False, conv_width=0)
+    with torch.no_grad():
+        model.blocks[0].mixer.nu.copy_(torch.log(-torch.log(torch.linspace(0.5, 0.99, 8))))
+    health = state_health(model, torch.randint(0, 100, (1, 16)))
+    moduli = torch.linspace(0.5, 0.99, 8)
+    for q in (10, 50, 90):
+        assert math.isclose(health[f"L0/decay_p{q}"], float(torch.quantile(moduli, q / 100)),
+                            rel_tol=1e-5)
+    assert "L0/step_p50" not in health  # no step in the fixed mode
