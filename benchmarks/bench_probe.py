@@ -1,6 +1,7 @@
-"""What the recall probe (ten.probes.repeat_recall, on by default at every evaluation)
-adds to a run: its time against a training step and an evaluation, measured in this
-run, and the share of a whole run at the job's cadence.
+"""What the evaluation's extras add to a run: the recall probe (ten.probes.repeat_recall)
+and the state's health (ten.statehealth), both on by default: their time against a
+training step and an evaluation, measured in this run, and their share of a whole run at
+the job's cadence.
 
     python benchmarks/bench_probe.py                       # the default job's shapes
     python benchmarks/bench_probe.py --preset small --seq-len 1024 --batch 4
@@ -20,6 +21,7 @@ import torch
 from ten.loss import NextTokenLoss
 from ten.presets import build_model, model_config
 from ten.probes import repeat_recall
+from ten.statehealth import state_health
 from ten.step import evaluate
 
 
@@ -61,12 +63,14 @@ def main(argv: list[str] | None = None) -> None:
     eval_s = timed(lambda: evaluate(objective, iter([batch] * args.eval_batches), device,
                                     None), max(1, args.repeats // 2))
     probe_s = timed(lambda: repeat_recall(model, args.seq_len, device), args.repeats)
+    health_s = timed(lambda: state_health(model, batch[:, :-1]), args.repeats)
     evals = args.steps // args.eval_every + (args.steps % args.eval_every != 0)
-    run_s = args.steps * step_s + evals * (eval_s + probe_s)
+    run_s = args.steps * step_s + evals * (eval_s + probe_s + health_s)
     print(json.dumps({
         "shape": vars(args), "params": model.num_params(), "step_s": step_s,
-        "eval_s": eval_s, "probe_s": probe_s, "probe_over_eval": probe_s / eval_s,
-        "probe_over_step": probe_s / step_s, "probe_share_of_run": evals * probe_s / run_s,
+        "eval_s": eval_s, "probe_s": probe_s, "health_s": health_s,
+        "probe_over_eval": probe_s / eval_s, "health_over_eval": health_s / eval_s,
+        "extras_share_of_run": evals * (probe_s + health_s) / run_s,
     }, indent=1))
 
 
