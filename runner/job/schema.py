@@ -150,9 +150,14 @@ TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
                             exclude=frozenset({"num_workers", "checkpoint_every", "keep_last"}))
 
 
-class _TrainingReads(Section):
-    num_workers: Int = Field(TRAIN["num_workers"], ge=0,
-                             description="DataLoader worker processes")
+def _only(config: type, *names: str) -> frozenset[str]:
+    """``exclude`` for :func:`section_from` that keeps ``names`` alone."""
+    return frozenset(f.name for f in dataclasses.fields(config)) - set(names)
+
+
+# TrainConfig's loader setting, which a job keeps in its data section.
+_TrainingReads = section_from(ten_config.TrainConfig, "_TrainingReads",
+                              exclude=_only(ten_config.TrainConfig, "num_workers"))
 
 
 # The data section: DataConfig's fields (the tokenizer nested), less the seed (the job's
