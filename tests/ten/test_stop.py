@@ -74,13 +74,15 @@ def test_during_the_final_upload_signals_are_noted_then_the_stop_stands():
 
 
 def test_native_code_holding_the_main_thread_is_ended_by_the_watchdog():
-    # The main thread blocks SIGTERM and sleeps in C: the signal lands on another thread,
-    # the Python handler cannot run, and only the watchdog can end the process.
+    # The main thread blocks SIGTERM and waits in C (system(3), whose child sends the
+    # signal once the wait has begun: no race with the main thread getting there): the
+    # signal lands on another thread, the Python handler cannot run, and only the
+    # watchdog can end the process.
     p = run("import ctypes\nstop = Stop(grace_s=0.2)\nstop.install()\n"
             "stop.set_phase('tokenizer training')\n"
             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "ctypes.CDLL(None).sleep(50)\nprint('not reached')\n")
+            "ctypes.CDLL(None).system(b'kill -TERM $PPID; exec sleep 5 >/dev/null 2>&1')\n"
+            "print('not reached')\n")
     assert p.returncode == PREEMPTED, p.stderr
     assert "stopped by SIGTERM during tokenizer training: the process did not answer " \
            "within 0.2 s, exiting now" in p.stderr
