@@ -275,7 +275,7 @@ class Trainer:
         self.peak = peak_flops(self.device)
         self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
-        self.log(self._what_is_trained(step))
+        self._say(self._what_is_trained(step))
         if cfg.seq_warmup_start is not None and step < cfg.seq_warmup_steps:
             shorter = seqwarmup.lengths(seq_len, cfg.seq_warmup_start)[:-1]
             self._say(f"sequence-length warm-up: {', '.join(map(str, shorter))} tokens for "
@@ -338,8 +338,8 @@ class Trainer:
             self.pace.stepped(step)
             log_due = step % cfg.log_every == 0 or step == self.total_steps
             if step == self.pace.first_step + 1 and not log_due:  # not silence till log_every
-                self.log(f"first step done in {self.pace.first_step_s:.2f} s, loss "
-                         f"{loss.item():.4f}; a line every {cfg.log_every} steps from here")
+                self._say(f"first step done in {self.pace.first_step_s:.2f} s, loss "
+                          f"{loss.item():.4f}; a line every {cfg.log_every} steps from here")
             save_due = step % cfg.checkpoint_every == 0 or step == self.total_steps
             # single process: every step, no sync; DDP: at agreement points only
             stopping = agree(step, stop.reason is not None, force=log_due or save_due)
