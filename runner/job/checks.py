@@ -218,7 +218,7 @@ def local_paths(section: Any, written: dict[Path_, str]) -> Found:
     ``load_job(check_paths=...)``)."""
     if not isinstance(section, dict):
         return []
-    from ten.data.sources import KNOWN, LOCAL_SUFFIXES, looks_local
+    from ten.data.sources import KNOWN, LOCAL_SUFFIXES, is_local
 
     found: Found = []
     name = section.get("dataset")
@@ -227,8 +227,7 @@ def local_paths(section: Any, written: dict[Path_, str]) -> Found:
         specs.append((("data", "data_files"), section.get("data_files")))
     elif isinstance(name, str) and len(name) > _PATH_MAX:
         found.append(_too_long_dataset(name, written.get(("data", "dataset"))))
-    elif isinstance(name, str) and name and not name.startswith("builtin:") \
-            and looks_local(name):  # else checks.dataset reports it
+    elif isinstance(name, str) and name and is_local(name):  # else checks.dataset says it
         specs.append((("data", "dataset"), name))
     for path, spec in specs:
         if not isinstance(spec, str) or not spec:

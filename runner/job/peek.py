@@ -33,12 +33,11 @@ class Split:
 def local_data(job: Any) -> Found:
     """Problems training would meet in the job's local corpus (none for a hub name or the
     builtin corpus, which the library checks as it reads them)."""
-    from ten.data import KNOWN, DataError
-    from ten.data.sources import looks_local, open_source
+    from ten.data import DataError
+    from ten.data.sources import is_local, open_source
 
     cfg = data_config(job)
-    if cfg.dataset.startswith("builtin:") or cfg.dataset in KNOWN \
-            or not looks_local(cfg.dataset):
+    if not is_local(cfg.dataset):
         return []
     try:
         source = open_source(cfg.dataset, cfg.text_field, cfg.cache_path)

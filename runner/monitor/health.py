@@ -133,14 +133,12 @@ def preflight(device: str = "auto", matmul_n: int = 8192, seconds: float = 1.0,
     NVML sees and torch cannot use fails it (:func:`judge_unusable`), also for auto."""
     import torch
 
-    if device == "cpu":
+    if not gpu_expected(device):
         return HealthReport(True, ["no GPU: health gate skipped"])
     if not torch.cuda.is_available():
         present = nvml_facts()
         if present.get("nvml_gpus"):
             return judge_unusable({**present, **torch_facts()})
-        if device == "auto":
-            return HealthReport(True, ["no GPU: health gate skipped"])
         return HealthReport(False, [], f"health gate failed: {device} requested but no CUDA "
                             "device is visible (driver or container runtime missing) — "
                             "move to another host")

@@ -99,7 +99,7 @@ def laptop_values(job: Job) -> list[str]:
     from ipaddress import ip_address
     from urllib.parse import urlsplit
 
-    from ten.data.sources import KNOWN, looks_local
+    from ten.data.sources import is_local
 
     shown = job.redacted_dict()
     warnings = []
@@ -118,8 +118,7 @@ def laptop_values(job: Job) -> list[str]:
                         "container's own loopback, not this machine: give an address the "
                         "cluster reaches")
     d = job.data
-    if not d.dataset.startswith("builtin:") and d.dataset not in KNOWN \
-            and looks_local(d.dataset):
+    if is_local(d.dataset):
         warnings.append(f"data.dataset {shown['data']['dataset']!r} is a local path: the "
                         "container must have it (bake it into the image or mount it)")
     if d.tokenizer.path is not None:

@@ -46,11 +46,9 @@ def refuse_if_live(run: Any, now: float | None = None) -> None:
                         "it with --force", exit_code=ExitCode.CONFIG)
 
 
-def remove(run: Any) -> Contents:
-    """Remove every file of ``run``; returns what was there."""
-    there = contents(run)
+def remove(run: Any) -> None:
+    """Remove every file of ``run`` (what :func:`contents` counted)."""
     if run.run_dir is not None:
         shutil.rmtree(run.run_dir)
-    elif there.files:
-        run.store.delete(run.store.list(f"{run.job}/"))
-    return there
+    elif keys := run.store.list(f"{run.job}/"):
+        run.store.delete(keys)

@@ -327,6 +327,12 @@ class HubSource(Source):
 # --- choosing one ---------------------------------------------------------------------
 
 
+def is_local(dataset: str) -> bool:
+    """Whether ``DataConfig.dataset`` names local files: not the builtin corpus, not a
+    known hub name, and :func:`looks_local` (how :func:`open_source` decides)."""
+    return not dataset.startswith("builtin:") and dataset not in KNOWN and looks_local(dataset)
+
+
 def looks_local(dataset: str) -> bool:
     """Whether a dataset name that is neither builtin nor a known hub name is read as a
     local path: it has a path separator, a glob character, a leading '.' or a supported
