@@ -50,7 +50,8 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
     Local files must exist (--no-path-checks: they exist only where the job runs); a
     local corpus of up to 4 MB is read whole, its tokenizer trained (the run reuses it),
     so a missing text field, a vocabulary the text cannot fill, or a split shorter than
-    one batch is said now, not after training has started.
+    one batch is said now, not after training has started. A bucket store without S3
+    credentials on this machine is warned about (an instance role elsewhere needs none).
 
     Exit codes: 0 all valid, 2 any invalid (also with --json)."""
     from runner.job import JobError
@@ -63,19 +64,39 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
             job = load_any(path, sets=sets, check_paths=not no_path_checks)
         except JobError as err:
             bad += 1
-            results.append({"file": path, "ok": False, "errors": err.errors, "summary": None})
+            results.append({"file": path, "ok": False, "errors": err.errors, "warnings": [],
+                            "summary": None})
             if not as_json:
                 for line in err.errors:
                     click.echo(line, err=True)
             continue
-        results.append({"file": path, "ok": True, "errors": [], "summary": job.summary()})
+        warnings = [] if no_path_checks else _credentials_missing(job)
+        results.append({"file": path, "ok": True, "errors": [], "warnings": warnings,
+                        "summary": job.summary()})
         if not as_json:
             click.echo(f"ok: {path} ({job.summary()})")
+            for line in warnings:
+                click.echo(f"warning: {path}: {line}", err=True)
     if as_json:
         click.echo(_to_json(results))
     if bad:
         raise UserError(f"{bad} of {len(files)} job file{'s' if len(files) > 1 else ''} "
                         "invalid", exit_code=ExitCode.CONFIG)
+
+
+def _credentials_missing(job) -> list[str]:
+    """A job whose store is a bucket this machine holds no credentials for: a warning,
+    not an error (the machine that runs it may have an instance role)."""
+    if not job.storage.is_remote:
+        return []
+    from runner.storage.s3 import credentials_here
+
+    if credentials_here():
+        return []
+    return ["storage.url is a bucket and this machine has no S3 credentials for it "
+            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE): `run` here "
+            "would stop at its first bucket call; a machine with an instance role needs "
+            "none (validate there, or here with --no-path-checks)"]
 
 
 def _to_json(data) -> str:

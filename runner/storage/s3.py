@@ -69,6 +69,22 @@ _CONNECTION = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
                Urllib3Error)
 
 
+def credentials_here() -> bool:
+    """Whether boto3 finds S3 credentials on this machine without asking the network:
+    the environment, ``AWS_PROFILE`` and the shared files, SSO, a credential process. An
+    instance or container role is not looked up: it exists only on its machine, and
+    asking for it anywhere else waits for a timeout."""
+    import botocore.session
+
+    resolver = botocore.session.get_session().get_component("credential_provider")
+    for remote in ("container-role", "iam-role"):
+        resolver.remove(remote)
+    try:
+        return resolver.load_credentials() is not None
+    except BotoCoreError:  # a profile named but broken: no usable credentials either
+        return False
+
+
 def _safe_endpoint(endpoint_url: str | None) -> str | None:
     """The endpoint without any user:password@ part."""
     if not endpoint_url:

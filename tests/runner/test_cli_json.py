@@ -32,7 +32,7 @@ def test_validate_json_lists_every_file(tmp_path):
     assert result.exit_code == ExitCode.CONFIG
     out = json.loads(result.stdout)
     assert [r["file"] for r in out] == [str(GOOD), str(bad)]
-    assert out[0] == {"file": str(GOOD), "ok": True, "errors": [],
+    assert out[0] == {"file": str(GOOD), "ok": True, "errors": [], "warnings": [],
                       "summary": out[0]["summary"]}
     assert out[0]["summary"].startswith("name=tiny-cpu, ten/tiny, ")
     assert out[1]["ok"] is False and out[1]["summary"] is None
