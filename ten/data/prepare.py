@@ -219,6 +219,7 @@ def _prepare_pretokenized(cfg: DataConfig, source: Source, tokenizer: Tokenizer,
                 last_commit = time.monotonic()
                 if on_commit is not None:
                     on_commit(progress)
+        bar.close()  # before _finish's own lines, which would run on from the bar's
         return _finish(cfg, source, tokenizer, directory, identity, writers, progress["rows"],
                        counts)
     except BaseException:

@@ -155,6 +155,22 @@ def test_invalid_utf8_is_replaced_and_counted(cfg, tmp_path, docs, capfd):
         data.train.read(0, len(data.train)).tolist())
 
 
+def test_the_invalid_utf8_warning_stands_on_its_own_line_after_the_bar(cfg, tmp_path, docs,
+                                                                       capfd):
+    """Printed while the progress bar was still open, the warning ran on from the
+    bar's line ("...tok/s]ten.data: 1 document...")."""
+    path = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": d}).encode() for d in docs[:30]]
+    lines[3] = b'{"text": "broken \xff\xfe bytes here"}'
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    open_data(cfg.replace(dataset=str(path), val_fraction=0.0, progress=True))
+    err = capfd.readouterr().err
+    assert "tokenizing" in err  # the bar was drawn
+    (line,) = [line for line in err.split("\n") if "U+FFFD" in line]
+    assert line.startswith(f"ten.data: 1 document of {path} contains U+FFFD")
+    assert err.index("U+FFFD") > err.rindex("tokenizing")
+
+
 def test_a_lone_surrogate_is_replaced_and_counted_not_fatal(cfg, tmp_path, docs):
     """Issue 23, fault 15: one JSON document spelling a lone surrogate ("\\ud800") among
     good ones failed tokenizer training for the whole job (a pybind11 message)."""
