@@ -1,10 +1,12 @@
 """``ten-runner report JOB``: one PNG and one self-contained HTML page per run.
 
-Panels share a wall-clock axis (minutes or hours since the first start) so preemptions line up
-across them: loss and held-out loss; tokens/s and MFU; data-wait and checkpoint share of
-wall time; GPU utilisation, memory and power ("no GPU samples" when none were taken).
-Red lines mark preemptions/resumes with the work they lost (a resume after the user's
-Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary: GPU-hours paid
+The first panel is loss and held-out loss by step, each session (a start of the trainer)
+its own line, so a resume that replays lost steps is drawn as such, not as a zigzag. The
+panels below share a wall-clock axis (minutes or hours since the first start) so
+preemptions line up across them: loss and held-out loss; tokens/s and MFU; data-wait and
+checkpoint share of wall time; GPU utilisation, memory and power (no panel when no GPU
+was sampled). Red lines mark preemptions/resumes with the work they lost (a resume after
+the user's Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary: GPU-hours paid
 (machine-hours for a CPU run), goodput, $ per 1B tokens.
 
 The run is a run directory, a store and a job, or a bucket run (s3://bucket/prefix/JOB).
@@ -154,11 +156,14 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     t0 = min(times) if times else 0.0
     span = (max(times) - t0) if times else 0.0
     unit_s, unit = (60.0, "minutes") if span < 7200 else (3600.0, "hours")
-    drawn: dict[str, int] = {"panels": 4 if gpu else 3}  # no empty GPU panel on a CPU run
-    fig, axes = plt.subplots(drawn["panels"], 1, figsize=(11, 3.25 * drawn["panels"] + 0.5),
-                             sharex=True)
+    drawn: dict[str, int] = {"panels": 5 if gpu else 4}  # no empty GPU panel on a CPU run
+    fig, panels = plt.subplots(drawn["panels"], 1, figsize=(11, 3.25 * drawn["panels"] + 0.5))
     fig.suptitle(f"{title}\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}",
                  fontsize=10)
+    _by_step(panels[0], metrics, drawn)
+    axes = panels[1:]  # on the wall clock
+    for a in axes[1:]:
+        a.sharex(axes[0])
 
     def series(*args, **kw):  # on this figure's time unit
         return _series(*args, unit_s=unit_s, **kw)
@@ -200,6 +205,8 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
         _gpu_panel(axes[3], gpu, series, plot, drawn, t0)
     else:
         drawn["GPU util %"] = 0
+    for a in axes[:-1]:
+        a.tick_params(labelbottom=False)
     axes[-1].set_xlabel(f"{unit} since start")
     marks = preemption_marks(events, metrics)
     drawn["preemptions"] = len(marks)
@@ -208,6 +215,46 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return drawn
+
+
+def sessions(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The records of each session of the trainer, in the order written: a start record
+    begins one (metrics.jsonl holds every session's, one after the other)."""
+    out: list[list[dict[str, Any]]] = []
+    for r in metrics:
+        if r.get("kind") == MetricKind.START or not out:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def _by_step(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int]) -> None:
+    """Loss and held-out loss against the step, one line per session; a dotted line
+    where a session resumed (its first step), so replayed steps show as a new line."""
+    drawn["sessions"] = drawn["train loss by step"] = drawn["eval loss by step"] = 0
+    for i, session in enumerate(sessions(metrics)):
+        for kind, name, style in ((MetricKind.TRAIN, "train loss by step",
+                                   {"color": "tab:blue"}),
+                                  (MetricKind.EVAL, "eval loss by step",
+                                   {"color": "tab:orange", "marker": "o", "linestyle": "--"})):
+            pts = [(r["step"], r["loss"]) for r in session if r.get("kind") == kind
+                   and r.get("step") is not None and r.get("loss") is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=None if i else name.split(" by")[0],
+                        **style)
+                drawn[name] += len(pts)
+        start = session[0]
+        if start.get("kind") == MetricKind.START:
+            drawn["sessions"] += 1
+            if start.get("resumed") and start.get("step") is not None:
+                ax.axvline(start["step"], color="red", linestyle=":", linewidth=1.2)
+                ax.annotate(f"resumed @{start['step']}", (start["step"], 1.0),
+                            xycoords=("data", "axes fraction"), rotation=90, va="top",
+                            ha="right", fontsize=8, color="red")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if drawn["train loss by step"] or drawn["eval loss by step"]:
+        ax.legend(loc="upper right")
 
 
 def preemption_marks(events: list[dict[str, Any]],

@@ -2,13 +2,14 @@
 table, from a run directory and from a store."""
 
 import base64
+import itertools
 import json
 
 import pytest
 from monitor_tables import gpu_run, preempted_twice
 
 from runner.errors import UserError
-from runner.monitor.report import preemption_marks, render_png, write_report
+from runner.monitor.report import preemption_marks, render_png, sessions, write_report
 from runner.storage import open_store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,10 +37,11 @@ def test_png_has_the_expected_series(tmp_path):
     metrics, events, gpu = recorded_run()
     drawn = render_png(metrics, events, gpu, tmp_path / "r.png", title="preempted-twice")
     n_train = sum(r["kind"] == "train" for r in metrics)
-    assert drawn == {"panels": 4, "train loss": n_train, "eval loss": 10, "tokens/s": n_train,
-                     "MFU %": n_train, "data wait %": n_train, "checkpoint %": n_train,
-                     "GPU util %": 300, "GPU memory %": 300, "power W": 300,
-                     "preemptions": 4}
+    assert drawn == {"panels": 5, "train loss by step": n_train, "eval loss by step": 10,
+                     "sessions": 3, "train loss": n_train, "eval loss": 10,
+                     "tokens/s": n_train, "MFU %": n_train, "data wait %": n_train,
+                     "checkpoint %": n_train, "GPU util %": 300, "GPU memory %": 300,
+                     "power W": 300, "preemptions": 4}
     assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC
     labels = [label for _, label in preemption_marks(events, metrics)]
     assert labels == ["preemption notice", "resume @200: lost 60 steps",
@@ -49,7 +51,16 @@ def test_png_has_the_expected_series(tmp_path):
 def test_a_run_without_gpu_samples_has_no_empty_gpu_panel(tmp_path):
     metrics, events, _ = recorded_run(with_gpu=False)
     drawn = render_png(metrics, events, [], tmp_path / "cpu.png")
-    assert drawn["panels"] == 3 and drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+    assert drawn["panels"] == 4 and drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+
+
+def test_the_step_panel_draws_each_session_from_where_it_resumed():
+    """A resume replays the steps lost since the last checkpoint: by step, each session
+    is its own line from its first step, not one line jumping back."""
+    metrics, _, _ = recorded_run(with_gpu=False)
+    steps = [[r["step"] for r in s if r["kind"] == "train"] for s in sessions(metrics)]
+    assert [(s[0], s[-1]) for s in steps] == [(10, 260), (210, 530), (510, 1000)]
+    assert all(a < b for s in steps for a, b in itertools.pairwise(s))
 
 
 def test_the_headline_says_what_was_trained_on_what_and_how_it_ended():
