@@ -201,13 +201,15 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
                  endpoint_url: str | None) -> None:
     """Write RUN's model as a folder other tools load: safetensors weights, the config,
     the model and tokenizer code for Hugging Face transformers (trust_remote_code=True),
-    the run's tokenizer and a model card. RUN is as for `sample`."""
+    the run's tokenizer and a model card. The transformer baseline is written as a
+    standard StableLM (no model code). RUN is as for `sample`."""
     from runner.export_model import export_model as export
 
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url)
+    trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
     click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
-               f"{str(path)!r}, trust_remote_code=True)")
+               f"{str(path)!r}{trust})")
 
 
 @cli.command("eval")

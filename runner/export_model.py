@@ -3,14 +3,20 @@
 The folder follows the Hugging Face ``transformers`` convention::
 
     model.safetensors        the weights alone (safetensors: loading runs no code)
-    config.json              the model's shape, and which classes load it (auto_map)
-    configuration_ten.py     TENConfig            } plain torch + transformers
-    modeling_ten.py          TENForCausalLM       } (runner/hf_model/), loaded with
-    tokenization_ten.py      TENTokenizer         } trust_remote_code=True
+    config.json              the model's shape, and which classes load it
+    configuration_ten.py     TENConfig            } a TEN model only: plain torch +
+    modeling_ten.py          TENForCausalLM       } transformers (runner/hf_model/),
+                                                  } trust_remote_code=True
+    tokenization_ten.py      TENTokenizer (the run's sentencepiece model, its ids)
     tokenizer.model          the sentencepiece model the run trained with
     tokenizer_config.json, special_tokens_map.json, generation_config.json
-    README.md                a model card: preset, parameters, data, tokens seen,
+    README.md                a model card: model, parameters, data, tokens seen,
                              held-out loss and perplexity, the job that made it
+
+The transformer baseline is a standard StableLM (``StableLmForCausalLM``: no model code
+in the folder); how each model class maps onto transformers is
+:mod:`runner.hf_model.layouts`. ``config.json`` also keeps the runner's own config
+(``ten_config``, ``ten_model_class``) so ``ten-runner eval FOLDER`` rebuilds it exactly.
 
 It is written in a temporary folder beside ``out`` and renamed into place: an existing
 folder is never overwritten, and a failed export leaves nothing behind.
@@ -26,11 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-HF_FILES = ("configuration_ten.py", "modeling_ten.py", "tokenization_ten.py")
 HF_SOURCE = Path(__file__).resolve().parent / "hf_model"
-# TENConfig fields the exported model reads (configuration_ten.TENConfig's arguments).
-CONFIG_FIELDS = ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "mlp",
-                 "selective", "conv_width", "norm_eps", "chunk_size", "seq_len")
+TOKENIZER_CODE = "tokenization_ten.py"
 
 
 def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
@@ -38,6 +41,7 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     """Write the folder for a run (see the module doc); returns its path. UserError (one
     line) for a run that cannot be exported or an ``out`` that already exists."""
     from runner.errors import UserError
+    from runner.hf_model.layouts import layout_of
     from runner.sample import trained_model
     from ten.trainstate import read_config
 
@@ -46,14 +50,15 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
         raise UserError(f"{out} already exists and is not empty; choose a new --out folder")
     run_dir, name, found, model = trained_model(where, job, endpoint_url, step)
     saved = read_config(found.path)
-    if saved["model_class"] != "TENLM":
-        raise UserError(f"{name} is a {saved['model_class']}: only TEN models export for "
-                        "now (the transformer baseline does not)")
+    try:
+        layout = layout_of(saved["model_class"], model.config)
+    except ValueError as e:
+        raise UserError(f"{name} cannot be exported: {e}") from None
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _write_folder(tmp, model, run_dir, name, found, saved)
+        _write_folder(tmp, layout, model, run_dir, name, found, saved)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
@@ -62,29 +67,30 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     return out
 
 
-def _write_folder(folder: Path, model: Any, run_dir: Path, name: str, found: Any,
-                  saved: dict[str, Any]) -> None:
+def _write_folder(folder: Path, layout: Any, model: Any, run_dir: Path, name: str,
+                  found: Any, saved: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
     from ten.data import Tokenizer
 
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    weights = layout.to_hf(model.config, model.state_dict())
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    for file in HF_FILES:
+    for file in (*layout.code, TOKENIZER_CODE):
         shutil.copyfile(HF_SOURCE / file, folder / file)
     shutil.copyfile(run_dir / "tokenizer.model", folder / "tokenizer.model")
     specials = _special_tokens(tokenizer)
-    _json(folder / "config.json", hf_config(model.config, tokenizer))
+    _json(folder / "config.json", hf_config(layout, model.config, tokenizer))
     _json(folder / "tokenizer_config.json", {
         "tokenizer_class": "TENTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_ten.TENTokenizer", None]},
         "clean_up_tokenization_spaces": False,
         "model_max_length": model.config.seq_len, **specials})
     _json(folder / "special_tokens_map.json", specials)
-    # use_cache off: the model carries its own state (modeling_ten.py)
-    _json(folder / "generation_config.json", {**_token_ids(tokenizer), "use_cache": False})
-    (folder / "README.md").write_text(model_card(model, name, found, saved, run_dir))
+    # A TEN model carries its own state (modeling_ten.py), not transformers' cache.
+    _json(folder / "generation_config.json",
+          {**_token_ids(tokenizer), "use_cache": not layout.remote_code})
+    (folder / "README.md").write_text(model_card(layout, model, name, found, saved, run_dir))
 
 
 def load_exported(folder: Path) -> tuple[Any, Any]:
@@ -93,15 +99,20 @@ def load_exported(folder: Path) -> tuple[Any, Any]:
     from safetensors.torch import load_file
 
     from runner.errors import UserError
+    from runner.hf_model.layouts import LAYOUTS
     from ten.data import Tokenizer
     from ten.model import TENConfig
     from ten.presets import build_model
+    from ten.transformer import TransformerConfig
 
     folder = Path(folder)
     try:
         config = json.loads((folder / "config.json").read_text())
-        model = build_model(TENConfig(**config["ten_config"]))
-        model.load_state_dict(load_file(folder / "model.safetensors"))
+        layout = LAYOUTS[config.get("ten_model_class", "TENLM")]
+        kind = TENConfig if layout.model_class == "TENLM" else TransformerConfig
+        cfg = kind(**config["ten_config"])
+        model = build_model(cfg)
+        model.load_state_dict(layout.from_hf(cfg, load_file(folder / "model.safetensors")))
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise UserError(f"{folder} is not a folder ten-runner export-model wrote "
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -109,17 +120,13 @@ def load_exported(folder: Path) -> tuple[Any, Any]:
     return model.eval(), Tokenizer(folder / "tokenizer.model")
 
 
-def hf_config(cfg: Any, tokenizer: Any) -> dict[str, Any]:
-    """config.json: the model's shape under configuration_ten.TENConfig's names."""
-    return {
-        "architectures": ["TENForCausalLM"], "model_type": "ten",
-        "auto_map": {"AutoConfig": "configuration_ten.TENConfig",
-                     "AutoModelForCausalLM": "modeling_ten.TENForCausalLM"},
-        **{f: getattr(cfg, f) for f in CONFIG_FIELDS}, "mlp_hidden": cfg.mlp_hidden,
-        "tie_word_embeddings": True, "torch_dtype": "float32",
-        "ten_config": dataclasses.asdict(cfg),  # what load_exported rebuilds exactly
-        **_token_ids(tokenizer),
-    }
+def hf_config(layout: Any, cfg: Any, tokenizer: Any) -> dict[str, Any]:
+    """config.json: the model's shape under the names its transformers class reads, and
+    the runner's own config to rebuild it exactly."""
+    return {"architectures": [layout.architecture], **layout.config(cfg),
+            "tie_word_embeddings": True, "torch_dtype": "float32",
+            "ten_model_class": layout.model_class, "ten_config": dataclasses.asdict(cfg),
+            **_token_ids(tokenizer)}
 
 
 def _token_ids(tokenizer: Any) -> dict[str, int]:
@@ -141,7 +148,16 @@ def _special_tokens(tokenizer: Any) -> dict[str, str]:
     return tokens
 
 
-def model_card(model: Any, name: str, found: Any, saved: dict[str, Any],
+def _describe(layout: Any, cfg: Any, preset: str) -> str:
+    if layout.remote_code:
+        return (f"TEN {preset}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
+                f"{cfg.n_eigenstates} eigenstates{', selective' if cfg.selective else ''}"
+                f"{f', conv {cfg.conv_width}' if cfg.conv_width else ''}")
+    return (f"transformer {preset} (as StableLM): d_model {cfg.d_model}, {cfg.n_layers} "
+            f"layers, {cfg.n_heads} heads, rotary positions")
+
+
+def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, Any],
                run_dir: Path) -> str:
     """README.md: what the model is, what it saw, how it scored, and how to load it."""
     job = saved["resolved"]
@@ -149,10 +165,7 @@ def model_card(model: Any, name: str, found: Any, saved: dict[str, Any],
     loss = _last_eval_loss(run_dir / "metrics.jsonl", found.step)
     tokens = _tokens_seen(found.path)
     data = job.get("data") or {}
-    rows = [("model", f"TEN {job.get('model', {}).get('preset', '?')}: d_model {cfg.d_model}, "
-                      f"{cfg.n_layers} layers, {cfg.n_eigenstates} eigenstates"
-                      f"{', selective' if cfg.selective else ''}"
-                      f"{f', conv {cfg.conv_width}' if cfg.conv_width else ''}"),
+    rows = [("model", _describe(layout, cfg, job.get("model", {}).get("preset", "?"))),
             ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
             ("data", f"{data.get('dataset', '?')} (seq_len {data.get('seq_len', '?')})"),
             ("vocabulary", f"{cfg.vocab_size} (sentencepiece, tokenizer.model)"),
@@ -162,16 +175,26 @@ def model_card(model: Any, name: str, found: Any, saved: dict[str, Any],
             ("held-out perplexity",
              f"{math.exp(min(loss, 50.0)):.2f}" if isinstance(loss, float) else "?")]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    if layout.remote_code:
+        what = ("A Temporal Eigenstate Network language model (a linear-time recurrent LM: "
+                "every layer\nkeeps complex eigenstates instead of attending over the past)")
+        trust = ", trust_remote_code=True"
+        after = ("Generation carries each layer's state, so a new token costs the same "
+                 "however long the\ntext before it.")
+    else:
+        what = ("The transformer baseline (pre-LayerNorm, rotary positions, a gated MLP), "
+                "stored as a\nstandard StableLM (`StableLmForCausalLM`)")
+        trust = ""
+        after = ("The model needs no code from this folder; the tokenizer does "
+                 "(`tokenization_ten.py`).")
     return f"""---
 library_name: transformers
-tags: [ten, recurrent, linear-time]
+tags: [ten, {'recurrent, linear-time' if layout.remote_code else 'transformer, stablelm'}]
 ---
 
 # {name}
 
-A Temporal Eigenstate Network language model (a linear-time recurrent LM: every layer
-keeps complex eigenstates instead of attending over the past), trained by ten-runner
-(job `{name}`) and exported at step {found.step}.
+{what}, trained by ten-runner (job `{name}`) and exported at step {found.step}.
 
 | | |
 |---|---|
@@ -184,14 +207,13 @@ different vocabularies by bits per byte instead.
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("PATH"{trust})
 tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
 ids = tokenizer("The", return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=40, do_sample=False)[0]))
 ```
 
-Generation carries each layer's state, so a new token costs the same however long the
-text before it. The job that made it (secrets redacted):
+{after} The job that made it (secrets redacted):
 
 ```json
 {json.dumps(job, indent=1, default=str)}

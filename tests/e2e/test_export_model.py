@@ -12,6 +12,7 @@ from runhelpers import run_to_end, write_job
 
 from runner.cli import cli
 from runner.exit_codes import ExitCode
+from runner.export_model import load_exported
 from ten import checkpoint as ckpt
 from ten.data import Tokenizer
 from ten.trainstate import load_model
@@ -174,3 +175,41 @@ def test_eval_of_text_too_short_or_not_text_is_one_line(folder, tmp_path):
     bad.write_text('{"text": "fine"}\n[1, 2]\n')
     result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(bad)])
     assert result.exit_code == ExitCode.CONFIG and f"{bad}:2:" in result.output
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, corpus):
+    """A real run of the transformer baseline (swiglu, rope) and its exported folder."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    code, _, err = run_to_end("run", write_job(tmp, corpus, name="b", arch="transformer",
+                                               steps=8, every=8), "--no-sample")
+    assert code == 0, err
+    run, out = tmp / "store" / "b", tmp / "b-hf"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return run, out
+
+
+def test_the_transformer_baseline_exports_as_a_stablelm_without_model_code(baseline):
+    """No code from the folder loads the model; it gives the runner's logits and greedy
+    text, and `ten-runner eval` reads the folder back as the same model."""
+    run, folder = baseline
+    assert not (folder / "modeling_ten.py").exists()
+    assert json.loads((folder / "config.json").read_text())["architectures"] == \
+        ["StableLmForCausalLM"]
+    assert "as StableLM" in (folder / "README.md").read_text()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    mine = load_model(ckpt.latest_valid(run / "checkpoints").path)
+    ids = torch.randint(0, mine.config.vocab_size, (2, 40),
+                        generator=torch.Generator().manual_seed(1))
+    read_back, _ = load_exported(folder)  # what `ten-runner eval FOLDER` scores
+    with torch.no_grad():
+        assert torch.allclose(theirs(ids).logits, mine(ids)[0], atol=1e-5, rtol=0)
+        assert torch.equal(read_back(ids)[0], mine(ids)[0])
+    tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    out = theirs.generate(tok("a checkpoint", return_tensors="pt").input_ids,
+                          max_new_tokens=10, do_sample=False)
+    code, printed, err = run_to_end("sample", run, "--prompt", "a checkpoint",
+                                    "--temperature", "0", "--max-new-tokens", "10")
+    assert code == 0, err
+    assert printed.strip() == f"[b step 8] {tok.decode(out[0])}"

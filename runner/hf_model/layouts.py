@@ -1,0 +1,131 @@
+"""How each of the runner's model classes is written in the transformers convention
+(used by ``runner.export_model``; this file is not copied into an exported folder).
+
+* ``TENLM`` has no standard architecture: its folder carries the model code beside the
+  weights (``configuration_ten.py``, ``modeling_ten.py``), loaded with
+  ``trust_remote_code=True``, under the runner's own parameter names.
+* ``TransformerLM`` (the baseline, with ``mlp: swiglu`` and ``pos: rope``) is a StableLM
+  in all but names: pre-LayerNorm with biases, rotary positions over the whole head
+  (the rotate-half form), a SiLU-gated MLP, no biases in the linears, the head tied to
+  the embedding. It exports as ``StableLmForCausalLM``, which transformers loads with
+  no code from the folder; its fused ``qkv`` and gated ``up`` weights are cut into the
+  separate projections StableLM names.
+
+A layout maps each runner parameter to the transformers parameters it is cut into
+(along the first dimension, in equal pieces, in order), so the same table writes a
+folder and reads one back (``ten-runner eval FOLDER``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+Names = dict[str, list[str]]  # runner parameter -> the transformers parameters it becomes
+
+
+@dataclass(frozen=True)
+class Layout:
+    model_class: str  # the runner's class, as checkpoints record it
+    architecture: str  # config.json's "architectures"
+    code: tuple[str, ...]  # model code of runner/hf_model copied beside the weights
+    config: Callable[[Any], dict[str, Any]]  # config.json's model fields from ours
+    names: Callable[[Any], Names]  # from the runner's model config
+
+    @property
+    def remote_code(self) -> bool:
+        """Loading the model needs ``trust_remote_code=True``."""
+        return bool(self.code)
+
+    def to_hf(self, cfg: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = {}
+        for ours, theirs in self.names(cfg).items():
+            for name, piece in zip(theirs, state[ours].chunk(len(theirs)), strict=True):
+                out[name] = piece.detach().contiguous()
+        return out
+
+    def from_hf(self, cfg: Any, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        import torch
+
+        return {ours: torch.cat([weights[name] for name in theirs])
+                for ours, theirs in self.names(cfg).items()}
+
+
+# -- TEN: its own code, its own names -------------------------------------------------
+# TENConfig fields the exported model reads (configuration_ten.TENConfig's arguments).
+TEN_FIELDS = ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "mlp",
+              "selective", "conv_width", "norm_eps", "chunk_size", "seq_len")
+
+
+def _ten_config(cfg: Any) -> dict[str, Any]:
+    return {"model_type": "ten",
+            "auto_map": {"AutoConfig": "configuration_ten.TENConfig",
+                         "AutoModelForCausalLM": "modeling_ten.TENForCausalLM"},
+            **{f: getattr(cfg, f) for f in TEN_FIELDS}, "mlp_hidden": cfg.mlp_hidden}
+
+
+def _ten_names(cfg: Any) -> Names:
+    import torch
+
+    from ten.presets import build_model
+
+    with torch.device("meta"):
+        return {name: [name] for name in build_model(cfg).state_dict()}
+
+
+TEN = Layout("TENLM", "TENForCausalLM", ("configuration_ten.py", "modeling_ten.py"),
+             _ten_config, _ten_names)
+
+
+# -- the transformer baseline: a StableLM ----------------------------------------------
+def _stablelm_config(cfg: Any) -> dict[str, Any]:
+    return {"model_type": "stablelm", "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_hidden,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_heads, "hidden_act": "silu",
+            "layer_norm_eps": cfg.norm_eps, "max_position_embeddings": cfg.seq_len,
+            # transformers 5 reads rope_parameters; 4.x the two keys beside it
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base,
+                                "partial_rotary_factor": 1.0},
+            "rope_theta": cfg.rope_base, "partial_rotary_factor": 1.0,
+            "use_qkv_bias": False, "qk_layernorm": False, "use_parallel_residual": False,
+            "hidden_dropout": 0.0, "attention_dropout": 0.0, "initializer_range": cfg.init_std}
+
+
+def _stablelm_names(cfg: Any) -> Names:
+    names: Names = {"embed.weight": ["model.embed_tokens.weight"]}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}", f"model.layers.{i}"
+        for part in ("weight", "bias"):
+            names[f"{ours}.norm1.{part}"] = [f"{theirs}.input_layernorm.{part}"]
+            names[f"{ours}.norm2.{part}"] = [f"{theirs}.post_attention_layernorm.{part}"]
+        names[f"{ours}.mixer.qkv.weight"] = [f"{theirs}.self_attn.{p}_proj.weight"
+                                             for p in "qkv"]
+        names[f"{ours}.mixer.proj.weight"] = [f"{theirs}.self_attn.o_proj.weight"]
+        names[f"{ours}.mlp.up.weight"] = [f"{theirs}.mlp.gate_proj.weight",
+                                          f"{theirs}.mlp.up_proj.weight"]  # silu(gate)·up
+        names[f"{ours}.mlp.down.weight"] = [f"{theirs}.mlp.down_proj.weight"]
+    names["norm.weight"], names["norm.bias"] = ["model.norm.weight"], ["model.norm.bias"]
+    return names
+
+
+STABLELM = Layout("TransformerLM", "StableLmForCausalLM", (), _stablelm_config,
+                  _stablelm_names)
+
+LAYOUTS = {layout.model_class: layout for layout in (TEN, STABLELM)}
+
+
+def layout_of(model_class: str, cfg: Any) -> Layout:
+    """The layout of a model; ValueError (one line, for the user) when it has none."""
+    layout = LAYOUTS.get(model_class)
+    if layout is None:
+        raise ValueError(f"a {model_class} model has no export layout")
+    if layout is STABLELM and (cfg.mlp != "swiglu" or cfg.pos != "rope"):
+        raise ValueError(f"the transformer baseline exports as a StableLM, which needs "
+                         f"mlp: swiglu and pos: rope (this one has mlp: {cfg.mlp}, pos: "
+                         f"{cfg.pos})")
+    return layout
+
