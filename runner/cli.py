@@ -197,19 +197,28 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
               help="The checkpoint's step (default: the newest committed).")
 @click.option("--job", "job_name", default=None, help="Job name inside a store.")
 @click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
+@click.option("--push-to-hub", "repo", default=None, metavar="OWNER/NAME",
+              help="Then upload the folder to this Hugging Face Hub model repository "
+                   "(created if needed; HF_TOKEN from the environment).")
+@click.option("--private", is_flag=True, help="With --push-to-hub: a new repository is "
+              "private.")
 def export_model(run: str, out: str, step: int | None, job_name: str | None,
-                 endpoint_url: str | None) -> None:
+                 endpoint_url: str | None, repo: str | None, private: bool) -> None:
     """Write RUN's model as a folder other tools load: safetensors weights, the config,
     the model and tokenizer code for Hugging Face transformers (trust_remote_code=True),
     the run's tokenizer and a model card. The transformer baseline is written as a
     standard StableLM (no model code). RUN is as for `sample`."""
     from runner.export_model import export_model as export
+    from runner.export_model import hub_token, push_to_hub
 
+    token = None if repo is None else hub_token(repo)  # before anything is spent
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url)
     trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
     click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
                f"{str(path)!r}{trust})")
+    if repo is not None:
+        click.echo(f"pushed to {push_to_hub(path, repo, token, private=private)}")
 
 
 @cli.command("eval")

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,53 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def hub_token(repo: str, environ: Mapping[str, str] | None = None) -> str:
+    """Check a ``--push-to-hub`` before anything is exported: the repository id's form
+    and ``HF_TOKEN`` in the environment; returns the token (never shown)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from runner.errors import UserError
+    from runner.exit_codes import ExitCode
+
+    environ = os.environ if environ is None else environ
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise UserError(f"--push-to-hub {repo!r} is not a Hub repository id: OWNER/NAME of "
+                        "letters, digits, '-', '_' and '.'", exit_code=ExitCode.CONFIG) from None
+    token = environ.get("HF_TOKEN", "")
+    if not token.strip():
+        raise UserError("--push-to-hub needs HF_TOKEN in the environment (a token with "
+                        "write access: https://huggingface.co/settings/tokens)",
+                        exit_code=ExitCode.CLOUD_CREDENTIALS)
+    return token
+
+
+def push_to_hub(folder: Path, repo: str, token: str, *, private: bool = False,
+                environ: Mapping[str, str] | None = None) -> str:
+    """Create ``repo`` (a model repository, kept if it exists) and upload ``folder`` to
+    it in one commit; returns its URL. ``HF_ENDPOINT`` picks another Hub. A failure is
+    one line without the token, and the folder stays where it is to push again."""
+    from huggingface_hub import HfApi
+
+    from runner.errors import UserError
+    from runner.exit_codes import ExitCode
+
+    environ = os.environ if environ is None else environ
+    api = HfApi(endpoint=environ.get("HF_ENDPOINT") or None, token=token)
+    try:
+        url = api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo, repo_type="model", folder_path=folder,
+                          commit_message=f"ten-runner export-model ({folder.name})")
+    except Exception as e:  # the Hub client's errors (HTTP, connection, offline mode)
+        why = " ".join(str(e).split())[:300].replace(token, "***")
+        raise UserError(f"cannot push to the Hub repository {repo} ({type(e).__name__}: "
+                        f"{why}); the folder is kept at {folder}: push it later with "
+                        f"`hf upload {repo} {folder}`",
+                        exit_code=ExitCode.STORAGE) from None
+    return str(url)
 
 
 def _write_folder(folder: Path, layout: Any, model: Any, run_dir: Path, name: str,

@@ -213,3 +213,24 @@ def test_the_transformer_baseline_exports_as_a_stablelm_without_model_code(basel
                                     "--temperature", "0", "--max-new-tokens", "10")
     assert code == 0, err
     assert printed.strip() == f"[b step 8] {tok.decode(out[0])}"
+
+
+def test_a_push_the_hub_refuses_keeps_the_folder_and_never_shows_the_token(run, tmp_path):
+    """Up to the upload call: here the Hub is a port nobody listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: connections are refused
+    token = "hf_secretTOKENvalue123"
+    out = tmp_path / "pushed"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out),
+                                      "--push-to-hub", "me/tiny-ten"],
+                                env={"HF_TOKEN": token, "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    assert result.exit_code == ExitCode.STORAGE, result.output
+    assert token not in result.output
+    assert f"exported to {out}" in result.output
+    (last,) = result.stderr.strip().splitlines()
+    assert last.startswith("Error: cannot push to the Hub repository me/tiny-ten")
+    assert f"the folder is kept at {out}" in last
+    assert (out / "model.safetensors").is_file()
