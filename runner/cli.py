@@ -233,19 +233,21 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
               help="A run's checkpoint step (default: the newest committed).")
 @click.option("--job", "job_name", default=None, help="Job name inside a store.")
 @click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
+@click.option("--per-document", is_flag=True, help="Score each document alone, from an "
+              "EOS, every token predicted (lm-evaluation-harness's rolling log-likelihood).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (loss, perplexity, "
               "bits_per_byte at the 1x length, and by_length).")
 def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
                  step: int | None, job_name: str | None, endpoint_url: str | None,
-                 as_json: bool) -> None:
+                 per_document: bool, as_json: bool) -> None:
     """Held-out loss, perplexity and bits per byte of a trained model on any text, at
     its training length and 4x and 16x longer. RUN|FOLDER: a run (as for `sample`) or a
     folder `export-model` wrote."""
     from runner.eval_text import evaluate
 
     where, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
-    click.echo(evaluate(where, Path(data), seq_len, max_tokens, as_json, job=job_name,
-                        endpoint_url=endpoint_url, step=step))
+    click.echo(evaluate(where, Path(data), seq_len, max_tokens, as_json, per_document,
+                        job=job_name, endpoint_url=endpoint_url, step=step))
 
 
 def _load(job_file: str, sets: tuple[str, ...] = ()):

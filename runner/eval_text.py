@@ -8,6 +8,12 @@ per predicted token, its perplexity, and bits per byte: the loss summed over the
 predicted tokens, in bits, over the bytes of text those tokens spell. Perplexity depends
 on the tokenizer (a bigger vocabulary predicts fewer, harder tokens); bits per byte does
 not, so it is the number to compare models with different tokenizers by.
+
+``--per-document`` scores each document alone instead: from an empty state with EOS as
+its first input (a document follows an EOS in training), every token of it predicted,
+its bytes those of its text. That is the definition lm-evaluation-harness's rolling
+log-likelihood tasks (wikitext and the like) use, so the two report the same bits per
+byte on the same file.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Score:
-    length: int  # tokens per window
+    length: int | None  # tokens per window; None: whole documents
     tokens: int  # predicted tokens counted
     bytes: int  # bytes of text they spell
     loss: float  # nats per predicted token
@@ -102,8 +108,38 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
                  bits_per_byte=nll / math.log(2) / max(nbytes, 1))
 
 
+def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int,
+                    max_tokens: int) -> Score:
+    """Each document alone (see the module doc), read ``chunk`` tokens at a time with
+    the model's state carried; documents in order until ``max_tokens`` are predicted."""
+    import torch
+    import torch.nn.functional as F
+
+    from runner.errors import UserError
+
+    nll, tokens, nbytes = 0.0, 0, 0
+    with torch.no_grad():
+        for text in documents:
+            ids = tokenizer.encode(text)
+            if not ids or tokens >= max_tokens:
+                continue
+            inputs, targets = torch.tensor([[tokenizer.eos_id, *ids[:-1]]]), torch.tensor(ids)
+            state = None
+            for start in range(0, len(ids), chunk):
+                logits, state = model(inputs[:, start:start + chunk], state)
+                nll += F.cross_entropy(logits[0].float(), targets[start:start + chunk],
+                                       reduction="sum").item()
+            tokens, nbytes = tokens + len(ids), nbytes + len(text.encode("utf-8"))
+    if not tokens:
+        raise UserError("no document holds a token to score")
+    loss = nll / tokens
+    return Score(length=None, tokens=tokens, bytes=nbytes, loss=loss,
+                 perplexity=math.exp(min(loss, 50.0)),
+                 bits_per_byte=nll / math.log(2) / max(nbytes, 1))
+
+
 def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_json: bool,
-             **run: Any) -> str:
+             per_document: bool = False, **run: Any) -> str:
     """The report for a folder ``export-model`` wrote, or a run (``run``: job,
     endpoint_url, step, as :func:`runner.sample.trained_model` takes them)."""
     from runner.export_model import load_exported
@@ -116,8 +152,11 @@ def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_j
     else:
         run_dir, job, found, model = trained_model(target, **run)
         tokenizer, name = Tokenizer(run_dir / "tokenizer.model"), f"{job} step {found.step}"
-    scores = evaluate_text(model, tokenizer, data, seq_len or model.config.seq_len,
-                           max_tokens=max_tokens)
+    length = seq_len or model.config.seq_len
+    if per_document:
+        scores = [score_documents(model, tokenizer, read_documents(data), length, max_tokens)]
+    else:
+        scores = evaluate_text(model, tokenizer, data, length, max_tokens=max_tokens)
     return report(scores, name, data, as_json)
 
 
@@ -136,8 +175,9 @@ def report(scores: list[Score], name: str, path: Path, as_json: bool) -> str:
                            "bits_per_byte": first.bits_per_byte,
                            "by_length": [asdict(s) for s in scores]}, indent=1)
     lines = [f"{name} on {path}:"]
-    lines += [f"  length {s.length:>6}: loss {s.loss:.4f}, perplexity {s.perplexity:.2f}, "
-              f"bits per byte {s.bits_per_byte:.4f} ({s.tokens:,} tokens, {s.bytes:,} bytes)"
+    lines += [f"  {'whole documents' if s.length is None else f'length {s.length:>6}'}: "
+              f"loss {s.loss:.4f}, perplexity {s.perplexity:.2f}, bits per byte "
+              f"{s.bits_per_byte:.4f} ({s.tokens:,} tokens, {s.bytes:,} bytes)"
               for s in scores]
     lines.append("perplexity depends on the tokenizer; bits per byte compares models "
                  "across tokenizers")

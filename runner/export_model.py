@@ -178,19 +178,17 @@ def hf_config(layout: Any, cfg: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def _token_ids(tokenizer: Any) -> dict[str, int]:
-    """eos/pad (and bos, when the tokenizer has one) ids, as config files name them."""
-    ids = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-    if tokenizer.bos_id >= 0:
-        ids["bos_token_id"] = tokenizer.bos_id
-    return ids
+    """eos/pad/bos ids, as config files name them. The BOS is the EOS: every document
+    follows one in training, sentencepiece's own BOS is never seen (tokenization_ten)."""
+    return {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+            "bos_token_id": tokenizer.eos_id}
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, str]:
     sp = tokenizer._sp
     tokens = {"eos_token": sp.id_to_piece(tokenizer.eos_id),
-              "pad_token": sp.id_to_piece(tokenizer.pad_id)}
-    if tokenizer.bos_id >= 0:
-        tokens["bos_token"] = sp.id_to_piece(tokenizer.bos_id)
+              "pad_token": sp.id_to_piece(tokenizer.pad_id),
+              "bos_token": sp.id_to_piece(tokenizer.eos_id)}
     if tokenizer.unk_id >= 0:
         tokens["unk_token"] = sp.id_to_piece(tokenizer.unk_id)
     return tokens

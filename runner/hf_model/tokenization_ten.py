@@ -1,7 +1,12 @@
 """The sentencepiece tokenizer a TEN model was trained with, for ``transformers``
 (``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)``). It encodes exactly as
 the trainer did: no BOS or EOS added, and, where sentencepiece has "\\n" as a piece of its
-own, text split into lines, each encoded, joined by that piece."""
+own, text split into lines, each encoded, joined by that piece.
+
+Its BOS token is the EOS piece: in training every document follows an EOS, and
+sentencepiece's own BOS never appears, so a tool that starts a text with the BOS
+(lm-evaluation-harness's log-likelihoods, ``generate`` without a prompt) gives the model
+the context it was trained on."""
 
 from __future__ import annotations
 
@@ -23,11 +28,10 @@ class TENTokenizer(PreTrainedTokenizer):
         nl = self.sp.piece_to_id("\n")
         self.newline = "\n" if self.sp.id_to_piece(nl) == "\n" else None
         piece = self.sp.id_to_piece
-        eos, bos, unk, pad = self.sp.eos_id(), self.sp.bos_id(), self.sp.unk_id(), self.sp.pad_id()
+        eos, unk, pad = self.sp.eos_id(), self.sp.unk_id(), self.sp.pad_id()
         kwargs.setdefault("eos_token", piece(eos))
         kwargs.setdefault("pad_token", piece(pad if pad >= 0 else eos))
-        if bos >= 0:
-            kwargs.setdefault("bos_token", piece(bos))
+        kwargs.setdefault("bos_token", piece(eos))  # what every document follows
         if unk >= 0:
             kwargs.setdefault("unk_token", piece(unk))
         kwargs.setdefault("clean_up_tokenization_spaces", False)

@@ -234,3 +234,47 @@ def test_a_push_the_hub_refuses_keeps_the_folder_and_never_shows_the_token(run, 
     assert last.startswith("Error: cannot push to the Hub repository me/tiny-ten")
     assert f"the folder is kept at {out}" in last
     assert (out / "model.safetensors").is_file()
+
+
+LOCAL_TASK = """task: ten_local_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+  - metric: byte_perplexity
+"""
+
+
+def test_lm_evaluation_harness_scores_the_folder_as_ten_runner_eval_does(folder, corpus,
+                                                                          tmp_path):
+    """lm-evaluation-harness's `hf` model on the exported folder, with a local task (a
+    JSONL file, no hub), reports the bits per byte `ten-runner eval --per-document` does."""
+    import lm_eval  # a test extra
+    from lm_eval.tasks import TaskManager
+
+    docs = [json.loads(line)["text"].strip() for line in
+            (corpus / "docs.jsonl").read_text().splitlines()[:24]]
+    data = tmp_path / "held-out.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs if d))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "ten_local_text.yaml").write_text(LOCAL_TASK.format(data=data))
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={folder},trust_remote_code=True,dtype=float32,"
+                               "max_length=4096",  # every document in one window
+        tasks=["ten_local_text"], task_manager=TaskManager(include_path=str(tasks)),
+        batch_size=1, device="cpu")
+    theirs = results["results"]["ten_local_text"]
+    result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(data),
+                                      "--per-document", "--json"])
+    assert result.exit_code == 0, result.output
+    ours = json.loads(result.output)
+    assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte"], rel=1e-5)
+    assert theirs["byte_perplexity,none"] == pytest.approx(2 ** ours["bits_per_byte"],
+                                                           rel=1e-5)
