@@ -7,9 +7,9 @@ import base64
 import os
 import subprocess
 import sys
-import time
 
 import yaml
+from patience import wait_until
 from runhelpers import write_job
 
 
@@ -22,14 +22,6 @@ def ten(*args, home, check=True, timeout=120):
     return p
 
 
-def wait_until(fn, timeout=120, what=""):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = fn()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def test_submit_local_then_status_logs_jobs_and_cancel(tmp_path, corpus):

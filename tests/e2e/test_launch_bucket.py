@@ -7,6 +7,7 @@ import sys
 import uuid
 
 import pytest
+from patience import communicate
 from runhelpers import Launched, final_weights, losses, run_to_end, wait_for_step, write_job
 
 from runner.exit_codes import ExitCode
@@ -38,7 +39,7 @@ def test_two_ranks_stop_commit_to_the_bucket_and_resume_on_a_new_machine(
     proc = launch("run", job, "--no-sample")
     wait_for_step(local / "metrics.jsonl", proc, 5)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.PREEMPTED, err[-3000:]
     step = max(losses(local))
     assert latest_committed(store, name) == step  # in the bucket before the launcher exits

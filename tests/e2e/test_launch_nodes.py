@@ -9,6 +9,7 @@ import sys
 import uuid
 
 import pytest
+from patience import communicate
 from runhelpers import Launched, final_weights, losses, run_to_end, wait_for_step, write_job
 from sandbox import free_port
 
@@ -53,7 +54,7 @@ def test_two_machines_stop_together_and_resume_from_the_bucket(tmp_path, corpus,
     procs = start_nodes(launch, job, tmp_path, free_port())
     wait_for_step(local[0] / "metrics.jsonl", procs[0], 4)
     procs[1].send_signal(signal.SIGTERM)  # only the second machine is reclaimed
-    errs = [p.communicate(timeout=120)[1] for p in procs]
+    errs = [communicate(p, 120)[1] for p in procs]
     assert [p.returncode for p in procs] == [ExitCode.PREEMPTED] * 2, errs[1][-3000:]
     step = max(losses(local[0]))
     assert latest_committed(store, name) == step
@@ -62,7 +63,7 @@ def test_two_machines_stop_together_and_resume_from_the_bucket(tmp_path, corpus,
         shutil.rmtree(d, ignore_errors=True)  # two new machines
 
     procs = start_nodes(launch, job, tmp_path, free_port())
-    errs = [p.communicate(timeout=300)[1] for p in procs]
+    errs = [communicate(p, 300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
     assert f"restored step {step} from" in errs[0]
     assert f"step {step} from s3://" in errs[1] and "resumed from" in errs[1]

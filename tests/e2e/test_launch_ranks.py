@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from patience import communicate
 from runhelpers import (
     Launched,
     final_weights,
@@ -93,7 +94,7 @@ def test_sigterm_to_the_launcher_commits_exits_75_and_resumes_exactly(tmp_path, 
     proc = launch("run", job, "--no-sample")
     wait_for_step(run / "metrics.jsonl", proc, 4)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.PREEMPTED, err[-3000:]
     assert err.count("stopped by SIGTERM") == 2 and "Traceback" not in err
     last = max(losses(run))
@@ -139,7 +140,7 @@ def test_a_rank_killed_by_sigkill_is_one_line_and_the_single_process_code(tmp_pa
     proc = launch("run", job, "--no-sample")
     wait_for_step(run / "metrics.jsonl", proc, 4)
     os.kill(rank_process(job, 1), signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
     assert "rank 1 was killed by SIGKILL" in err and "Traceback" not in err
     assert not list(Path(tempfile.gettempdir()).glob(f"ten-runner-launch-{proc.pid}-*"))

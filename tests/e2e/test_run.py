@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from patience import communicate
 from runhelpers import (
     FakeIMDS,
     cli,
@@ -61,7 +62,7 @@ def test_sigterm_commits_the_current_step_and_exits_preempted(tmp_path, corpus):
     proc = cli("run", job, "--no-sample")
     wait_for_step(run / "metrics.jsonl", proc, 5)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.PREEMPTED, err
     assert "stopped by SIGTERM" in err and "Traceback" not in err
     last_logged = max(losses(run))
@@ -148,7 +149,7 @@ def test_the_data_cache_deleted_mid_run_is_a_data_error(tmp_path, corpus):
     proc = cli("run", job, "--no-sample")
     wait_for_step(run / "metrics.jsonl", proc, 3)
     shutil.rmtree(own / "cache")
-    _, err = proc.communicate(timeout=300)
+    _, err = communicate(proc, 300)
     assert proc.returncode == ExitCode.DATA, err[-3000:]
     assert "Traceback" not in err and "data error" in err
     assert ckpt.committed_steps(run / "checkpoints")
@@ -164,7 +165,7 @@ def test_ctrl_c_to_the_whole_process_group_spares_loader_workers(tmp_path, corpu
     proc = cli("run", job, "--no-sample", start_new_session=True)
     wait_for_step(run / "metrics.jsonl", proc, 5)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.PREEMPTED, err
     assert "stopped by SIGINT" in err
     assert ckpt.committed_steps(run / "checkpoints") == [max(losses(run))]
@@ -242,7 +243,7 @@ def test_spot_notice_commits_the_current_step_before_any_signal(tmp_path, corpus
         proc = cli("run", job, "--no-sample")
         wait_for_step(run / "metrics.jsonl", proc, 5)
         imds.notice = True
-        _, err = proc.communicate(timeout=120)
+        _, err = communicate(proc, 120)
     finally:
         imds.close()
     assert proc.returncode == ExitCode.PREEMPTED, err

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from patience import communicate
 from runhelpers import (
     FakeIMDS,
     cli,
@@ -57,7 +58,7 @@ def test_round_trip_through_the_bucket_is_bit_exact(tmp_path, corpus, moto_endpo
     proc = cli("run", job, "--no-sample")
     wait_for_step(local / "metrics.jsonl", proc, 10)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.PREEMPTED, err
     step = max(losses(local))
     assert latest_committed(store, name) == step  # committed in the bucket before exit
@@ -88,7 +89,7 @@ def test_the_working_copy_deleted_mid_run_is_a_storage_error(tmp_path, corpus,
         assert proc.poll() is None and time.time() < deadline, "step 5 never reached the bucket"
         time.sleep(0.05)
     shutil.rmtree(local)
-    _, err = proc.communicate(timeout=300)
+    _, err = communicate(proc, 300)
     assert proc.returncode == ExitCode.STORAGE, err[-3000:]
     assert "Traceback" not in err and "storage error" in err
     committed = latest_committed(store, name)
@@ -138,7 +139,7 @@ def test_spot_notice_commits_the_step_in_the_bucket(tmp_path, corpus, moto_endpo
         proc = cli("run", job, "--no-sample")
         wait_for_step(local / "metrics.jsonl", proc, 5)
         imds.notice = True
-        _, err = proc.communicate(timeout=120)
+        _, err = communicate(proc, 120)
     finally:
         imds.close()
     assert proc.returncode == ExitCode.PREEMPTED, err
@@ -177,7 +178,7 @@ def test_store_down_mid_run_then_back(tmp_path, corpus, rclone_server, rclone_en
     time.sleep(2.0)
     assert proc.poll() is None  # training goes on while the store is down
     rclone_server.start()
-    _, err = proc.communicate(timeout=300)
+    _, err = communicate(proc, 300)
     assert proc.returncode == 0, err[-3000:]
     assert "upload of" in err  # the outage was felt: an upload failed or was superseded
     assert max(losses(local)) > down_at + 20
@@ -194,7 +195,7 @@ def test_zombie_writer_stops_when_a_newer_one_takes_the_lease(tmp_path, corpus,
     wait_for_step(local / "metrics.jsonl", proc, 6)
     Lease.acquire(store, name, owner="the-relaunched-instance")
     taken_over = committed_steps(store, name)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.STORAGE, err[-3000:]
     assert "lease lost" in err and "the-relaunched-instance" in err
     # nothing committed after the takeover, beyond an upload already past its check
@@ -305,7 +306,7 @@ def test_signals_during_the_final_upload_do_not_abandon_it(tmp_path, corpus, rcl
         for _ in range(5):
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.1)
-        _, err = proc.communicate(timeout=120)
+        _, err = communicate(proc, 120)
     finally:
         proxy.stop()
     assert proc.returncode in (ExitCode.OK, ExitCode.PREEMPTED), err

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from patience import communicate, machine_note
 from runhelpers import cli, run_to_end, wait_for_step, write_job
 
 from runner.exit_codes import ExitCode
@@ -22,7 +23,7 @@ def _wait_for_line(path, needle, proc, timeout=120):
             return
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.01)
-    raise AssertionError(f"{needle!r} never appeared in {path}")
+    raise AssertionError(f"{needle!r} not in {path} within {timeout} s ({machine_note()})")
 
 
 def _wait_until_it_catches(proc, sig, timeout=30):
@@ -92,7 +93,7 @@ def test_sigterm_before_the_loop_exits_75_within_seconds(tmp_path, corpus, phase
         time.sleep(1.0)
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = communicate(proc, 60)
     assert proc.returncode == ExitCode.PREEMPTED, err
     assert time.time() - t0 < 8
     assert "stopped by SIGTERM" in err and "nothing" in err and "save" in err
@@ -193,7 +194,7 @@ def test_a_scan_backend_that_cannot_run_here_is_a_config_error(tmp_path, corpus)
     job = write_job(tmp_path, corpus, steps=2)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = cli("run", job, "--set", "model.scan_backend=fused", env=env)
-    _, err = proc.communicate(timeout=120)
+    _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.CONFIG, err
     assert "model.scan_backend" in err and "Traceback" not in err
     lines = [line for line in err.splitlines() if "model.scan_backend" in line]

@@ -16,6 +16,7 @@ import uuid
 
 import boto3
 import pytest
+from patience import machine_note, wait_until
 from runhelpers import final_weights, run_to_end, same_weights, write_job
 
 from runner.job import load_job
@@ -83,7 +84,7 @@ def test_kill_9_relaunch_resume_from_the_bucket_succeeds(tmp_path, corpus, moto_
     try:
         deadline = time.monotonic() + 120
         while latest_committed(store, name) is None:  # in the bucket, not just on disk
-            assert thread.is_alive() and time.monotonic() < deadline, lines
+            assert thread.is_alive() and time.monotonic() < deadline, (lines, machine_note())
             time.sleep(0.2)
         (record,) = list_records()
         pid = record.instance["details"]["pid"]
@@ -120,10 +121,7 @@ def test_kill_9_relaunch_resume_from_the_bucket_succeeds(tmp_path, corpus, moto_
 
 
 def wait_for(predicate, timeout=120, what=""):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return wait_until(predicate, timeout, what)
 
 
 def metrics_steps(run_dir):

@@ -5,6 +5,7 @@ fakessh.py); status, logs, cancel and jobs follow it."""
 import time
 
 from fakessh import ENV, TARGET, no_secret_in, write_job
+from patience import machine_note
 
 from runner.provision.registry import load_record
 
@@ -31,7 +32,7 @@ def test_the_cli_submits_and_follows_an_ssh_job(tmp_path, host, monkeypatch, mot
     assert job_id.startswith("tiny-ssh-") and "\n" not in job_id
     deadline = time.monotonic() + 60
     while load_record(job_id).state != "RUNNING":
-        assert time.monotonic() < deadline, load_record(job_id).history
+        assert time.monotonic() < deadline, (load_record(job_id).history, machine_note())
         time.sleep(0.2)
     status = runner.invoke(cli, ["status", job_id])
     assert status.exit_code == 0 and "RUNNING" in status.output

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from patience import communicate, machine_note
 
 from ten import checkpoint as ckpt
 from ten.metrics import read_metrics
@@ -92,9 +93,10 @@ class Launched:
 
 
 def run_to_end(*args, timeout=300, env=None):
-    """``env``: variables added to this process's environment for the run."""
+    """``env``: variables added to this process's environment for the run; ``timeout``:
+    how long it may print nothing (patience.communicate)."""
     p = cli(*args, env=None if env is None else {**os.environ, **env})
-    out, err = p.communicate(timeout=timeout)
+    out, err = communicate(p, timeout)
     return p.returncode, out, err
 
 
@@ -106,7 +108,7 @@ def wait_for_step(metrics: Path, proc, step: int, timeout=120):
             return done[-1]
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.005)
-    raise AssertionError(f"step {step} never reached")
+    raise AssertionError(f"step {step} not reached within {timeout} s ({machine_note()})")
 
 
 def losses(run_dir):
