@@ -174,6 +174,8 @@ DataSection = section_from(
 
 
 class CheckpointSection(Section):
+    """How often the run commits a checkpoint, and how many it keeps."""
+
     every_steps: Int = Field(TRAIN["checkpoint_every"], ge=1,
                              description="steps between committed checkpoints")
     keep_last: Int = Field(TRAIN["keep_last"], ge=1, description="committed checkpoints kept")
@@ -205,6 +207,8 @@ def system_directory(path: str) -> str | None:
 
 
 class StorageSection(Section):
+    """Where runs, checkpoints and shared data go: a local folder or a bucket."""
+
     url: Str = Field("./runs", description="where runs and checkpoints go: a local path, "
                      "file:///abs/path or s3://bucket/prefix")
     endpoint_url: Str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
@@ -275,6 +279,8 @@ class StorageSection(Section):
 
 
 class ResourcesSection(Section):
+    """The machine a submitted job asks for: GPUs, spot, image, cloud, price."""
+
     gpus: Int = Field(0, ge=0, description="GPUs per machine: more than 1 runs that many "
                       "ranks under torchrun")
     spot: Bool = Field(False, description="a spot (preemptible) machine: watch for the "
@@ -310,6 +316,8 @@ class ResourcesSection(Section):
 
 
 class MonitorSection(Section):
+    """GPU sampling, the status heartbeat and when a run counts as stalled."""
+
     gpu_sample_s: Float = Field(10.0, gt=0.0, description="seconds between NVML GPU samples")
     heartbeat_s: Float = Field(30.0, gt=0.0, description="seconds between status.json updates")
     stall_after_s: Float = Field(600.0, gt=0.0, description="no step for this long: stalled")

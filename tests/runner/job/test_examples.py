@@ -116,7 +116,10 @@ def test_the_schema_describes_every_key():
             ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", [])
                                             if "$ref" in a), None)
             if ref:
-                out += undescribed(schema["$defs"][ref.split("/")[-1]], f"{prefix}{key}.")
+                section = schema["$defs"][ref.split("/")[-1]]
+                if not (prop.get("description") or section.get("description")):
+                    out.append(prefix + key)
+                out += undescribed(section, f"{prefix}{key}.")
             elif not prop.get("description"):
                 out.append(prefix + key)
         return out
