@@ -11,9 +11,10 @@ loop takes it from the job's final heartbeat instead. A death by a reclaim-like 
 (SIGKILL, SIGTERM, SIGINT, SIGHUP) reads as PREEMPTED: that is how the tests simulate a
 spot interruption.
 
-With ``container`` given, each attempt is instead the job's container
-(:mod:`runner.provision.container`); an attempt is polled, torn down and read the way
-it was launched (``details["mode"]``), whatever this provider's mode.
+When Docker is usable, ``--to local`` runs the job's container instead
+(:class:`runner.provision.docker.DockerProvider` on
+:class:`runner.provision.container.LocalHost`); :class:`LocalDestination` chooses once
+per job.
 """
 
 from __future__ import annotations
@@ -47,30 +48,15 @@ class LocalProvider(Provider):
     name = "local"
 
     def __init__(self, cwd: Path | str | None = None, grace_s: float = 30.0,
-                 python: str = sys.executable, container: Any = None) -> None:
+                 python: str = sys.executable) -> None:
         self.cwd = Path(cwd) if cwd is not None else None
         self.grace_s, self.python = grace_s, python
-        self.container = container  # a container.ContainerAttempts: the container mode
         self._children: dict[int, subprocess.Popen] = {}
-
-    @property
-    def mode(self) -> str:
-        return "process" if self.container is None else "container"
-
-    @staticmethod
-    def _in_container(instance: Instance) -> Any:
-        if instance.details.get("mode") != "container":
-            return None
-        from runner.provision.container import ContainerAttempts
-
-        return ContainerAttempts()
 
     def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
         if ZONE in avoid:
             raise UnhealthyHost("this machine failed the job's GPU health gate and there is "
                                 "no other to use; fix the GPU or submit --to aws")
-        if self.container is not None:
-            return self.container.launch(spec)
         log_path = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         launched_at = time.time()  # before the start: any status it writes is newer
@@ -87,8 +73,6 @@ class LocalProvider(Provider):
                                  "start_ticks": _start_ticks(proc.pid)})
 
     def poll(self, instance: Instance) -> InstanceStatus:
-        if (box := self._in_container(instance)) is not None:
-            return box.poll(instance)
         pid = int(instance.details["pid"])
         child = self._children.get(pid)
         if child is not None:
@@ -108,10 +92,7 @@ class LocalProvider(Provider):
         """SIGTERM the attempt's main process (it commits a checkpoint and exits 75; its
         loader workers stop with it, as under ``docker stop``), then SIGKILL whatever is
         left of its process group after ``grace_s`` (at once when the main process is
-        already gone). Idempotent. A container attempt: ``docker stop``, ``docker rm``."""
-        if (box := self._in_container(instance)) is not None:
-            box.terminate(instance)
-            return
+        already gone). Idempotent."""
         pid = int(instance.details["pid"])
         pgid = int(instance.details.get("pgid", pid))
         child = self._children.get(pid)
@@ -127,8 +108,6 @@ class LocalProvider(Provider):
                 self._children.pop(pid, None)
 
     def logs(self, instance: Instance) -> str:
-        if (box := self._in_container(instance)) is not None:
-            return box.logs(instance)
         try:
             return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
         except (OSError, KeyError):
@@ -169,7 +148,8 @@ class LocalDestination(Destination):
 
     def provider(self, record: Any, job: Callable[[], Any],
                  log: Callable[[str], None]) -> Provider:
-        from runner.provision.container import CONTAINER, ContainerAttempts, choose_mode
+        from runner.provision.container import CONTAINER, LocalHost, choose_mode
+        from runner.provision.docker import DockerProvider
 
         mode = record.details.get("local_mode")
         if mode is None and record.instance:  # a record from before the modes existed
@@ -180,8 +160,9 @@ class LocalDestination(Destination):
             record.transition(record.state, f"--to local runs a {mode} ({why})")
             record.save()
             log(f"{record.job_id}: --to local runs a {mode} ({why})")
-        container = ContainerAttempts(job()) if mode == CONTAINER else None
-        return LocalProvider(cwd=record.details.get("cwd"), container=container)
+        if mode == CONTAINER:
+            return DockerProvider(LocalHost(), job())
+        return LocalProvider(cwd=record.details.get("cwd"))
 
 
 DESTINATION = LocalDestination()

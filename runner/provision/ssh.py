@@ -1,31 +1,30 @@
 """``ten-runner submit JOB --to ssh://user@host[:port]``: the job's container on a GPU
 machine you can ssh into, through the system ``ssh`` (your keys, agent and ssh config).
-It is a provider like the others (:class:`SshProvider`): the managed loop launches each
-attempt, watches it, relaunches after a crash or a kill, and tears it down at the end.
+:class:`SshHost` is what :class:`runner.provision.docker.DockerProvider` needs of that
+machine (the container, its files, its teardown are the same as on this one); the managed
+loop launches each attempt, watches it, relaunches after a crash or a kill, and tears it
+down at the end.
 
 Every remote command is ONE string in which each word comes from :func:`sh`
 (``shlex.join`` of an argv list) and the only raw text is fixed shell syntax (``&&``,
-``>``, ``;``, ``$?``). Data never travels inside a command: the job file and the
-environment go through ssh's stdin into files created under ``umask 077``. The env
-file, which holds the secrets, exists only while ``docker run`` reads it.
+``>``, ``;``, ``$?``, a ``*`` after a quoted folder). Data never travels inside a
+command: the job file and the environment go through ssh's stdin into files created
+under ``umask 077``. The env file, which holds the secrets, exists only while ``docker
+run`` reads it: the same remote command writes it, runs docker and removes it.
 
 On the host (``~`` is the ssh user's home; ``~/.ten-runner`` and below are 0700)::
 
-    ~/.ten-runner/jobs/<job id>/job.yaml   the job file, byte for byte, 0644 so that the
-                                           image's non-root user (uid 10001) can read it
-                                           at /job/job.yaml; removed at each teardown
-    ~/.ten-runner/jobs/<job id>/env        KEY=VALUE lines, 0600, removed after the start
+    ~/.ten-runner/jobs/<job id>/container-job.yaml   the job file, byte for byte, 0644
+                                           so that the image's non-root user (uid
+                                           10001) can read it at /job/job.yaml;
+                                           removed at each teardown
+    ~/.ten-runner/jobs/<job id>/attempt-<n>.env   KEY=VALUE lines, 0600, removed after
+                                           the start
     docker volume ten-cache                /cache of every job (datasets, shards, HF and
                                            compile caches, the run's working copy): kept
                                            across attempts; a named volume takes the
                                            image's ownership of /cache, a host folder
                                            would need root to chown
-
-Each attempt is the container ``ten-<job id>-<attempt>``, run, read and stopped as a
-local container is (:mod:`runner.provision.docker_run`): ``docker stop`` gives it 110 s
-between SIGTERM and SIGKILL, time for the runner to commit a checkpoint; its output is
-saved to ``<job dir>/attempt-<n>.log`` on this machine before it is removed. The store
-must be a bucket: the heartbeat, the log and the checkpoints are read from there.
 
 Exit codes: ssh cannot connect (ssh exits 255, or no answer in time) -> HostUnreachable
 (7); connected, but no GPU or no usable docker -> UnhealthyHost (5). At submit both end
@@ -39,43 +38,25 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.job.secrets import scrub
 from runner.provision.base import (
     HostUnreachable,
-    Instance,
-    InstanceStatus,
-    LaunchSpec,
-    Phase,
     Provider,
     ProvisionError,
     UnhealthyHost,
 )
 from runner.provision.destinations import Destination
-from runner.provision.docker_run import (
-    HOST_FAULT,
-    INSPECT,
-    RUN_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    container_name,
-    docker_run_argv,
-    image_of,
-    inspected,
-    no_such,
-)
+from runner.provision.docker import JOB_FILE, DockerProvider, Result, image_of
 from runner.provision.env import env_file_text, job_env
-from runner.provision.registry import job_dir
 
 FORM = "ssh://user@host[:port]"
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 REMOTE_ROOT = ".ten-runner"  # relative to the remote home, where ssh commands start
-LOG_KEEP_LINES = 100_000  # saved locally at teardown, before the container is removed
 
 _URL = re.compile(r"^ssh://(?P<user>[^@/?#]*)@(?P<host>\[[^\]/]*\]|[^:/?#@\[\]]*)"
                   r"(?::(?P<port>[^/?#]*))?/?$", re.IGNORECASE)
@@ -142,7 +123,7 @@ def _host(host: str, bad: Callable[[str], ProvisionError]) -> str:
 
 
 @dataclass(frozen=True)
-class Result:
+class SshResult:
     returncode: int
     stdout: str
     stderr: str
@@ -171,7 +152,7 @@ def ssh_argv(target: SshTarget, remote: str) -> list[str]:
 
 
 def run_remote(target: SshTarget, remote: str, *, doing: str, stdin: bytes | None = None,
-               timeout: float = 120) -> Result:
+               timeout: float = 120) -> SshResult:
     """Run one remote command string; ssh's own failure (exit 255, no answer in time)
     raises HostUnreachable, the command's exit status is returned."""
     argv = ssh_argv(target, remote)
@@ -184,7 +165,7 @@ def run_remote(target: SshTarget, remote: str, *, doing: str, stdin: bytes | Non
     except subprocess.TimeoutExpired:
         raise HostUnreachable(f"{target}: no answer within {timeout:.0f} s while {doing}") \
             from None
-    result = Result(proc.returncode, proc.stdout.decode(errors="replace"),
+    result = SshResult(proc.returncode, proc.stdout.decode(errors="replace"),
                     proc.stderr.decode(errors="replace"))
     if result.returncode == 255:
         why = last_line(result.stderr) or "ssh exited with status 255"
@@ -238,113 +219,61 @@ def check_submit(job: Any, target: str, environ: Mapping[str, str] | None = None
     return t
 
 
-class SshProvider(Provider):
-    """launch/poll/terminate/logs of container attempts on one ssh host (see the module
-    doc). ``job`` (the loaded job) is needed to launch only; ``environ``: where the
-    job's variables are taken from (default ``os.environ``: a background controller
-    inherits the submitting shell's)."""
+class SshHost:
+    """An ssh host, for :class:`runner.provision.docker.DockerProvider` (see the module
+    doc)."""
 
-    name = "ssh"
+    name, fault, hint = "ssh", UnhealthyHost, ""
+    details: dict[str, Any] = {}
 
-    def __init__(self, target: SshTarget | str, job: Any = None,
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, target: SshTarget | str) -> None:
         self.target = parse_target(target) if isinstance(target, str) else target
-        self.job, self.environ = job, environ
+        self.zone, self.on = self.target.host, f" on {self.target.host}"
 
-    def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
-        """Upload the job file, start the attempt's container. Leaves nothing running
-        and no env file behind when it raises."""
-        t, job = self.target, self.job
-        if t.host in avoid:
-            raise UnhealthyHost(f"{t.host} failed the job's GPU health gate and the job is "
-                                "bound to it; fix the host or submit to another one")
-        values = {**job_env(job, self.environ, spec.job_file), **spec.env}
-        env_text = env_file_text(values)
-        rel = f"{REMOTE_ROOT}/jobs/{spec.job_id}"
+    def refused(self) -> str:
+        return (f"{self.target.host} failed the job's GPU health gate and the job is bound "
+                "to it; fix the host or submit to another one")
+
+    def docker(self, *args: str, doing: str, timeout: float) -> Result:
+        r = run_remote(self.target, sh("docker", *args) + " 2>&1", doing=doing,
+                       timeout=timeout)
+        return Result(r.returncode, r.stdout)
+
+    def put_job(self, job_id: str, job_file: Path) -> str:
+        t, rel = self.target, f"{REMOTE_ROOT}/jobs/{job_id}"
         upload = " && ".join([sh("umask", "077"), sh("mkdir", "-p", "--", rel),
                               sh("umask", "022"),  # no secret in it; the container reads it
-                              sh("cat") + " > " + shlex.quote(f"{rel}/job.yaml"), sh("pwd")])
-        r = run_remote(t, upload, stdin=Path(spec.job_file).read_bytes(),
-                       doing="uploading the job")
+                              sh("cat") + " > " + shlex.quote(f"{rel}/{JOB_FILE}"),
+                              sh("pwd")])
+        r = run_remote(t, upload, stdin=job_file.read_bytes(), doing="uploading the job")
         if r.returncode:
-            _remove_files(t, rel, None)  # relative to the home, where ssh commands start
+            self.clean(rel, None)  # relative to the home, where ssh commands start
             raise UnhealthyHost(f"cannot write the job to ~/{rel} on {t.host}: {r.last_line}")
-        remote_dir = f"{_remote_home(r, t)}/{rel}"
-        env_path, name = f"{remote_dir}/env", container_name(spec.job_id, spec.attempt)
-        docker = docker_run_argv(job, name, env_path, f"{remote_dir}/job.yaml")
-        # The env file is removed whatever docker run did; its status is the command's.
+        return f"{_remote_home(r, t)}/{rel}"
+
+    def start(self, env_path: str, env: bytes, args: list[str], timeout: float) -> Result:
+        # One command: the env file is removed whatever docker run did (even when this
+        # machine loses the connection afterwards); its status is the command's.
         start = (f"{sh('umask', '077')} && {sh('cat')} > {shlex.quote(env_path)} && "
-                 f"{sh(*docker)}; s=$?; {sh('rm', '-f', '--', env_path)}; exit $s")
-        launched_at = time.time()  # before the start: any status it writes is newer
+                 f"{sh('docker', *args)} 2>&1; s=$?; {sh('rm', '-f', '--', env_path)}; "
+                 "exit $s")
+        r = run_remote(self.target, start, stdin=env, doing="starting the container",
+                       timeout=timeout)
+        return Result(r.returncode, r.stdout)
+
+    def clean(self, folder: str, container: str | None) -> None:
+        steps = [sh("rm", "-f", "--", f"{folder}/{JOB_FILE}") + " "
+                 + shlex.quote(folder) + "/attempt-*.env",
+                 sh("rmdir", "--", folder) + " 2>/dev/null", "true"]
+        if container:
+            steps.insert(0, sh("docker", "rm", "-f", container) + " >/dev/null 2>&1")
         try:
-            r = run_remote(t, start, stdin=env_text, doing="starting the container",
-                           timeout=RUN_TIMEOUT_S)
+            run_remote(self.target, "; ".join(steps), doing="cleaning up", timeout=60)
         except ProvisionError:
-            _remove_files(t, remote_dir, name)
-            raise
-        if r.returncode:
-            _remove_files(t, remote_dir, name)
-            why = scrub(r.last_line, list(values.values()))
-            if HOST_FAULT.search(why):
-                raise UnhealthyHost(f"docker on {t.host} cannot start the container: {why} "
-                                    "(hint: install the NVIDIA container toolkit and "
-                                    "restart docker)")
-            raise ProvisionError(f"docker on {t.host} cannot start the container: {why} "
-                                 "(hint: check resources.image)")
-        log = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
-        return Instance(provider=self.name, id=name, zone=t.host, launched_at=launched_at,
-                        details={"container": name, "container_id": r.stdout.strip()[:64],
-                                 "remote_dir": remote_dir, "log": str(log)})
-
-    def poll(self, instance: Instance) -> InstanceStatus:
-        name = instance.id
-        r = run_remote(self.target, sh("docker", *INSPECT, name),
-                       doing="asking docker about the job")
-        if r.returncode:
-            if _no_such(r):
-                return InstanceStatus(Phase.GONE, None,
-                                      f"container {name} is gone from {self.target.host}")
-            raise UnhealthyHost(f"docker on {self.target.host} cannot inspect {name}: "
-                                f"{r.last_line}")
-        return inspected(r.stdout, name)
-
-    def terminate(self, instance: Instance) -> None:
-        """``docker stop -t 110`` (SIGTERM: the runner commits a checkpoint and exits
-        75), keep the output in the attempt's log file here, ``docker rm -f``, remove
-        the job's files on the host. Idempotent."""
-        t, name = self.target, instance.id
-        r = run_remote(t, sh("docker", "stop", "-t", str(STOP_TIMEOUT_S), name),
-                       doing="stopping the container", timeout=STOP_TIMEOUT_S + 60)
-        if r.returncode and not _no_such(r):
-            raise UnhealthyHost(f"docker on {t.host} cannot stop {name}: {r.last_line}")
-        if not r.returncode:
-            r = run_remote(t, sh("docker", "logs", "--tail", str(LOG_KEEP_LINES), name)
-                           + " 2>&1", doing="saving the logs", timeout=300)
-            if r.returncode == 0 and instance.details.get("log"):
-                Path(instance.details["log"]).parent.mkdir(parents=True, exist_ok=True)
-                Path(instance.details["log"]).write_text(r.stdout)
-            r = run_remote(t, sh("docker", "rm", "-f", name), doing="removing the container")
-            if r.returncode and not _no_such(r):
-                raise UnhealthyHost(f"docker on {t.host} cannot remove {name}: "
-                                    f"{r.last_line}")
-        if instance.details.get("remote_dir"):
-            _remove_files(t, str(instance.details["remote_dir"]), None)
-
-    def logs(self, instance: Instance) -> str:
-        """What the container printed (stdout and stderr together); once it is removed,
-        the copy saved then."""
-        name = instance.id
-        r = run_remote(self.target, sh("docker", "logs", name) + " 2>&1",
-                       doing="reading the logs", timeout=300)
-        if r.returncode == 0:
-            return r.stdout
-        try:
-            return Path(instance.details["log"]).read_text(encoding="utf-8", errors="replace")
-        except (OSError, KeyError):
-            return ""
+            pass
 
 
-def _remote_home(result: Result, target: SshTarget) -> str:
+def _remote_home(result: SshResult, target: SshTarget) -> str:
     lines = result.stdout.strip().splitlines()
     home = lines[-1] if lines else ""
     if not home.startswith("/") or ":" in home:
@@ -352,23 +281,6 @@ def _remote_home(result: Result, target: SshTarget) -> str:
                             f"({home!r}) cannot be mounted by docker (needs an absolute path "
                             "without ':')")
     return home.rstrip("/")  # "" for "/": paths below are built as f"{home}/..."
-
-
-def _remove_files(target: SshTarget, remote_dir: str, container: str | None) -> None:
-    """Best effort, errors ignored: the container (if given), the job's files, its folder
-    (only when empty)."""
-    steps = [sh("rm", "-f", "--", f"{remote_dir}/env", f"{remote_dir}/job.yaml"),
-             sh("rmdir", "--", remote_dir) + " 2>/dev/null", "true"]
-    if container:
-        steps.insert(0, sh("docker", "rm", "-f", container) + " >/dev/null 2>&1")
-    try:
-        run_remote(target, "; ".join(steps), doing="cleaning up", timeout=60)
-    except ProvisionError:
-        pass
-
-
-def _no_such(result: Result) -> bool:
-    return no_such(result.stderr + result.stdout)
 
 
 class SshDestination(Destination):
@@ -388,7 +300,7 @@ class SshDestination(Destination):
 
     def provider(self, record: Any, job: Callable[[], Any],
                  log: Callable[[str], None]) -> Provider:
-        return SshProvider(record.target, job())
+        return DockerProvider(SshHost(record.target), job())
 
 
 DESTINATION = SshDestination()

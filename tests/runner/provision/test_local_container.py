@@ -14,7 +14,8 @@ import pytest
 from runner.exit_codes import ExitCode
 from runner.job import load_job
 from runner.provision.base import Instance, Phase, ProvisionError, UnhealthyHost
-from runner.provision.container import ContainerAttempts, choose_mode
+from runner.provision.container import LocalHost, choose_mode
+from runner.provision.docker import DockerProvider
 from runner.provision.jobs import make_provider, spec_factory
 from runner.provision.local import LocalProvider
 from runner.provision.managed import ManagedJob
@@ -96,7 +97,7 @@ def submitted(tmp_path: Path, device="cuda", endpoint="''", url=None,
 
 def launch(tmp_path, device="cuda", attempt=1):
     record, job = submitted(tmp_path, device)
-    provider = LocalProvider(container=ContainerAttempts(job, ENV))
+    provider = DockerProvider(LocalHost(), job, ENV)
     return provider, provider.launch(spec_factory(record, job)(attempt)), record
 
 
@@ -187,8 +188,10 @@ def test_terminate_stops_keeps_the_logs_removes_and_is_idempotent(tmp_path, dock
     assert provider.logs(inst) == "step 1\nstep 2\n"  # the saved copy
     provider.terminate(inst)  # again: nothing left, no error
     assert len(docker.calls("rm")) == 1
-    # a fresh provider (a restarted controller, in any mode) tears it down the same way
-    LocalProvider().terminate(Instance.from_dict(inst.to_dict()))
+    # a restarted controller builds the same provider from the record and tears it down
+    record.details["local_mode"] = "container"
+    docker.mp.setenv("TEN_BUCKET", "bkt")
+    make_provider(record, log=lambda line: None).terminate(Instance.from_dict(inst.to_dict()))
 
 
 @pytest.mark.parametrize("fail, error, code", [
@@ -210,7 +213,7 @@ def test_a_failed_start_leaves_no_container_and_no_env_file(tmp_path, docker, fa
 def test_a_local_store_is_refused_in_container_mode(tmp_path, docker):
     record, job = submitted(tmp_path, url=str(tmp_path / "store"))
     with pytest.raises(ProvisionError, match="TEN_LOCAL_MODE=process"):
-        ContainerAttempts(job, ENV).launch(spec_factory(record, job)(1))
+        DockerProvider(LocalHost(), job, ENV).launch(spec_factory(record, job)(1))
     assert docker.calls("run") == []
 
 
@@ -218,7 +221,7 @@ def test_managed_loop_relaunches_a_preempted_container(tmp_path, docker):
     docker.mp.setenv("FAKE_RUN_EXITS", "75,0")
     record, job = submitted(tmp_path, device="cpu")
     lines: list[str] = []
-    loop = ManagedJob(record, LocalProvider(container=ContainerAttempts(job, ENV)),
+    loop = ManagedJob(record, DockerProvider(LocalHost(), job, ENV),
                       spec_factory(record, job), lambda: None, poll_s=0.01,
                       log=lines.append)
     record = loop.run()
@@ -240,7 +243,7 @@ def test_no_docker_on_path_means_a_plain_process(tmp_path, monkeypatch):
     record, _ = submitted(tmp_path)
     lines: list[str] = []
     provider = make_provider(record, log=lines.append)
-    assert isinstance(provider, LocalProvider) and provider.mode == "process"
+    assert isinstance(provider, LocalProvider)
     assert record.details["local_mode"] == "process"
     assert "docker is not on PATH" in lines[0] and "docker is not on PATH" in \
         record.history[-1]["reason"]
@@ -250,11 +253,11 @@ def test_usable_docker_means_the_container_and_the_choice_sticks(tmp_path, docke
     docker.mp.setenv("TEN_BUCKET", "bkt")
     record, _ = submitted(tmp_path)
     lines: list[str] = []
-    assert make_provider(record, log=lines.append).mode == "container"
+    assert isinstance(make_provider(record, log=lines.append), DockerProvider)
     assert docker.calls("info") and len(lines) == 1
     docker.mp.setenv("FAKE_FAIL", "docker-info")  # a restarted controller: same mode
     again = make_provider(load_record(record.job_id), log=lines.append)
-    assert again.mode == "container" and len(lines) == 1
+    assert isinstance(again, DockerProvider) and len(lines) == 1
 
 
 @pytest.mark.parametrize("env, kw, mode, why", [

@@ -28,12 +28,13 @@ from runner.provision.base import (
     ProvisionError,
     UnhealthyHost,
 )
+from runner.provision.docker import DockerProvider
 from runner.provision.env import env_file_text, job_env
 from runner.provision.jobs import spec_factory
 from runner.provision.managed import ManagedJob
 from runner.provision.policy import State
 from runner.provision.registry import JobRecord
-from runner.provision.ssh import SshProvider, SshTarget, check_submit, parse_target
+from runner.provision.ssh import SshHost, SshTarget, check_submit, parse_target
 
 # -- the target ---------------------------------------------------------------------------
 
@@ -105,9 +106,9 @@ def spec(path: Path, attempt: int = 1, job_id: str = "tiny-ssh-0a1b2c") -> Launc
                       env={"TEN_RUNNER_JOB_ID": job_id, "TEN_RUNNER_ATTEMPT": str(attempt)})
 
 
-def launched(tmp_path: Path, device: str = "cuda") -> tuple[SshProvider, Instance]:
+def launched(tmp_path: Path, device: str = "cuda") -> tuple[DockerProvider, Instance]:
     path = write_job(tmp_path, device=device)
-    provider = SshProvider(TARGET, load(path), ENV)
+    provider = DockerProvider(SshHost(TARGET), load(path), ENV)
     return provider, provider.launch(spec(path))
 
 
@@ -187,21 +188,22 @@ def test_launch_starts_the_container_without_exposing_secrets(tmp_path, host, sh
     container = "ten-tiny-ssh-0a1b2c-1"
     remote_dir = host.home / ".ten-runner" / "jobs" / "tiny-ssh-0a1b2c"
     assert (instance.provider, instance.id, instance.zone) == ("ssh", container, "gpu-box")
-    assert instance.details["remote_dir"] == str(remote_dir)
+    assert instance.details["folder"] == str(remote_dir)
 
     # The job file arrived byte for byte, readable by the image's user, in folders only
     # the ssh user can enter; the env file is gone.
-    assert (remote_dir / "job.yaml").read_bytes() == path.read_bytes()
+    assert (remote_dir / "container-job.yaml").read_bytes() == path.read_bytes()
     for folder in (host.home / ".ten-runner", remote_dir.parent, remote_dir):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert not (remote_dir / "env").exists()
+    assert not (remote_dir / "attempt-1.env").exists()
 
     run = host.docker("run")
     assert len(run) == 1 and run[0]["job_yaml_mode"] == 0o644
     assert run[0]["argv"] == [
         "run", "-d", "--name", container, "--gpus", "all",
-        "--stop-timeout", "110", "--shm-size", "16g", "--env-file", f"{remote_dir}/env",
-        "-v", "ten-cache:/cache", "-v", f"{remote_dir}/job.yaml:/job/job.yaml:ro",
+        "--stop-timeout", "110", "--shm-size", "16g", "--env-file",
+        f"{remote_dir}/attempt-1.env", "-v", "ten-cache:/cache",
+        "-v", f"{remote_dir}/container-job.yaml:/job/job.yaml:ro",
         "ghcr.io/ten-runner/ten-runner:0.1", "run", "/job/job.yaml"]
     # While docker read it, the env file was 0600 and held the values verbatim.
     assert run[0]["env_file_mode"] == 0o600
@@ -243,13 +245,14 @@ def test_start_command_removes_the_env_file_itself(tmp_path, host):
         launched(tmp_path)
     assert len(host.calls("ssh")) == 3  # the cleanup was tried
     (job_dir,) = (host.home / ".ten-runner" / "jobs").iterdir()
-    assert [p.name for p in job_dir.iterdir()] == ["job.yaml"]
+    assert [p.name for p in job_dir.iterdir()] == ["container-job.yaml"]
 
 
 def test_a_host_that_failed_the_health_gate_is_not_launched_on(tmp_path, host):
     path = write_job(tmp_path)
     with pytest.raises(UnhealthyHost) as e:
-        SshProvider(TARGET, load(path), ENV).launch(spec(path), frozenset({"gpu-box"}))
+        DockerProvider(SshHost(TARGET), load(path), ENV).launch(spec(path),
+                                                                frozenset({"gpu-box"}))
     assert e.value.exit_code == ExitCode.UNHEALTHY_HOST and host.calls("ssh") == []
 
 
@@ -288,7 +291,7 @@ def test_terminate_keeps_the_logs_removes_everything_and_is_idempotent(tmp_path,
     provider.terminate(instance)
     assert [c["argv"] for c in host.docker("stop")] == [["stop", "-t", "110", instance.id]]
     assert not host.container(instance.id).exists()
-    assert not Path(instance.details["remote_dir"]).exists()
+    assert not Path(instance.details["folder"]).exists()
     assert Path(instance.details["log"]).read_text() == lines  # kept on this machine
     assert provider.logs(instance) == lines  # the logs outlive the container
     provider.terminate(instance)  # again: nothing left to do, no error
@@ -309,7 +312,8 @@ def test_the_managed_loop_relaunches_a_killed_container_on_the_host(tmp_path, ho
                        details={"job_file": str(path), "max_restarts": 2})
     record.save()
     lines: list[str] = []
-    record = ManagedJob(record, SshProvider(TARGET, job, ENV), spec_factory(record, job),
+    record = ManagedJob(record, DockerProvider(SshHost(TARGET), job, ENV),
+                        spec_factory(record, job),
                         lambda: None, poll_s=0.01, log=lines.append).run()
     assert (record.state, record.exit_code) == ("SUCCEEDED", 0), lines
     assert (record.attempt, record.preemptions, record.restarts) == (2, 1, 0)
