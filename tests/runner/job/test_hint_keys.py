@@ -26,6 +26,8 @@ NOT_KEYS = {
     "model.safetensors": "the weights file of a folder `export-model` writes",
     "model.generate": "transformers' generate(), in the exported model card's example",
     "resources.infra": "a SkyPilot task key, in the task `export --to skypilot` writes",
+    **dict.fromkeys(("model.embed_tokens.weight", "model.layers", "model.norm.weight",
+                     "model.norm.bias"), "StableLM's parameter names (hf_model/layouts.py)"),
 }
 
 
