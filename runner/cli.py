@@ -382,7 +382,7 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
 @click.option("--wait", is_flag=True,
               help="Supervise in the foreground until the job ends (Ctrl-C hands it to "
                    "a background controller; it never stops the training).")
-@click.option("--region", default=None, help="aws: override resources.region.")
+@click.option("--region", default=None, help="aws: override resources.aws.region.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a job key, as for `run` (repeatable); the job submitted is "
                    "the file with these written into it.")

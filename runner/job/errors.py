@@ -142,10 +142,21 @@ def _missing(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) 
 
 def _unknown_key(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:
     loc = tuple(err["loc"])
-    known = section_fields(schema, loc[:-1]) or []
-    close = suggest(str(loc[-1]), known)
-    return f"unknown key {show(loc[-1])}" + (f" (did you mean {close!r}?)" if close else
-                                          f" (allowed: {', '.join(known)})")
+    return unknown_key(schema, loc[:-1], str(loc[-1]))
+
+
+def unknown_key(schema: type[BaseModel], section: Path_, key: str) -> str:
+    """What to say about ``key``, which ``section`` does not hold: the sub-section it
+    belongs in (``resources.instance_type`` lives in ``resources.aws``), else the closest
+    known key, else every known key."""
+    known = section_fields(schema, section) or []
+    inner = [k for k in known if key in (section_fields(schema, (*section, k)) or ())]
+    if inner:
+        return (f"unknown key {show(key)} here (it belongs in "
+                f"{dotted((*section, inner[0]))}: {{{key}: ...}})")
+    close = suggest(key, known)
+    return f"unknown key {show(key)}" + (f" (did you mean {close!r}?)" if close else
+                                      f" (allowed: {', '.join(known)})")
 
 
 def _not_an_option(err: Mapping[str, Any], schema: Any, hidden: str | None, got: str) -> str:

@@ -23,7 +23,7 @@ from runner.job.errors import (
     section_fields,
     shorten,
     show,
-    suggest,
+    unknown_key,
 )
 from runner.job.schema import JobSchema
 from runner.job.secrets import literal_secrets, redact, scrubber, sensitive, substitute
@@ -313,9 +313,7 @@ def _check_path(path: Path_) -> str | None:
         if known is None:
             return f"{'.'.join(path[:depth])} is a value, not a section"
         if path[depth] not in known:
-            close = suggest(path[depth], known)
-            return f"unknown key {show(path[depth])}" + (f" (did you mean {close!r}?)" if close else
-                                                     f" (allowed: {', '.join(known)})")
+            return unknown_key(JobSchema, path[:depth], path[depth])
     return None
 
 

@@ -278,6 +278,24 @@ class StorageSection(Section):
         return Path(url).expanduser()
 
 
+class AwsSection(Section):
+    """What ``submit --to aws`` asks EC2 for; nothing else reads it."""
+
+    instance_type: Str = Field("g6e.xlarge", description="EC2 instance type (g6e.xlarge: "
+                               "one L40S)")
+    region: Str | None = Field(None, description="AWS region; null: the AWS default chain "
+                               "(AWS_REGION, profile)")
+    max_price: Float | None = Field(None, gt=0.0, description="spot bid, USD per hour; "
+                                    "null: up to the on-demand price")
+    on_demand_fallback: Bool = Field(False, description="launch on-demand when no spot "
+                                     "capacity is found")
+    ami: Str | None = Field(None, description="machine image with docker and the NVIDIA "
+                            "container toolkit; null: the AWS Deep Learning Base GPU AMI "
+                            "(Ubuntu 22.04) of the region")
+    instance_profile: Str | None = Field(None, description="IAM instance profile giving the "
+                                         "machine its bucket access")
+
+
 class ResourcesSection(Section):
     """The machine a submitted job asks for: GPUs, spot, image, cloud, price."""
 
@@ -295,19 +313,8 @@ class ResourcesSection(Section):
     # Where `ten-runner submit` puts the job (see runner/provision/).
     image: Str = Field("ghcr.io/ten-runner/ten-runner:latest",
                        description="container image run by `submit` and `export`")
-    instance_type: Str = Field("g6e.xlarge", description="`submit --to aws`: EC2 instance type "
-                               "(g6e.xlarge: one L40S)")
-    region: Str | None = Field(None, description="`submit --to aws`: AWS region; null: the "
-                               "AWS default chain (AWS_REGION, profile)")
-    max_price: Float | None = Field(None, gt=0.0, description="`submit --to aws`: spot bid, "
-                                    "USD per hour; null: up to the on-demand price")
-    on_demand_fallback: Bool = Field(False, description="`submit --to aws`: launch on-demand "
-                                     "when no spot capacity is found")
-    ami: Str | None = Field(None, description="`submit --to aws`: machine image with docker "
-                            "and the NVIDIA container toolkit; null: the AWS Deep Learning "
-                            "Base GPU AMI (Ubuntu 22.04) of the region")
-    instance_profile: Str | None = Field(None, description="`submit --to aws`: IAM instance "
-                                         "profile giving the machine its bucket access")
+    aws: AwsSection = Field(default_factory=AwsSection,
+                            description="`submit --to aws` only: the EC2 machine")
     max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
                               "(preemptions always relaunch)")
     max_preemptions: Int | None = Field(

@@ -133,7 +133,7 @@ class AWSProvider(Provider):
             arches = (info.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
             arch = image.get("Architecture")
             if arches and arch and arch not in arches:
-                raise ProvisionError(f"resources.ami {image['ImageId']} is {arch} but "
+                raise ProvisionError(f"resources.aws.ami {image['ImageId']} is {arch} but "
                                      f"{self.instance_type} runs {'/'.join(arches)}: pick a "
                                      "matching AMI or instance type")
             self._image = image["ImageId"]
@@ -152,7 +152,7 @@ class AWSProvider(Provider):
                     raise aws_error(e, "read the default AMI from SSM", self.region) from None
                 raise ProvisionError(
                     f"cannot find the default GPU AMI in {self.region} ({code} reading SSM "
-                    f"parameter {self.ami_parameter}): set resources.ami to an AMI with "
+                    f"parameter {self.ami_parameter}): set resources.aws.ami to an AMI with "
                     "docker and the NVIDIA container toolkit") from None
             except BotoCoreError as e:
                 raise aws_error(e, "read the default AMI from SSM", self.region) from None
@@ -165,7 +165,7 @@ class AWSProvider(Provider):
         except BotoCoreError as e:
             raise aws_error(e, "describe images", self.region) from None
         if not images:
-            raise ProvisionError(f"resources.ami {ami!r} does not exist in {self.region} (or "
+            raise ProvisionError(f"resources.aws.ami {ami!r} does not exist in {self.region} (or "
                                  "is not shared with this account); null picks the AWS Deep "
                                  "Learning Base GPU AMI")
         return images[0]
@@ -192,9 +192,9 @@ class AWSProvider(Provider):
         if not offered:
             where = "the zones of the given subnets/zones" if self.subnet_ids or self.zones \
                 else "any availability zone"
-            raise ProvisionError(f"resources.instance_type {self.instance_type} is not "
+            raise ProvisionError(f"resources.aws.instance_type {self.instance_type} is not "
                                  f"offered in {where} of {self.region}: pick another "
-                                 "resources.region or instance_type")
+                                 "resources.aws.region or instance_type")
         usable = [z for z in offered if z not in avoid]
         if not usable:
             raise NoCapacity(f"every zone offering {self.instance_type} in {self.region} is "
@@ -292,12 +292,12 @@ class AWSProvider(Provider):
         code, message = error_code(e), aws_message(e)
         if self.instance_profile and ("nstance profile" in message or
                                       "iamInstanceProfile" in message or code == "NoSuchEntity"):
-            return ProvisionError(f"resources.instance_profile {self.instance_profile!r} is not "
-                                  f"usable in {self.region}: {code}: {message}")
+            return ProvisionError(f"resources.aws.instance_profile {self.instance_profile!r} "
+                                  f"is not usable in {self.region}: {code}: {message}")
         error = aws_error(e, f"launching {self.instance_type}", self.region)
         if self.instance_profile and code == "UnauthorizedOperation":
             error = CloudCredentials(f"{error.message}; launching with "
-                                     "resources.instance_profile also needs iam:PassRole on "
+                                     "resources.aws.instance_profile also needs iam:PassRole on "
                                      "its role")
         return error
 
@@ -307,10 +307,10 @@ class AWSProvider(Provider):
             hints.append("ask AWS for a higher quota (Service Quotas, EC2: 'All G and VT "
                          "Spot Instance Requests' / 'Running On-Demand G and VT instances')")
         if "SpotMaxPriceTooLow" in codes:
-            hints.append("raise resources.max_price")
+            hints.append("raise resources.aws.max_price")
         if spot and not self.on_demand_fallback:
-            hints.append("set resources.on_demand_fallback: true")
-        hints.append("try another resources.region or instance_type, or submit again later")
+            hints.append("set resources.aws.on_demand_fallback: true")
+        hints.append("try another resources.aws.region or instance_type, or submit again later")
         return (f"no capacity for {self.instance_type} in {self.region}; tried "
                 f"{'; '.join(tried)}: {', '.join(hints)}")
 
@@ -421,7 +421,7 @@ class AWSProvider(Provider):
 # -- building it from a job ---------------------------------------------------------------
 
 def _provider(job: Any, region: str, user_data: Callable[[LaunchSpec], str]) -> AWSProvider:
-    r = job.resources
+    r = job.resources.aws
     return AWSProvider(region, r.instance_type, ami=r.ami, max_price=r.max_price,
                        on_demand_fallback=r.on_demand_fallback,
                        instance_profile=r.instance_profile, user_data=user_data)
@@ -431,13 +431,13 @@ def check_submit(job: Any, region: str | None = None) -> str:
     """Everything ``submit --to aws`` can check before it creates anything (region,
     credentials, instance type, machine image); returns the AMI id."""
     require_bucket(job)
-    region = resolve_region(region or job.resources.region)
+    region = resolve_region(region or job.resources.aws.region)
     return _provider(job, region, user_data=lambda spec: "").prepare()
 
 
 def provider_for(job: Any, record: Any) -> AWSProvider:
     """The provider for a submitted job (``runner.job.Job`` and its registry record)."""
-    region = resolve_region(record.details.get("region") or job.resources.region)
+    region = resolve_region(record.details.get("region") or job.resources.aws.region)
 
     def user_data(spec: LaunchSpec) -> str:
         from runner.provision.cloudinit import render_user_data  # not needed until launch

@@ -173,14 +173,14 @@ def aws_error(e: BaseException, what: str, region: str) -> ProvisionError:
                                 f"run `aws sso login` for the profile, or {_CREDENTIAL_HINT}")
     if isinstance(e, EndpointConnectionError):
         return ProvisionError(f"cannot reach the AWS API for {what} in {region} ({name}); "
-                              "check the network and resources.region", ExitCode.CRASH)
+                              "check the network and resources.aws.region", ExitCode.CRASH)
     return ProvisionError(f"AWS {what} failed in {region}: {name}", ExitCode.CRASH)
 
 
 # -- validation before anything is created ------------------------------------------------
 
 def region_missing() -> ProvisionError:
-    return ProvisionError("no AWS region: set resources.region in the job, or AWS_REGION "
+    return ProvisionError("no AWS region: set resources.aws.region in the job, or AWS_REGION "
                           "(or a region in your AWS profile)")
 
 
@@ -201,7 +201,7 @@ def check_region(region: str) -> str:
     near = difflib.get_close_matches(region, regions, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else \
         " (e.g. us-east-1, us-west-2, eu-west-1)"
-    raise ProvisionError(f"resources.region {region!r} is not an AWS EC2 region{hint}")
+    raise ProvisionError(f"resources.aws.region {region!r} is not an AWS EC2 region{hint}")
 
 
 def resolve_region(region: str | None, session: Any = None) -> str:
@@ -215,7 +215,7 @@ def resolve_region(region: str | None, session: Any = None) -> str:
 
 
 def check_instance_type(client: Any, instance_type: str, region: str = "") -> dict[str, Any]:
-    """The type's description (architectures, GPUs); CONFIG naming resources.instance_type
+    """The type's description (architectures, GPUs); CONFIG naming resources.aws.instance_type
     with a near match when EC2 does not know it."""
     try:
         found = client.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
@@ -234,7 +234,7 @@ def check_instance_type(client: Any, instance_type: str, region: str = "") -> di
     near = difflib.get_close_matches(instance_type, list(GPU_TYPES) + names, n=2, cutoff=0.6)
     hint = f"did you mean {' or '.join(near)}?" if near else \
         f"GPU types: {', '.join(GPU_TYPES[:5])}"
-    raise ProvisionError(f"resources.instance_type {instance_type!r} is not an EC2 instance "
+    raise ProvisionError(f"resources.aws.instance_type {instance_type!r} is not an EC2 instance "
                          f"type{' in ' + region if region else ''} ({hint})")
 
 

@@ -35,7 +35,7 @@ storage:
 resources:
   image: ghcr.io/ten-runner/ten-runner:0.1
   max_restarts: 2
-  instance_type: "x'; touch pwned; '"
+  aws: {instance_type: "x'; touch pwned; '"}
 """
 ENV = {
     "TEN_BUCKET": "bkt",

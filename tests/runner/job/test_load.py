@@ -36,6 +36,9 @@ BAD = [
     ("typo-substring", MINIMAL.replace("builtin:botocore-docs}",
                                        "builtin:botocore-docs, tokenizer: {vocab: 512}}"),
      [(3, "data.tokenizer.vocab: unknown key 'vocab' (did you mean 'vocab_size'?)")]),
+    ("key-of-a-sub-section", MINIMAL + "resources: {spot: true, instance_type: g5.xlarge}\n",
+     [(5, "resources.instance_type: unknown key 'instance_type' here (it belongs in "
+          "resources.aws: {instance_type: ...})")]),
     ("wrong-type", MINIMAL.replace("{max_steps: 10}", "\n  max_steps: 10\n  lr: fast"),
      [(6, "train.lr: expected a number, got 'fast'")]),
     ("wrong-type-int", MINIMAL.replace("max_steps: 10", "max_steps: 2.5"),
@@ -226,6 +229,8 @@ def test_set_creates_missing_sections(tmp_path):
     ("train.max_step=3", "--set train.max_step: unknown key 'max_step' (did you mean "
                          "'max_steps'?)"),
     ("trian.lr=1", "--set trian.lr: unknown key 'trian' (did you mean 'train'?)"),
+    ("data.vocab_size=300", "--set data.vocab_size: unknown key 'vocab_size' here (it "
+                            "belongs in data.tokenizer: {vocab_size: ...})"),
     ("train.lr.x=1", "--set train.lr.x: train.lr is a value, not a section"),
     ("train.lr", "--set train.lr: expected KEY=VALUE"),
     ("model.n_layer=2", "--set model.n_layer: unknown model field 'n_layer'"),

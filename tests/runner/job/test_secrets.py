@@ -105,10 +105,10 @@ STRING_FIELDS = {
     ("resources", "spot_notice"): None,
     ("resources", "metadata_endpoint"): "http://{}",
     ("resources", "image"): "ghcr.io/{}/img:1",
-    ("resources", "instance_type"): "{}",
-    ("resources", "region"): "{}",
-    ("resources", "ami"): "ami-{}",
-    ("resources", "instance_profile"): "{}",
+    ("resources", "aws", "instance_type"): "{}",
+    ("resources", "aws", "region"): "{}",
+    ("resources", "aws", "ami"): "ami-{}",
+    ("resources", "aws", "instance_profile"): "{}",
 }
 
 

@@ -182,7 +182,7 @@ def test_no_capacity_anywhere_names_type_region_and_tries(moto_aws):
     text = str(err.value)
     assert err.value.exit_code == ExitCode.NO_CAPACITY and "\n" not in text
     assert "g6e.xlarge" in text and REGION in text and "spot in us-east-1a" in text
-    assert "resources.max_price" in text and "on_demand_fallback" in text
+    assert "resources.aws.max_price" in text and "on_demand_fallback" in text
     assert live(moto_aws) == []
 
 
@@ -211,7 +211,7 @@ def test_unknown_instance_type_is_config_with_suggestion(moto_aws):
         provider(moto_aws, instance_type="g6e.xlarg").launch(spec())
     text = str(err.value)
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.instance_type" in text and "did you mean g6e.xlarge" in text
+    assert "resources.aws.instance_type" in text and "did you mean g6e.xlarge" in text
     assert live(moto_aws) == []
 
 
@@ -219,7 +219,7 @@ def test_unknown_region_is_config_with_near_matches():
     with pytest.raises(ProvisionError) as err:
         ec2_rules.check_region("us-east-9")
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.region" in str(err.value) and "us-east-1" in str(err.value)
+    assert "resources.aws.region" in str(err.value) and "us-east-1" in str(err.value)
     assert ec2_rules.check_region("eu-west-1") == "eu-west-1"
 
 
@@ -227,7 +227,7 @@ def test_missing_region_names_the_field(aws_env, monkeypatch):
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(ProvisionError) as err:
         ec2_rules.resolve_region(None, boto3.session.Session())
-    assert "resources.region" in str(err.value) and "AWS_REGION" in str(err.value)
+    assert "resources.aws.region" in str(err.value) and "AWS_REGION" in str(err.value)
     monkeypatch.setenv("AWS_REGION", "eu-central-1")
     assert ec2_rules.resolve_region(None, boto3.session.Session()) == "eu-central-1"
     assert ec2_rules.resolve_region("us-west-2") == "us-west-2"
@@ -256,12 +256,12 @@ def test_no_credentials_is_exit_8_and_prints_no_secret(moto_aws, monkeypatch, tm
 def test_missing_ami_and_default_ami_parameter(moto_aws):
     with pytest.raises(ProvisionError) as err:
         provider(moto_aws, ami="ami-12345678").prepare()
-    assert "resources.ami" in str(err.value) and "ami-12345678" in str(err.value)
+    assert "resources.aws.ami" in str(err.value) and "ami-12345678" in str(err.value)
     # moto has no Deep Learning AMI parameter: the error says what to set.
     with pytest.raises(ProvisionError) as err:
         provider(moto_aws, ami=None).prepare()
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.ami" in str(err.value) and ec2_rules.DLAMI_PARAMETER in str(err.value)
+    assert "resources.aws.ami" in str(err.value) and ec2_rules.DLAMI_PARAMETER in str(err.value)
     # A parameter that exists resolves to its AMI (names under /aws/ are reserved).
     ssm = boto3.client("ssm", endpoint_url=moto_aws, region_name=REGION)
     ssm.put_parameter(Name="/ten-runner/test/ami-id", Value=x86_image(moto_aws), Type="String")
@@ -290,7 +290,7 @@ def test_unknown_instance_profile_leaves_nothing(moto_aws):
     with pytest.raises(ProvisionError) as err:
         provider(moto_aws, instance_profile="no-such-profile").launch(spec())
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.instance_profile" in str(err.value)
+    assert "resources.aws.instance_profile" in str(err.value)
     assert live(moto_aws) == []
 
 
@@ -367,8 +367,10 @@ model: {preset: tiny}
 data: {dataset: builtin:botocore-docs}
 train: {max_steps: 10, device: cpu}
 storage: {url: "STORE"}
-resources: {spot: true, instance_type: g5.xlarge, region: us-west-2, max_price: 1.2,
-            on_demand_fallback: true, instance_profile: ten-runner-bucket}
+resources:
+  spot: true
+  aws: {instance_type: g5.xlarge, region: us-west-2, max_price: 1.2,
+        on_demand_fallback: true, instance_profile: ten-runner-bucket}
 """
 
 

@@ -466,12 +466,12 @@ def test_submit_to_aws_checks_the_cloud_before_creating_anything(tmp_path, corpu
     path = write_job(tmp_path, corpus, name="bad-type")
     path.write_text(path.read_text().replace(
         f"storage: {{url: {tmp_path / 'store'}}}",
-        "storage: {url: 's3://ten-submit/runs'}\nresources: {instance_type: g6e.xlarg}"))
+        "storage: {url: 's3://ten-submit/runs'}\nresources: {aws: {instance_type: g6e.xlarg}}"))
     job = load_job(path, check_model=False)
     with pytest.raises(ProvisionError) as err:
         submit_managed(job, path, "aws", detach=False)
     assert err.value.exit_code == ExitCode.CONFIG
-    assert "resources.instance_type" in str(err.value) and "g6e.xlarge" in str(err.value)
+    assert "resources.aws.instance_type" in str(err.value) and "g6e.xlarge" in str(err.value)
     assert list_records() == []
     assert open_store("s3://ten-submit/runs").list() == []
     assert boto3.client("ec2").describe_instances()["Reservations"] == []
