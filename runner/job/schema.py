@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runner.job.library import FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
 from ten import config as ten_config
@@ -37,7 +38,6 @@ Arch = Literal[ten_config.ARCHS]
 Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
-TRAIN = {f.name: f.default for f in dataclasses.fields(ten_config.TrainConfig)}
 SPOT_NOTICES = ("auto", "none", *PROVIDERS)  # resources.spot_notice
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024
@@ -103,13 +103,15 @@ class ModelSection(BaseModel):
 
 def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(), *,
                  base: type[Section] | None = None,
-                 tighten: dict[str, dict[str, Any]] | None = None) -> type:
+                 tighten: dict[str, dict[str, Any]] | None = None,
+                 rename: dict[str, str] | None = None) -> type:
     """A job section whose keys are the library dataclass's fields (less ``exclude``):
     each field's type made strict (:data:`Int`, :data:`Float`, ...), its
     ``ten.config.Range`` as bounds, its ``ten.config.Doc`` as description, its default; a
     field that is itself a config dataclass becomes a nested section. ``base`` adds the
     keys the job keeps here for another config; ``tighten`` adds the job's own bounds to
-    a field (``{"dataset": {"default": ..., "min_length": 1}}`` makes it required)."""
+    a field (``{"dataset": {"default": ..., "min_length": 1}}`` makes it required);
+    ``rename`` gives a field another key (``checkpoint_every`` is ``every_steps``)."""
     hints = typing.get_type_hints(config, include_extras=True)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(config):
@@ -126,10 +128,11 @@ def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(),
         bounds = {k: v for k, v in bounds.items() if v is not None}
         doc = next((str(m) for m in meta if isinstance(m, ten_config.Doc)), None)
         extra = {"default": f.default, "description": doc, **(tighten or {}).get(f.name, {})}
+        key = (rename or {}).get(f.name, f.name)
         if typing.get_origin(base_type) is tuple:  # the bounds are each item's
-            fields[f.name] = (_strict(base_type, bounds), Field(**extra))
+            fields[key] = (_strict(base_type, bounds), Field(**extra))
         else:
-            fields[f.name] = (_strict(base_type), Field(**bounds, **extra))
+            fields[key] = (_strict(base_type), Field(**bounds, **extra))
     return create_model(name, __base__=base or Section, __doc__=config.__doc__, **fields)
 
 
@@ -144,20 +147,20 @@ def _strict(tp: Any, item_bounds: dict[str, float] | None = None) -> Any:
     return {int: Int, float: Float, bool: Bool, str: Str}.get(tp, tp)
 
 
-# The train section: TrainConfig's fields, less those the job keeps in its data and
-# checkpoint sections (runner.job.library maps them).
+# The train section: TrainConfig's fields, less those the job keeps in other sections
+# (runner.job.library.FROM_OTHER_SECTIONS says which and where).
 TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
-                            exclude=frozenset({"num_workers", "checkpoint_every", "keep_last"}))
+                            exclude=frozenset(FROM_OTHER_SECTIONS))
 
 
-def _only(config: type, *names: str) -> frozenset[str]:
-    """``exclude`` for :func:`section_from` that keeps ``names`` alone."""
-    return frozenset(f.name for f in dataclasses.fields(config)) - set(names)
+def _train_fields_in(section: str, name: str) -> type:
+    """The TrainConfig fields a job keeps in ``section``, under their keys there."""
+    held = {f: key for f, (where, key) in FROM_OTHER_SECTIONS.items() if where == section}
+    every = frozenset(f.name for f in dataclasses.fields(ten_config.TrainConfig))
+    return section_from(ten_config.TrainConfig, name, exclude=every - set(held), rename=held)
 
 
-# TrainConfig's loader setting, which a job keeps in its data section.
-_TrainingReads = section_from(ten_config.TrainConfig, "_TrainingReads",
-                              exclude=_only(ten_config.TrainConfig, "num_workers"))
+_TrainingReads = _train_fields_in("data", "_TrainingReads")  # the loader's workers
 
 
 # The data section: DataConfig's fields (the tokenizer nested), less the seed (the job's
@@ -173,12 +176,9 @@ DataSection = section_from(
                  "with one; the builtin corpus has its own split)")}})
 
 
-class CheckpointSection(Section):
+class CheckpointSection(_train_fields_in("checkpoint", "_CheckpointReads")):
     """How often the run commits a checkpoint, and how many it keeps."""
 
-    every_steps: Int = Field(TRAIN["checkpoint_every"], ge=1,
-                             description="steps between committed checkpoints")
-    keep_last: Int = Field(TRAIN["keep_last"], ge=1, description="committed checkpoints kept")
     milestone_every: Int | None = Field(
         None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
         "multiple of this")
