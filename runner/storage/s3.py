@@ -29,9 +29,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import boto3
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -67,6 +67,24 @@ CHECK_ATTEMPTS = 3  # the opening check's tries (the store's own calls get max_a
 _CONNECTION = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
                ConnectionClosedError, ResponseStreamingError, IncompleteReadError,
                Urllib3Error)
+
+
+_LOADER: Any = None  # botocore's service models, parsed once per process
+
+
+def _session() -> Any:
+    """A new botocore session (its own credentials, resolved from the environment as it
+    is now) that reuses the process's parsed service models: a fresh session re-reads
+    them, ~0.15 s on every store opened."""
+    global _LOADER
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if _LOADER is None:
+        _LOADER = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _LOADER)
+    return session
 
 
 def credentials_here() -> bool:
@@ -161,9 +179,9 @@ class S3Store(Store):
             # S3-compatible servers reject or mishandle; we verify ETag/sha256 ourselves.
             options["request_checksum_calculation"] = "when_required"
             options["response_checksum_validation"] = "when_required"
-        session, config = boto3.session.Session(), Config(**options)
+        session, config = _session(), Config(**options)
         try:
-            self.client = session.client(
+            self.client = session.create_client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config)
         except (BotoCoreError, ValueError) as e:
             raise StorageError(f"cannot configure S3 client for {self.url}: "
@@ -180,7 +198,7 @@ class S3Store(Store):
             # the relaunch that ExitCode.STORAGE asks for.
             quick = Config(retries={"max_attempts": min(max_attempts, CHECK_ATTEMPTS),
                                     "mode": "standard"})
-            probe = session.client("s3", endpoint_url=endpoint_url, region_name=region,
+            probe = session.create_client("s3", endpoint_url=endpoint_url, region_name=region,
                                    config=config.merge(quick))
             self._call("list", "", lambda: probe.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", MaxKeys=1))

@@ -13,6 +13,7 @@ mocked.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -91,7 +92,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
 def raw_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY):
+    """A plain S3 client with these keys (one per endpoint and keys: a client is safe to
+    share, and a new session re-reads botocore's models, ~0.15 s)."""
     # boto3 is imported here, not at the top: the GPU tests collect on the lent GPU
     # machine, which has no boto3 (benchmarks/gpu_suite.py, section gpu_tests).
     import boto3
