@@ -181,6 +181,39 @@ def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> Lang
     return model.eval()
 
 
+@dataclass(frozen=True)
+class TrainedRun:
+    """A trained run's model (eval mode) and the tokenizer it was trained with."""
+
+    model: LanguageModel
+    tokenizer: Any  # ten.data.Tokenizer
+    step: int
+
+
+def load_run(run_dir: str | Path, step: int | None = None,
+             device: str | torch.device = "cpu") -> TrainedRun:
+    """The model of a run directory (what ``ten-runner run`` leaves in
+    ``runs/<name>``) at its newest committed checkpoint, or at ``step``'s, with the
+    run's ``tokenizer.model``. A missing, damaged or unknown step raises CheckpointError
+    (one line naming what is there)."""
+    from ten.data import Tokenizer
+
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    quiet = lambda line: None  # noqa: E731 - a damaged newer one is skipped, as on resume
+    found = next((f for f in ckpt.valid_checkpoints(root, quiet)
+                  if step is None or f.step == step), None)
+    if found is None:
+        steps = ", ".join(map(str, ckpt.committed_steps(root))) or "none"
+        which = "committed checkpoint" if step is None else f"valid checkpoint of step {step}"
+        raise ckpt.CheckpointError(f"no {which} under {root} (committed steps: {steps})")
+    if not (run_dir / "tokenizer.model").is_file():
+        raise ckpt.CheckpointError(f"{run_dir / 'tokenizer.model'} is missing: the run's "
+                                   "tokenizer is copied there when training starts")
+    return TrainedRun(load_model(found.path, device), Tokenizer(run_dir / "tokenizer.model"),
+                      found.step)
+
+
 @dataclass
 class TrainState:
     """What survives a restart: the weights, the optimizer and its schedule, the loss

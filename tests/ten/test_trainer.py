@@ -391,6 +391,33 @@ def test_load_model_with_a_damaged_config_is_a_checkpoint_error(data, tmp_path):
         load_model(path)
 
 
+def test_load_run_gives_a_runs_model_and_tokenizer_at_any_kept_step(data, tmp_path):
+    """``ten.load_run``: what a user loads in Python after ``ten-runner run``."""
+    import shutil
+
+    import ten
+
+    run = tmp_path / "run"
+    trainer(data, run).run()  # 12 steps, checkpoints every 4, the last 2 kept: 8 and 12
+    with pytest.raises(ckpt.CheckpointError, match="tokenizer.model is missing"):
+        ten.load_run(run)
+    shutil.copyfile(data.tokenizer.path, run / "tokenizer.model")  # as the runner does
+    newest = ten.load_run(run)
+    assert newest.step == 12 and not newest.model.training
+    assert newest.tokenizer.encode("the eigenstate") == data.tokenizer.encode("the eigenstate")
+    assert same_state(newest.model, load_model(run / "checkpoints" / "step-00000012"))
+    assert ten.load_run(run, step=8).step == 8
+    with pytest.raises(ckpt.CheckpointError, match=r"step 4 .*committed steps: 8, 12\)"):
+        ten.load_run(run, step=4)
+    with pytest.raises(ckpt.CheckpointError, match="committed steps: none"):
+        ten.load_run(tmp_path / "nothing-here")
+
+
+def same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 # --- non-finite steps ---------------------------------------------------------------------
 
 class Tiny(torch.nn.Module):
