@@ -24,6 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.errors import UserError
+
+
+class TooShort(UserError):
+    """The text cannot fill one window of the length asked for."""
+
 
 @dataclass(frozen=True)
 class Score:
@@ -37,7 +43,6 @@ class Score:
 
 def read_documents(path: Path) -> list[str]:
     """A .jsonl file's "text" fields, else the whole file as one document."""
-    from runner.errors import UserError
 
     try:
         raw = Path(path).read_text(encoding="utf-8")
@@ -83,14 +88,13 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
     import torch
     import torch.nn.functional as F
 
-    from runner.errors import UserError
 
     stream = torch.as_tensor(tokenizer.encode_documents(documents).astype("int64"))
     windows = (len(stream) - 1) // length
     windows = min(windows, max(1, max_tokens // length))
     if windows < 1:
-        raise UserError(f"the text is {len(stream)} tokens: too short for one window of "
-                        f"{length}; give more text or a shorter --seq-len")
+        raise TooShort(f"the text is {len(stream)} tokens: too short for one window of "
+                       f"{length}; give more text or a shorter --seq-len")
     sizes = torch.tensor(piece_bytes(tokenizer))
     x = stream[: windows * length + 1]
     inputs = x[:-1].view(windows, length)
@@ -115,7 +119,6 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
     import torch
     import torch.nn.functional as F
 
-    from runner.errors import UserError
 
     nll, tokens, nbytes = 0.0, 0, 0
     with torch.no_grad():
@@ -155,30 +158,47 @@ def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_j
     length = seq_len or model.config.seq_len
     if per_document:
         scores = [score_documents(model, tokenizer, read_documents(data), length, max_tokens)]
+        unfilled: list[int] = []
     else:
-        scores = evaluate_text(model, tokenizer, data, length, max_tokens=max_tokens)
-    return report(scores, name, data, as_json)
+        scores, unfilled = evaluate_text(model, tokenizer, data, length, max_tokens=max_tokens)
+    return report(scores, name, data, as_json, unfilled)
 
 
 def evaluate_text(model: Any, tokenizer: Any, path: Path, seq_len: int,
                   multiples: tuple[int, ...] = (1, 4, 16), max_tokens: int = 65536
-                  ) -> list[Score]:
+                  ) -> tuple[list[Score], list[int]]:
+    """A score per length the text fills a window of, and the lengths it does not; the
+    first length must be filled (TooShort otherwise)."""
     documents = read_documents(path)
-    return [score(model, tokenizer, documents, seq_len * m, max_tokens) for m in multiples]
+    scores, unfilled = [], []
+    for m in multiples:
+        try:
+            scores.append(score(model, tokenizer, documents, seq_len * m, max_tokens))
+        except TooShort:
+            if not scores:
+                raise
+            unfilled.append(seq_len * m)
+    return scores, unfilled
 
 
-def report(scores: list[Score], name: str, path: Path, as_json: bool) -> str:
-    first = scores[0]
+def report(scores: list[Score], name: str, path: Path, as_json: bool,
+           unfilled: list[int] | None = None) -> str:
+    """The lines (or JSON) a user reads; a longer length the text could not fill is said
+    (``unfilled``), not left out silently."""
+    first, unfilled = scores[0], unfilled or []
     if as_json:
         return json.dumps({"model": name, "data": str(path), "loss": first.loss,
                            "perplexity": first.perplexity,
                            "bits_per_byte": first.bits_per_byte,
-                           "by_length": [asdict(s) for s in scores]}, indent=1)
+                           "by_length": [asdict(s) for s in scores],
+                           "too_short_for": unfilled}, indent=1)
     lines = [f"{name} on {path}:"]
     lines += [f"  {'whole documents' if s.length is None else f'length {s.length:>6}'}: "
               f"loss {s.loss:.4f}, perplexity {s.perplexity:.2f}, bits per byte "
               f"{s.bits_per_byte:.4f} ({s.tokens:,} tokens, {s.bytes:,} bytes)"
               for s in scores]
+    lines += [f"  length {length:>6}: the text is too short for one window (give more "
+              "text)" for length in unfilled]
     lines.append("perplexity depends on the tokenizer; bits per byte compares models "
                  "across tokenizers")
     return "\n".join(lines)

@@ -171,6 +171,14 @@ def test_eval_of_text_too_short_or_not_text_is_one_line(folder, tmp_path):
     result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(short)])
     assert result.exit_code == ExitCode.CONFIG
     assert result.output.count("\n") == 1 and "too short for one window" in result.output
+    medium = tmp_path / "medium.txt"  # fills windows of 32 and 128 tokens, not 512
+    medium.write_text(" ".join(["a checkpoint is committed when its manifest is written"] * 20))
+    result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(medium)])
+    assert result.exit_code == 0, result.output
+    assert "length    128: loss" in result.output
+    assert "length    512: the text is too short for one window" in result.output
+    result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(medium), "--json"])
+    assert json.loads(result.output)["too_short_for"] == [512]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n[1, 2]\n')
     result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(bad)])
