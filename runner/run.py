@@ -283,13 +283,12 @@ class JobRun:
         """A host that fails the gate claims no writer lease, but a managed job learns how
         a remote attempt ended only from status.json in the bucket: the store is opened
         for the heartbeat alone, whose last beat (as the run closes) holds the code."""
-        from runner.storage import StorageError, open_store
+        from runner.storage import StorageError
 
         storage = self.job.storage
         try:
             if storage.is_remote and self.is_main:
-                self.store = open_store(storage.url, storage.endpoint_url or None,
-                                        storage.region or None)
+                self.store = storage.open()
         except StorageError as e:  # the verdict stands; only its report is lost
             self.log(f"warning: cannot report this to the bucket: {e}")
         if self.is_main:

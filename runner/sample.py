@@ -118,13 +118,10 @@ def sample_cache_dir(store_url: str, job: str) -> Path:
     """Where a bucket run's checkpoint is kept for sampling: under ``$TEN_CACHE_DIR`` (or
     ~/.cache/ten), apart from any training working copy (``<cache>/runs/<store>/<job>``) so
     sampling never touches a run in progress on this machine."""
-    import os
-
     from runner.job.layout import store_key
+    from ten.data.config import cache_root
 
-    cache = os.environ.get("TEN_CACHE_DIR")
-    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "ten"
-    return base / "samples" / store_key(store_url) / job
+    return cache_root() / "samples" / store_key(store_url) / job
 
 
 def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,

@@ -268,6 +268,13 @@ class StorageSection(Section):
     def is_remote(self) -> bool:
         return self.url.lower().startswith("s3://")
 
+    def open(self) -> Any:
+        """The job's store (:func:`runner.storage.open_store`, with this section's
+        endpoint and region); a bucket is checked once, StorageError in one line."""
+        from runner.storage import open_store
+
+        return open_store(self.url, self.endpoint_url or None, self.region or None)
+
     def local_path(self) -> Path:
         """The directory runs go under (``file://`` stripped, ``~`` expanded)."""
         url = self.url

@@ -42,9 +42,9 @@ def pointer_path() -> Path:
     explicit = os.environ.get(POINTER_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    cache = os.environ.get("TEN_CACHE_DIR")
-    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "ten"
-    return base / POINTER_NAME
+    from ten.data.config import cache_root
+
+    return cache_root() / POINTER_NAME
 
 
 def write_pointer(status_json: Path) -> None:

@@ -98,9 +98,8 @@ def upload_job(job: Any, job_file: Path | str, job_id: str) -> str:
     (the instance runs ``ten-runner run <url>``). ``${VAR}`` references stay unresolved:
     secrets are never uploaded by us."""
     require_bucket(job)
-    from runner.storage import open_store
 
-    store = open_store(job.storage.url, job.storage.endpoint_url, job.storage.region)
+    store = job.storage.open()
     key = f"{job.name}/submitted/{job_id}.yaml"
     store.put_bytes(key, Path(job_file).read_bytes())
     return f"{store.url}/{key}"

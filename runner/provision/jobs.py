@@ -97,10 +97,7 @@ def _run_files(job: Any) -> Any:
     from runner.monitor.source import RunFiles
 
     if job.storage.is_remote:
-        from runner.storage import open_store
-
-        store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                           job.storage.region or None)
+        store = job.storage.open()
         return RunFiles(f"{store.url}/{job.name}", store=store, job=job.name)
     from runner.job.layout import run_dir_of
 

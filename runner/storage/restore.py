@@ -20,7 +20,7 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     checkpoint from the bucket when it is newer than what this machine has."""
     import socket
 
-    from runner.storage import StorageError, open_store
+    from runner.storage import StorageError
     from runner.storage.checkpoints import (
         Lease,
         NoWholeCheckpoint,
@@ -29,8 +29,7 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     )
     from ten import checkpoint as ckpt
 
-    store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                       job.storage.region or None)
+    store = job.storage.open()
     lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
     log(f"store {store.url}: writer lease epoch {lease.epoch}")
     ckpt.cleanup(run_dir / "checkpoints", log)  # puts back a step a crash left aside
@@ -56,7 +55,6 @@ def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
     """On a machine other than rank 0's: make ``step`` (-1: none) the newest checkpoint
     under ``root``, from the bucket. Newer local ones are stale copies from an earlier
     life; only rank 0's choice counts, and only rank 0 holds the writer lease."""
-    from runner.storage import open_store
     from runner.storage.checkpoints import download_checkpoint
     from ten import checkpoint as ckpt
 
@@ -65,8 +63,7 @@ def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
         shutil.rmtree(root / ckpt.step_name(stale))
     if step < 0:
         return
-    store = open_store(job.storage.url, job.storage.endpoint_url or None,
-                       job.storage.region or None)
+    store = job.storage.open()
     t0 = time.perf_counter()
     download_checkpoint(store, job.name, step, root)  # nothing to do if it is here
     log(f"step {step} from {store.url} is here ({time.perf_counter() - t0:.1f}s)")

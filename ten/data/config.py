@@ -18,6 +18,14 @@ from typing import Annotated, Literal
 from ten.config import Doc, FieldError, Range, check_fields
 from ten.data.errors import DataError
 
+
+def cache_root() -> Path:
+    """Where what can be made again is kept (prepared data, and whatever a caller keeps
+    beside it) unless a config names a folder: ``$TEN_CACHE_DIR``, else ``~/.cache/ten``."""
+    env = os.environ.get("TEN_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ten"
+
+
 MODES = ("pretokenized", "streaming", "download")
 TOKENIZER_TYPES = ("bpe", "unigram")
 
@@ -102,10 +110,7 @@ class DataConfig:
 
     @property
     def cache_path(self) -> Path:
-        if self.cache_dir:
-            return Path(self.cache_dir).expanduser()
-        env = os.environ.get("TEN_CACHE_DIR")
-        return Path(env).expanduser() if env else Path.home() / ".cache" / "ten"
+        return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()
 
     @property
     def processes(self) -> int:

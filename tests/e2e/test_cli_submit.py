@@ -103,7 +103,7 @@ def test_submit_to_aws_launches_a_tagged_spot_instance_and_cancel_removes_it(
     job.write_text(job.read_text().replace(
         f"storage: {{url: {tmp_path / 'store'}}}",
         "storage: {url: 's3://ten-cli/runs'}\n"
-        f"resources: {{spot: true, max_price: 1.5, ami: {image}}}"))
+        f"resources: {{spot: true, aws: {{max_price: 1.5, ami: {image}}}}}"))
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "runner.cli", *map(str, args)], env=env,
