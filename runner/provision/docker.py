@@ -64,6 +64,7 @@ HOST_FAULT = re.compile(r"device driver|nvidia|gpu|cannot connect to the docker 
 INSPECT = ["inspect", "--type", "container", "--format",
            "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}"]  # + the name
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}$")
+_STATE = re.compile(r"^([a-z]+) (-?\d+) (true|false)$", re.MULTILINE)  # INSPECT's answer
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,10 @@ def no_such(output: str) -> bool:
 
 def inspected(output: str, name: str) -> InstanceStatus:
     """The phase of container ``name`` from what ``docker`` + :data:`INSPECT` printed
-    when it succeeded (see the module doc)."""
-    status, exit_code, oom = (output.split() + ["", "", ""])[:3]
+    when it succeeded (see the module doc): the one line of the format's three words,
+    whatever warnings docker printed around it."""
+    answer = next((m.groups() for m in _STATE.finditer(output)), None)
+    status, exit_code, oom = answer or (output.split() + ["", "", ""])[:3]
     if status == "created":
         return InstanceStatus(Phase.PENDING)
     if status in ("running", "paused", "restarting"):
