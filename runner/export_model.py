@@ -149,16 +149,13 @@ def load_exported(folder: Path) -> tuple[Any, Any]:
     from runner.errors import UserError
     from runner.hf_model.layouts import LAYOUTS
     from ten.data import Tokenizer
-    from ten.model import TENConfig
-    from ten.presets import build_model
-    from ten.transformer import TransformerConfig
+    from ten.presets import build_model, config_of
 
     folder = Path(folder)
     try:
         config = json.loads((folder / "config.json").read_text())
-        layout = LAYOUTS[config.get("ten_model_class", "TENLM")]
-        kind = TENConfig if layout.model_class == "TENLM" else TransformerConfig
-        cfg = kind(**config["ten_config"])
+        layout = LAYOUTS[config.get("ten_model_class", "TENLM")]  # older folders: TEN
+        cfg = config_of(layout.model_class, config["ten_config"])
         model = build_model(cfg)
         model.load_state_dict(layout.from_hf(cfg, load_file(folder / "model.safetensors")))
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:

@@ -123,6 +123,16 @@ def build_model(config: TENConfig | TransformerConfig) -> LanguageModel:
     return TransformerLM(config)
 
 
+# A saved model's class, as checkpoints and exported folders name it -> its config.
+CONFIG_OF_CLASS: dict[str, type] = {"TENLM": TENConfig, "TransformerLM": TransformerConfig}
+
+
+def config_of(model_class: str, fields: dict[str, Any]) -> TENConfig | TransformerConfig:
+    """The config of a saved ``model_class`` (``"TENLM"``, ``"TransformerLM"``) from its
+    fields; KeyError for a class this library does not have."""
+    return CONFIG_OF_CLASS[model_class](**fields)
+
+
 def count_params(cls: type[LanguageModel], config: Any) -> int:
     with torch.device("meta"):
         return cls(config).num_params()

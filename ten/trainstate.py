@@ -26,7 +26,7 @@ from ten import checkpoint as ckpt
 from ten.distributed import barrier
 from ten.lm import LanguageModel
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats
-from ten.presets import EXECUTION_FIELDS, build_model
+from ten.presets import EXECUTION_FIELDS, build_model, config_of
 
 
 class ResumeError(Exception):
@@ -166,14 +166,10 @@ def first_line(e: BaseException) -> str:
 def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> LanguageModel:
     """Rebuild the model a checkpoint was saved from and load its weights; a damaged or
     refused checkpoint raises CheckpointError (one line)."""
-    from ten.model import TENConfig
-    from ten.transformer import TransformerConfig
-
     path = Path(checkpoint_dir)
     saved = read_config(path)
-    cls = TENConfig if saved["model_class"] == "TENLM" else TransformerConfig
     try:
-        model = build_model(cls(**saved["model_config"])).to(device)
+        model = build_model(config_of(saved["model_class"], saved["model_config"])).to(device)
         model.load_state_dict(ckpt.load(path, "model.pt", device))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise ckpt.CheckpointError(f"{path}: the model does not load "
