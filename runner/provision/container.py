@@ -27,12 +27,12 @@ from urllib.parse import urlparse
 
 from runner.provision.base import ProvisionError
 from runner.provision.docker import JOB_FILE, Result
+from runner.provision.local import REFUSED, ZONE
 from runner.provision.registry import job_dir
 
 PROCESS, CONTAINER = "process", "container"
 MODE_ENV = "TEN_LOCAL_MODE"
 INFO_TIMEOUT_S = 20
-ZONE = "local"  # what a failed health gate blocks: this machine
 
 
 # -- which mode ---------------------------------------------------------------------------
@@ -93,8 +93,7 @@ class LocalHost:
     details = {"mode": CONTAINER}  # how LocalDestination tells the attempt's kind
 
     def refused(self) -> str:
-        return ("this machine failed the job's GPU health gate and there is no other to "
-                "use; fix the GPU or submit --to aws")
+        return REFUSED
 
     def docker(self, *args: str, doing: str, timeout: float) -> Result:
         try:

@@ -42,6 +42,8 @@ from runner.provision.policy import PREEMPT_SIGNALS
 from runner.provision.registry import job_dir
 
 ZONE = "local"  # what a failed health gate blocks: this machine
+REFUSED = ("this machine failed the job's GPU health gate and there is no other to use; "
+           "fix the GPU or submit --to aws")
 
 
 class LocalProvider(Provider):
@@ -55,8 +57,7 @@ class LocalProvider(Provider):
 
     def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
         if ZONE in avoid:
-            raise UnhealthyHost("this machine failed the job's GPU health gate and there is "
-                                "no other to use; fix the GPU or submit --to aws")
+            raise UnhealthyHost(REFUSED)
         log_path = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         launched_at = time.time()  # before the start: any status it writes is newer
