@@ -43,7 +43,6 @@ class Score:
 
 def read_documents(path: Path) -> list[str]:
     """A .jsonl file's "text" fields, else the whole file as one document."""
-
     try:
         raw = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -88,7 +87,6 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
     import torch
     import torch.nn.functional as F
 
-
     stream = torch.as_tensor(tokenizer.encode_documents(documents).astype("int64"))
     windows = (len(stream) - 1) // length
     windows = min(windows, max(1, max_tokens // length))
@@ -105,11 +103,7 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
             logits, _ = model(inputs[i:i + batch_size])
             nll += F.cross_entropy(logits.float().flatten(0, 1),
                                    targets[i:i + batch_size].flatten(), reduction="sum").item()
-    n, nbytes = targets.numel(), int(sizes[targets].sum())
-    loss = nll / n
-    return Score(length=length, tokens=n, bytes=nbytes, loss=loss,
-                 perplexity=math.exp(min(loss, 50.0)),
-                 bits_per_byte=nll / math.log(2) / max(nbytes, 1))
+    return _score(length, nll, targets.numel(), int(sizes[targets].sum()))
 
 
 def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int,
@@ -118,7 +112,6 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
     the model's state carried; documents in order until ``max_tokens`` are predicted."""
     import torch
     import torch.nn.functional as F
-
 
     nll, tokens, nbytes = 0.0, 0, 0
     with torch.no_grad():
@@ -135,9 +128,16 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
             tokens, nbytes = tokens + len(ids), nbytes + len(text.encode("utf-8"))
     if not tokens:
         raise UserError("no document holds a token to score")
+    return _score(None, nll, tokens, nbytes)
+
+
+def _score(length: int | None, nll: float, tokens: int, nbytes: int) -> Score:
+    """The summed loss ``nll`` (nats) over ``tokens`` predicted tokens spelling
+    ``nbytes`` bytes, as a Score."""
+    from runner.sample import ppl
+
     loss = nll / tokens
-    return Score(length=None, tokens=tokens, bytes=nbytes, loss=loss,
-                 perplexity=math.exp(min(loss, 50.0)),
+    return Score(length=length, tokens=tokens, bytes=nbytes, loss=loss, perplexity=ppl(loss),
                  bits_per_byte=nll / math.log(2) / max(nbytes, 1))
 
 

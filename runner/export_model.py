@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 from collections.abc import Mapping
@@ -203,6 +202,8 @@ def _describe(layout: Any, cfg: Any, preset: str) -> str:
 def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, Any],
                run_dir: Path) -> str:
     """README.md: what the model is, what it saw, how it scored, and how to load it."""
+    from runner.sample import ppl
+
     job = saved["resolved"]
     cfg = model.config
     loss = _last_eval_loss(run_dir / "metrics.jsonl", found.step)
@@ -216,7 +217,7 @@ def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, 
             ("tokens seen", f"{tokens:,}" if isinstance(tokens, int) else "?"),
             ("held-out loss", f"{loss:.4f}" if isinstance(loss, float) else "?"),
             ("held-out perplexity",
-             f"{math.exp(min(loss, 50.0)):.2f}" if isinstance(loss, float) else "?")]
+             f"{ppl(loss):.2f}" if isinstance(loss, float) else "?")]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     if layout.remote_code:
         what = ("A Temporal Eigenstate Network language model (a linear-time recurrent LM: "

@@ -198,8 +198,8 @@ class S3Store(Store):
             # the relaunch that ExitCode.STORAGE asks for.
             quick = Config(retries={"max_attempts": min(max_attempts, CHECK_ATTEMPTS),
                                     "mode": "standard"})
-            probe = session.create_client("s3", endpoint_url=endpoint_url, region_name=region,
-                                   config=config.merge(quick))
+            probe = session.create_client("s3", endpoint_url=endpoint_url,
+                                          region_name=region, config=config.merge(quick))
             self._call("list", "", lambda: probe.list_objects_v2(
                 Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", MaxKeys=1))
 
