@@ -64,18 +64,11 @@ def trained_checkpoint(where: str | Path, job: str | None = None,
         run_dir = Path(where) / job if job else Path(where)
         name = run_dir.name
     root = run_dir / "checkpoints"
-    report = lambda s: print(s, file=sys.stderr)  # noqa: E731
-    if step is None:
-        found = ckpt.latest_valid(root, report=report)
-    else:
-        found = next((f for f in ckpt.valid_checkpoints(root, report) if f.step == step), None)
-    if found is None and step is None:
-        raise UserError(f"no committed checkpoint under {root}; run the job first "
-                        "(ten-runner run JOB.yaml)")
-    if found is None:
-        steps = ", ".join(map(str, ckpt.committed_steps(root))) or "none"
-        raise UserError(f"no valid checkpoint of step {step} under {root}; committed "
-                        f"steps: {steps}")
+    try:
+        found = ckpt.find(root, step, report=lambda s: print(s, file=sys.stderr))
+    except ckpt.CheckpointError as e:
+        first = "; run the job first (ten-runner run JOB.yaml)" if step is None else ""
+        raise UserError(f"{e}{first}") from None
     if not (run_dir / "tokenizer.model").is_file():
         raise UserError(f"{run_dir / 'tokenizer.model'} is missing; it is written when the "
                         "job starts")

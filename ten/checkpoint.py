@@ -268,6 +268,19 @@ def latest_valid(root: Path, report: Callable[[str], None] = print) -> Found | N
     return next(valid_checkpoints(root, report), None)
 
 
+def find(root: Path, step: int | None = None,
+         report: Callable[[str], None] = print) -> Found:
+    """The newest checkpoint under ``root`` whose manifest verifies, or ``step``'s;
+    CheckpointError (one line, naming the committed steps) when there is none."""
+    found = next((f for f in valid_checkpoints(root, report)
+                  if step is None or f.step == step), None)
+    if found is None:
+        steps = ", ".join(map(str, committed_steps(root))) or "none"
+        which = "committed checkpoint" if step is None else f"valid checkpoint of step {step}"
+        raise CheckpointError(f"no {which} under {root} (committed steps: {steps})")
+    return found
+
+
 def cleanup(root: Path, report: Callable[[str], None] = print) -> None:
     """Finish or undo whatever a crash interrupted, before anything reads ``root``.
 

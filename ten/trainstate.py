@@ -195,14 +195,8 @@ def load_run(run_dir: str | Path, step: int | None = None,
     from ten.data import Tokenizer
 
     run_dir = Path(run_dir)
-    root = run_dir / "checkpoints"
     quiet = lambda line: None  # noqa: E731 - a damaged newer one is skipped, as on resume
-    found = next((f for f in ckpt.valid_checkpoints(root, quiet)
-                  if step is None or f.step == step), None)
-    if found is None:
-        steps = ", ".join(map(str, ckpt.committed_steps(root))) or "none"
-        which = "committed checkpoint" if step is None else f"valid checkpoint of step {step}"
-        raise ckpt.CheckpointError(f"no {which} under {root} (committed steps: {steps})")
+    found = ckpt.find(run_dir / "checkpoints", step, quiet)
     if not (run_dir / "tokenizer.model").is_file():
         raise ckpt.CheckpointError(f"{run_dir / 'tokenizer.model'} is missing: the run's "
                                    "tokenizer is copied there when training starts")
