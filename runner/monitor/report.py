@@ -6,8 +6,8 @@ panels below share a wall-clock axis (minutes or hours since the first start) so
 preemptions line up across them: loss and held-out loss; tokens/s and MFU; data-wait and
 checkpoint share of wall time; GPU utilisation, memory and power (no panel when no GPU
 was sampled). Red lines mark preemptions/resumes with the work they lost (a resume after
-the user's Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary: GPU-hours paid
-(machine-hours for a CPU run), goodput, $ per 1B tokens.
+the user's Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary:
+GPU-hours paid (machine-hours for a CPU run), goodput, $ per 1B tokens.
 
 The run is a run directory, a store and a job, or a bucket run (s3://bucket/prefix/JOB).
 
@@ -232,6 +232,7 @@ def _by_step(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int]) -> N
     """Loss and held-out loss against the step, one line per session; a dotted line
     where a session resumed (its first step), so replayed steps show as a new line."""
     drawn["sessions"] = drawn["train loss by step"] = drawn["eval loss by step"] = 0
+    resumed: list[tuple[float, str]] = []
     for i, session in enumerate(sessions(metrics)):
         for kind, name, style in ((MetricKind.TRAIN, "train loss by step",
                                    {"color": "tab:blue"}),
@@ -247,10 +248,8 @@ def _by_step(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int]) -> N
         if start.get("kind") == MetricKind.START:
             drawn["sessions"] += 1
             if start.get("resumed") and start.get("step") is not None:
-                ax.axvline(start["step"], color="red", linestyle=":", linewidth=1.2)
-                ax.annotate(f"resumed @{start['step']}", (start["step"], 1.0),
-                            xycoords=("data", "axes fraction"), rotation=90, va="top",
-                            ha="right", fontsize=8, color="red")
+                resumed.append((start["step"], f"resumed @{start['step']}"))
+    _mark_preemptions([ax], resumed, 0.0, 1.0)  # at the step itself
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     if drawn["train loss by step"] or drawn["eval loss by step"]:
