@@ -15,7 +15,7 @@ import click
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.target import resolve_target, submitted_record
-from ten.config import ARCHS
+from ten.model_config import ARCHS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

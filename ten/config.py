@@ -15,11 +15,11 @@ the runner shows those names as the keys a job file sets.
 
 from __future__ import annotations
 
+import types
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-ARCHS = ("ten", "transformer")
 PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.PRESETS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
@@ -78,23 +78,46 @@ class Doc(str):
 
 
 def check_fields(config: Any) -> None:
-    """Every field's :class:`Range` and ``Literal`` choices, as :class:`FieldError`."""
+    """Every field's type, :class:`Range` and ``Literal`` choices, as :class:`FieldError`
+    (an int is a float here; a bool is not a number)."""
     for name, hint in typing.get_type_hints(type(config), include_extras=True).items():
         value = getattr(config, name)
+        base = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+        choices = typing.get_args(base) if typing.get_origin(base) is Literal else ()
+        if choices:
+            if value not in choices:
+                raise FieldError(name, f"must be one of {', '.join(choices)}", value)
+            continue
+        want = _type_problem(base, value)
+        if want:
+            raise FieldError(name, f"must be {want}", value)
         ranges = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)]
         items = value if isinstance(value, tuple) else (value,)  # a tuple: each item's
         for bound in ranges if value is not None else ():
             why = next(filter(None, map(bound.problem, items)), None)
             if why:
                 raise FieldError(name, why, value)
-        choices = _choices(hint)
-        if choices and value not in choices:
-            raise FieldError(name, f"must be one of {', '.join(choices)}", value)
 
 
-def _choices(hint: Any) -> tuple[Any, ...]:
-    base = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
-    return typing.get_args(base) if typing.get_origin(base) is Literal else ()
+_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _type_problem(hint: Any, value: Any) -> str | None:
+    """What ``value`` should have been for a field typed ``hint``, or None."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        return None if type(None) in options else _WORDS.get(options[0], "set")
+    kind = next((o for o in options if o is not type(None)), hint)
+    if typing.get_origin(kind) is tuple:
+        items = typing.get_args(kind)
+        ok = isinstance(value, tuple) and len(value) == len(items) and \
+            all(_type_problem(i, v) is None for i, v in zip(items, value, strict=True))
+        return None if ok else f"{len(items)} numbers"
+    if kind not in _WORDS:
+        return None
+    numbers = (int, float) if kind is float else (kind,)
+    ok = isinstance(value, numbers) and (kind is bool or not isinstance(value, bool))
+    return None if ok else _WORDS[kind]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ten.block_fused import LayerNorm
-from ten.config import FieldError
 from ten.mlp import MLP
 
 
@@ -35,16 +34,6 @@ def recomputed_blocks(config: Any) -> int:
     n = config.n_layers if config.checkpoint_blocks is None else config.checkpoint_blocks
     return min(n, config.n_layers)
 
-
-def check_checkpoint_blocks(config: Any) -> None:
-    """A config's ``checkpoint_blocks``: None (every block) or a count >= 0 (one above
-    n_layers means every block too, so a job keeps it when it shrinks the model)."""
-    n = config.checkpoint_blocks
-    if n is None:
-        return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise FieldError("checkpoint_blocks", "must be null (every block) or a whole number "
-                         ">= 0 (the first N blocks)", n)
 
 class Block(nn.Module):
     """Pre-LN residual block: ``x + mixer(LN(x))``, then ``x + MLP(LN(x))``.

@@ -6,13 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.block_fused import swiglu
-
-MLP_KINDS = ("swiglu", "gelu")
-
-
-def mlp_hidden_size(d_model: int, ratio: float, multiple: int = 64) -> int:
-    """Hidden width ratio·d rounded up to a multiple (tensor-core friendly)."""
-    return max(multiple, -(-int(ratio * d_model) // multiple) * multiple)
+from ten.model_config import MLP_KINDS
 
 
 class MLP(nn.Module):

@@ -32,77 +32,18 @@ There is no position table: the recurrence carries position, so any length runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm, causal_conv, sigmoid_gate
-from ten.config import FieldError
-from ten.lm import Block, LanguageModel, check_checkpoint_blocks
-from ten.mlp import MLP_KINDS, mlp_hidden_size
-from ten.scan import NAMES as BACKEND_NAMES
+from ten.lm import Block, LanguageModel
+from ten.model_config import TENConfig
 from ten.scan import scan
 from ten.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
 
 State = tuple[Tensor, ...]  # per layer: the (B, 2K) float32 eigenstates (a pair with conv)
-
-
-@dataclass(frozen=True)
-class TENConfig:
-    vocab_size: int = 4096
-    d_model: int = 128
-    n_layers: int = 4
-    n_eigenstates: int = 64  # K, complex states per layer
-    n_heads: int = 4  # coupling blocks of K/H states
-    seq_len: int = 256  # training length (the model itself runs at any length)
-    chunk_size: int = 64  # Q for the chunked scan
-    scan_backend: str = "auto"  # fused on CUDA, else chunked; or ref | chunked | fused
-    # selective + conv_width 4, every preset's mode, by measurement (benchmarks/
-    # bench_recall.py, BENCHMARKS.md "Recall"): the fixed mode's held-out loss (4.656 vs
-    # 4.660 nats, flat to 16x the training length), 1.05-1.14x its step time, and the only
-    # TEN that recalls beyond its training length (copy-first trained at 64: 91% at 256).
-    selective: bool = True  # input-dependent steps; False: fixed eigenvalues (an LTI scan)
-    conv_width: int = 4  # a causal depthwise convolution of this width before the drive; 0: none
-    mlp: str = "swiglu"
-    mlp_ratio: float = 8 / 3
-    lambda_min: float = 0.9  # |λ| at init is uniform in [lambda_min, lambda_max]:
-    lambda_max: float = 0.999  # memory spans ~10 to ~1000 tokens from the first step
-    theta_max: float = math.pi / 10  # θ at init is uniform in [0, theta_max]
-    gate_bias: float = -2.0  # b_g at init: σ(-2) = 0.12 (measured better than 0: BENCHMARKS.md)
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-    grad_checkpointing: bool = False
-    checkpoint_blocks: int | None = None  # with grad_checkpointing: the first N; None: all
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, field: str, what: str) -> None:
-            if not ok:
-                raise FieldError(field, what, getattr(self, field))
-
-        check_checkpoint_blocks(self)
-
-        for f in ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "seq_len",
-                  "chunk_size"):
-            need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f,
-                 "must be a positive integer")
-        need(isinstance(self.conv_width, int) and self.conv_width >= 0, "conv_width",
-             "must be 0 (no convolution) or a positive integer")
-        need(self.n_eigenstates % self.n_heads == 0, "n_heads",
-             f"must divide n_eigenstates={self.n_eigenstates}")
-        need(0.0 < self.lambda_min < self.lambda_max < 1.0, "lambda_min",
-             f"need 0 < lambda_min < lambda_max={self.lambda_max} < 1")
-        need(self.mlp in MLP_KINDS, "mlp", f"must be one of {MLP_KINDS}")
-        need(self.mlp_ratio > 0, "mlp_ratio", "must be > 0")
-        # The name only: whether ``fused`` can run is known where the tensors are (a laptop
-        # validating a GPU job must accept it); the first scan, or resolve_backend, says.
-        need(self.scan_backend in BACKEND_NAMES, "scan_backend",
-             f"must be one of {', '.join(BACKEND_NAMES)}")
-
-    @property
-    def mlp_hidden(self) -> int:
-        return mlp_hidden_size(self.d_model, self.mlp_ratio)
 
 
 class ShortConv(nn.Module):

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from ten.config import ARCHS, PRESET_NAMES, UnknownFieldError
+from ten.config import PRESET_NAMES, UnknownFieldError
 from ten.lm import LanguageModel
-from ten.model import TENLM, TENConfig
+from ten.model import TENLM
+from ten.model_config import ARCHS, TENConfig, TransformerConfig
 from ten.progress import table
-from ten.transformer import TransformerConfig, TransformerLM
+from ten.transformer import TransformerLM
 
 # chunk_size 64 everywhere. Measured (benchmarks/bench_scan.py, chunked forward+backward,
 # 2 CPU cores, fixed eigenvalues, B=1, T=4096, K=128): Q = 16/32/64/128/256 take

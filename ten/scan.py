@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ten.model_config import SCAN_BACKENDS
+
 __all__ = ["BACKENDS", "NAMES", "ScanBackendError", "backend_note", "check_backend",
            "resolve_backend", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
 
@@ -245,7 +247,7 @@ BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "chunked": scan_chunked,
     "fused": _fused_entry,
 }
-NAMES = ("auto", *sorted(BACKENDS))  # what TENConfig.scan_backend accepts
+NAMES = SCAN_BACKENDS  # what TENConfig.scan_backend accepts: the above, and auto
 
 
 def check_backend(name: str) -> None:

@@ -10,52 +10,16 @@ the same ``forward(ids, state)`` call as TEN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm
-from ten.config import FieldError
-from ten.lm import Block, LanguageModel, check_checkpoint_blocks
-from ten.mlp import MLP_KINDS
+from ten.lm import Block, LanguageModel
+from ten.model_config import TransformerConfig
 
 KVCache = tuple[tuple[Tensor, Tensor], ...]  # per layer: keys, values (B, H, T_past, hd)
-POSITIONS = ("rope", "learned")
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    vocab_size: int = 4096
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 2
-    seq_len: int = 256
-    mlp: str = "swiglu"
-    mlp_hidden: int = 384
-    pos: str = "rope"
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-    grad_checkpointing: bool = False
-    checkpoint_blocks: int | None = None  # with grad_checkpointing: the first N; None: all
-
-    def __post_init__(self) -> None:
-        check_checkpoint_blocks(self)
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "mlp_hidden"):
-            v = getattr(self, f)
-            if not (isinstance(v, int) and v >= 1):
-                raise FieldError(f, "must be a positive integer", v)
-        if self.d_model % self.n_heads:
-            raise FieldError("n_heads", f"must divide d_model={self.d_model}", self.n_heads)
-        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise FieldError("n_heads", f"RoPE needs an even head size (d_model/n_heads = "
-                             f"{self.d_model // self.n_heads})", self.n_heads)
-        if self.pos not in POSITIONS:
-            raise FieldError("pos", f"must be one of {POSITIONS}", self.pos)
-        if self.mlp not in MLP_KINDS:
-            raise FieldError("mlp", f"must be one of {MLP_KINDS}", self.mlp)
 
 
 def rope(x: Tensor, offset: int, base: float) -> Tensor:

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from runner.job.errors import describe_hidden, shorten, show, suggest
-from runner.job.schema import ARCHS, PRESETS, JobSchema
-from ten.config import FieldError, UnknownFieldError
+from runner.job.schema import JobSchema, ModelSection, model_fields
+from ten.config import FieldError
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]
@@ -69,26 +72,6 @@ def _seq_warmup(train: Any, seq_len: int) -> Found:
     return []
 
 
-def _override_type_problem(name: str, value: Any, default: Any) -> str | None:
-    if isinstance(default, bool):
-        ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(default, float):
-        ok, want = isinstance(value, int | float) and not isinstance(value, bool), "a number"
-    elif isinstance(default, str):
-        ok, want = isinstance(value, str), "a string"
-    else:
-        return None
-    return None if ok else f"expected {want}"
-
-
-def _unknown_field(name: str, arch: str, known: dict[str, Any]) -> str:
-    close = suggest(name, known)
-    return f"unknown model field {show(name)} for arch {arch}" + (
-        f" (did you mean {close!r}?)" if close else f" (known: {', '.join(sorted(known))})")
-
-
 def _cut_values(message: str, values: Any) -> str:
     """The library's messages quote the offending value whole; a 1 MB one must not be."""
     for value in values:
@@ -99,58 +82,32 @@ def _cut_values(message: str, values: Any) -> str:
 
 def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
     """Build the model config from preset + overrides (no weights) and map its
-    ValueErrors to the offending key. Imports torch."""
-    if not isinstance(section, dict):
+    FieldErrors to the key they name. A section the schema refuses (an unknown arch,
+    preset or field, a wrongly typed value) is left to the schema. Imports torch."""
+    try:
+        chosen = ModelSection.model_validate(section)
+    except ValidationError:
         return []
-    arch, preset = section.get("arch", "ten"), section.get("preset")
-    if arch not in ARCHS:
-        return []  # the schema reports it
-    names_only = preset not in PRESETS  # the schema reports it; still check the names
-    preset = "tiny" if names_only else preset
-    overrides = {k: v for k, v in section.items() if k not in ("arch", "preset")}
     from ten import presets
 
-    base: dict[str, Any] = vars(presets.PRESETS[preset]).copy()
-    if arch == "transformer":
-        base.update(vars(presets.model_config(arch, preset)))
-    found = _override_problems(overrides, arch, base, written)
-    if names_only or found:  # a wrong preset is reported by the schema
-        return found
+    overrides = chosen.overrides
     try:
-        cfg = presets.model_config(arch, preset, **overrides)
+        cfg = presets.model_config(chosen.arch, chosen.preset, **overrides)
     except (ValueError, TypeError) as err:
-        return [_config_problem(err, arch, base, overrides, written)]
+        return [_config_problem(err, model_fields(chosen.arch).model_fields, overrides,
+                                written)]
     if getattr(cfg, "pos", None) == "learned" and isinstance(data_seq_len, int) \
             and data_seq_len > cfg.seq_len:
-        found.append((("data", "seq_len"), f"{data_seq_len} is longer than the model's learned "
-                      f"positions ({cfg.seq_len}) (hint: set model.seq_len or pos: rope)"))
-    return found
+        return [(("data", "seq_len"), f"{data_seq_len} is longer than the model's learned "
+                 f"positions ({cfg.seq_len}) (hint: set model.seq_len or pos: rope)")]
+    return []
 
 
-def _override_problems(overrides: dict[str, Any], arch: str, base: dict[str, Any],
-                       written: dict[Path_, str]) -> Found:
-    """Each override's name against the preset's fields and its value's type against
-    the field's default."""
-    found: Found = []
-    for name, value in overrides.items():
-        path = ("model", name)
-        if name not in base:
-            found.append((path, _unknown_field(name, arch, base)))
-            continue
-        why = _override_type_problem(name, value, base[name])
-        if why:
-            got = describe_hidden(value, written[path]) if path in written else show(value)
-            found.append((path, f"{why}, got {got}"))
-    return found
-
-
-def _config_problem(err: Exception, arch: str, base: dict[str, Any],
-                    overrides: dict[str, Any], written: dict[Path_, str]) -> tuple[Path_, str]:
+def _config_problem(err: Exception, known: Iterable[str], overrides: dict[str, Any],
+                    written: dict[Path_, str]) -> tuple[Path_, str]:
     """The library's refusal of the model config, on the key it names where it names one
     (a transformer that cannot match the preset names none)."""
-    if isinstance(err, UnknownFieldError):
-        return ("model", err.field), _unknown_field(err.field, arch, base)
-    if not isinstance(err, FieldError) or err.field not in base:
+    if not isinstance(err, FieldError) or err.field not in known:
         return ("model",), _cut_values(str(err), overrides.values())
     path, why = ("model", err.field), err.problem
     if err.has_value:

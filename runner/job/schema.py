@@ -1,8 +1,10 @@
 """The job schema: typed, range-checked sections that reject unknown keys.
 
 Field comments are the documentation (``ten-runner schema`` turns the descriptions into
-editor completion). Checks that involve several fields, the model overrides and the
-dataset name live in :mod:`runner.job.checks`; this module never imports torch.
+editor completion). The train, data, checkpoint and model sections are derived from the
+library's torch-free config dataclasses (:func:`section_from`); the model's keys depend on
+its arch (:func:`model_fields`). Checks that involve several fields, building the model
+and the dataset name live in :mod:`runner.job.checks`; this module never imports torch.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationError,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -32,9 +36,11 @@ from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
 from ten import config as ten_config
 from ten.data.config import DataConfig
+from ten.model_config import ARCHS as MODEL_ARCHS
+from ten.model_config import TENConfig, TransformerConfig
 
 # Names and defaults from the library's torch-free config (ten.config): one source.
-Arch = Literal[ten_config.ARCHS]
+Arch = Literal[MODEL_ARCHS]
 Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
@@ -88,30 +94,80 @@ class Section(BaseModel):
 
 
 class ModelSection(BaseModel):
-    """Any other key overrides a field of the preset's TENConfig / TransformerConfig."""
+    """The model: an architecture's preset, and any field of its config set otherwise."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True,
+                              json_schema_extra=lambda schema: _by_arch(schema))
 
     arch: Arch = Field("ten", description="model family")
     preset: Preset = Field(
         description="named size from ten.presets (see `ten-runner presets`)")
 
+    @model_validator(mode="after")
+    def _typed_overrides(self) -> ModelSection:
+        fields = model_fields(self.arch)
+        extra = self.model_extra or {}
+        errors = [{"type": job_error(_unknown_field(name, self.arch, fields.model_fields),
+                                     show_value=False), "loc": (name,), "input": value}
+                  for name, value in extra.items() if name not in fields.model_fields]
+        try:
+            fields.model_validate({k: v for k, v in extra.items() if k in fields.model_fields})
+        except ValidationError as e:
+            errors += [_raised_again(err) for err in e.errors()]
+        if errors:  # located at model.<field>, each said as the job's other fields are
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
     @property
     def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        """The fields the job sets, as the library takes them (``1e3`` an int)."""
+        given = model_fields(self.arch).model_validate(self.model_extra or {})
+        return given.model_dump(exclude_unset=True)
+
+
+def _by_arch(schema: dict[str, Any]) -> None:
+    """For editors: the keys an arch's model takes, under that arch."""
+    def keys(arch: str) -> dict[str, Any]:
+        return {"properties": model_fields(arch).model_json_schema()["properties"]}
+
+    schema.update({"if": {"properties": {"arch": {"const": "transformer"}},
+                          "required": ["arch"]},
+                   "then": keys("transformer"), "else": keys("ten"),
+                   "unevaluatedProperties": False})
+    schema.pop("additionalProperties", None)
+
+
+def _raised_again(err: Any) -> Any:
+    """One of pydantic's reported errors as it can be raised again."""
+    kind = err["type"]
+    if kind == "job":  # this schema's own (job_error): its message and hint
+        kind = PydanticCustomError("job", err["msg"].replace("{", "{{").replace("}", "}}"),
+                                   err.get("ctx"))
+    return {"type": kind, "loc": err["loc"], "input": err["input"], "ctx": err.get("ctx", {})}
+
+
+def _unknown_field(name: str, arch: str, known: typing.Iterable[str]) -> str:
+    from runner.job.errors import show, suggest
+
+    close = suggest(name, known)
+    return f"unknown model field {show(name)} for arch {arch}" + (
+        f" (did you mean {close!r}?)" if close else f" (known: {', '.join(sorted(known))})")
 
 
 def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(), *,
                  base: type[Section] | None = None,
                  tighten: dict[str, dict[str, Any]] | None = None,
-                 rename: dict[str, str] | None = None) -> type:
+                 rename: dict[str, str] | None = None,
+                 unset_means: str | None = None) -> type:
     """A job section whose keys are the library dataclass's fields (less ``exclude``):
     each field's type made strict (:data:`Int`, :data:`Float`, ...), its
     ``ten.config.Range`` as bounds, its ``ten.config.Doc`` as description, its default; a
     field that is itself a config dataclass becomes a nested section. ``base`` adds the
     keys the job keeps here for another config; ``tighten`` adds the job's own bounds to
     a field (``{"dataset": {"default": ..., "min_length": 1}}`` makes it required);
-    ``rename`` gives a field another key (``checkpoint_every`` is ``every_steps``)."""
+    ``rename`` gives a field another key (``checkpoint_every`` is ``every_steps``);
+    ``unset_means`` makes every field default to null, read as what it says (``"the
+    preset's"``)."""
     hints = typing.get_type_hints(config, include_extras=True)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(config):
@@ -128,6 +184,8 @@ def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(),
         bounds = {k: v for k, v in bounds.items() if v is not None}
         doc = next((str(m) for m in meta if isinstance(m, ten_config.Doc)), None)
         extra = {"default": f.default, "description": doc, **(tighten or {}).get(f.name, {})}
+        if unset_means is not None:
+            extra.update(default=None, description=f"{doc} (unset: {unset_means})")
         key = (rename or {}).get(f.name, f.name)
         if typing.get_origin(base_type) is tuple:  # the bounds are each item's
             fields[key] = (_strict(base_type, bounds), Field(**extra))
@@ -182,6 +240,25 @@ class CheckpointSection(_train_fields_in("checkpoint", "_CheckpointReads")):
     milestone_every: Int | None = Field(
         None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
         "multiple of this")
+
+
+# The model section's overrides, one section per architecture, from the library's model
+# configs. A transformer is matched to a TEN preset: it also takes that model's fields.
+_TEN_FIELDS = section_from(TENConfig, "TenModelFields", unset_means="the preset's")
+_MATCHED_TEN = section_from(
+    TENConfig, "_MatchedTenFields",
+    exclude=frozenset(f.name for f in dataclasses.fields(TransformerConfig)),
+    unset_means="the preset's; shapes the TEN model the transformer is matched to")
+_MODEL_FIELDS: dict[str, type[Section]] = {
+    "ten": _TEN_FIELDS,
+    "transformer": section_from(TransformerConfig, "TransformerModelFields",
+                                base=_MATCHED_TEN, unset_means="the preset's"),
+}
+
+
+def model_fields(arch: str) -> type[Section]:
+    """The section of fields a job may override under ``model`` for ``arch``."""
+    return _MODEL_FIELDS[arch]
 
 
 # Never a place for runs: the root, the kernel's and devices' pseudo file systems and what

@@ -182,7 +182,7 @@ def test_checkpoint_blocks_recomputes_only_the_first_n_with_the_same_gradients(a
 
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_checkpoint_blocks_that_is_not_a_count_is_refused_by_name(value):
-    with pytest.raises(ValueError, match="checkpoint_blocks.*the first N blocks"):
+    with pytest.raises(ValueError, match=r"^checkpoint_blocks: must be (an integer|>= 0)"):
         tiny("ten", grad_checkpointing=True, checkpoint_blocks=value)
 
 

@@ -76,7 +76,7 @@ def test_secret_never_in_validate_output_or_errors(tmp_path):
     assert any("name: " in e and "a value of type str (from ${TOKEN})" in e for e in errors)
     assert any("train.max_steps: expected an integer, got a value of type str" in e
                for e in errors)
-    assert any("model.mlp: must be one of" in e and "(from ${TOKEN})" in e for e in errors)
+    assert any("model.mlp: expected one of" in e and "(from ${TOKEN})" in e for e in errors)
     assert any("data.dataset: unknown dataset (the value from ${TOKEN})" in e for e in errors)
     with pytest.raises(JobError) as info:
         load_job(path, env={"TOKEN": SECRET})

@@ -12,7 +12,7 @@ from jobcli import validate
 from runhelpers import MINIMAL_JOB
 
 from runner.cli import cli
-from runner.job import PRESETS, json_schema, load_job, parse_job
+from runner.job import PRESETS, JobError, json_schema, load_job, parse_job
 from runner.job.library import data_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -103,7 +103,32 @@ def test_schema_command_prints_json_schema():
     train = schema["$defs"]["TrainSection"]
     assert train["additionalProperties"] is False
     assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant"]
-    assert schema["$defs"]["ModelSection"]["additionalProperties"] is True
+    model = schema["$defs"]["ModelSection"]
+    assert "pos" in model["then"]["properties"] and "pos" not in model["else"]["properties"]
+
+
+@pytest.mark.parametrize("model,ok", [
+    ({"preset": "tiny", "n_eigenstates": 32}, True),
+    ({"arch": "transformer", "preset": "tiny", "pos": "learned"}, True),
+    ({"arch": "transformer", "preset": "tiny", "n_eigenstates": 32}, True),  # the matched TEN
+    ({"preset": "tiny", "pos": "learned"}, False),
+    ({"preset": "tiny", "n_layer": 2}, False),
+    ({"preset": "tiny", "d_model": "wide"}, False),
+    ({"preset": "tiny", "scan_backend": "fusd"}, False),
+])
+def test_the_editor_schema_takes_the_model_keys_validate_takes(model, ok):
+    """An editor completing from `ten-runner schema` offers an arch's own model fields,
+    and flags what `validate` refuses."""
+    import jsonschema
+
+    job = {"name": "t", "model": model, "data": {"dataset": "imdb"}, "train": {"max_steps": 1}}
+    editor = not list(jsonschema.Draft202012Validator(json_schema()).iter_errors(job))
+    try:
+        parse_job(json.dumps(job))
+        accepted, why = True, ""
+    except JobError as e:
+        accepted, why = False, str(e)
+    assert (editor, accepted) == (ok, ok), why
 
 
 def test_the_schema_describes_every_key():

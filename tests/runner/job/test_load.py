@@ -134,7 +134,7 @@ BAD = [
      [(4, "model.n_layer: unknown model field"), (5, "model.dmodel: unknown model field "
                                                     "'dmodel' for arch ten (did you mean")]),
     ("scan-backend", MINIMAL.replace("preset: tiny}", "preset: tiny, scan_backend: nope}"),
-     [(2, "model.scan_backend: must be one of auto, chunked, fused, ref, got 'nope'")]),
+     [(2, "model.scan_backend: expected one of auto, chunked, fused, ref, got 'nope'")]),
     ("transformer-learned-pos", MINIMAL.replace(
         "arch: ten, preset: tiny}", "arch: transformer, preset: tiny, pos: learned, seq_len: 64}"),
      [(3, "data.seq_len: 256 is longer than the model's learned positions (64)")]),

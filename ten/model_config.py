@@ -1,0 +1,132 @@
+"""The two model families' configurations: no torch.
+
+Like :class:`ten.config.TrainConfig`, each field is declared once with its type, bounds
+(:class:`~ten.config.Range`), choices (``Literal``), default and description
+(:class:`~ten.config.Doc`): the library checks them when a config is made, and the job's
+``model`` section types its overrides from them (``runner/job/schema.py``). What involves
+several fields (heads dividing eigenstates, say) is checked here too, as a
+:class:`~ten.config.FieldError` on the field a user would change.
+
+``ten.model`` and ``ten.transformer`` build the modules; ``ten.presets`` names the sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from ten.config import Doc, FieldError, Range, check_fields
+
+MLP_KINDS = ("swiglu", "gelu")
+SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.scan.BACKENDS, and auto
+POSITIONS = ("rope", "learned")  # the transformer's
+
+Count = Annotated[int, Range(ge=1)]
+
+
+def mlp_hidden_size(d_model: int, ratio: float, multiple: int = 64) -> int:
+    """Hidden width ratio·d rounded up to a multiple (tensor-core friendly)."""
+    return max(multiple, -(-int(ratio * d_model) // multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class TENConfig:
+    """A Temporal Eigenstate Network language model (docs/model.md)."""
+
+    vocab_size: Annotated[Count, Doc("tokens in the vocabulary (a job takes its "
+                                     "tokenizer's)")] = 4096
+    d_model: Annotated[Count, Doc("width of the residual stream")] = 128
+    n_layers: Annotated[Count, Doc("blocks")] = 4
+    n_eigenstates: Annotated[Count, Doc("K: complex eigenstates per layer")] = 64
+    n_heads: Annotated[Count, Doc("coupling blocks of K/H eigenstates (divides "
+                                  "n_eigenstates)")] = 4
+    seq_len: Annotated[Count, Doc("training length (the model itself runs at any "
+                                  "length); a job's is its data's")] = 256
+    chunk_size: Annotated[Count, Doc("Q, the chunked scan's chunk (exact for any Q)")] = 64
+    scan_backend: Annotated[Literal[SCAN_BACKENDS], Doc(
+        "the scan: auto (fused on CUDA, else chunked), chunked, fused (Triton) or ref "
+        "(sequential)")] = "auto"
+    # selective + conv_width 4, every preset's mode, by measurement (benchmarks/
+    # bench_recall.py, BENCHMARKS.md "Recall"): the fixed mode's held-out loss (4.656 vs
+    # 4.660 nats, flat to 16x the training length), 1.05-1.14x its step time, and the only
+    # TEN that recalls beyond its training length (copy-first trained at 64: 91% at 256).
+    selective: Annotated[bool, Doc(
+        "input-dependent steps; false: fixed eigenvalues (a time-invariant scan)")] = True
+    conv_width: Annotated[int, Range(ge=0), Doc(
+        "a causal depthwise convolution of this width before the drive and the step; "
+        "0: none")] = 4
+    mlp: Annotated[Literal[MLP_KINDS], Doc("the feed-forward block")] = "swiglu"
+    mlp_ratio: Annotated[float, Range(gt=0.0), Doc(
+        "feed-forward width over d_model (rounded up to a multiple of 64)")] = 8 / 3
+    # |λ| at init is uniform in [lambda_min, lambda_max]: memory spans ~10 to ~1000 tokens
+    # from the first step
+    lambda_min: Annotated[float, Range(gt=0.0, lt=1.0), Doc(
+        "smallest |λ| at initialization")] = 0.9
+    lambda_max: Annotated[float, Range(gt=0.0, lt=1.0), Doc(
+        "largest |λ| at initialization")] = 0.999
+    theta_max: Annotated[float, Doc(
+        "eigenvalue angles at initialization are uniform in [0, theta_max]")] = math.pi / 10
+    gate_bias: Annotated[float, Doc(
+        "the output gate's bias at initialization: σ(-2) = 0.12 (measured better than "
+        "0: BENCHMARKS.md)")] = -2.0
+    norm_eps: Annotated[float, Doc("LayerNorm's epsilon")] = 1e-5
+    init_std: Annotated[float, Doc("standard deviation of the initial weights")] = 0.02
+    grad_checkpointing: Annotated[bool, Doc(
+        "recompute blocks' activations in the backward pass (less memory, more time)")] = False
+    checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
+        "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
+        "job keeps it when it shrinks the model); null: all")] = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.n_eigenstates % self.n_heads:
+            raise FieldError("n_heads", f"must divide n_eigenstates={self.n_eigenstates}",
+                             self.n_heads)
+        if not self.lambda_min < self.lambda_max:
+            raise FieldError("lambda_min", f"must be < lambda_max={self.lambda_max}",
+                             self.lambda_min)
+
+    @property
+    def mlp_hidden(self) -> int:
+        return mlp_hidden_size(self.d_model, self.mlp_ratio)
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The baseline: a pre-LN GPT (``ten.transformer``)."""
+
+    vocab_size: Annotated[Count, Doc("tokens in the vocabulary (a job takes its "
+                                     "tokenizer's)")] = 4096
+    d_model: Annotated[Count, Doc("width of the residual stream")] = 128
+    n_layers: Annotated[Count, Doc("blocks")] = 4
+    n_heads: Annotated[Count, Doc("attention heads (divide d_model)")] = 2
+    seq_len: Annotated[Count, Doc("training length; with pos: learned, the longest it "
+                                  "runs")] = 256
+    mlp: Annotated[Literal[MLP_KINDS], Doc("the feed-forward block")] = "swiglu"
+    mlp_hidden: Annotated[Count, Doc(
+        "feed-forward width; a job that does not set it gets the width that matches the "
+        "TEN preset's parameter count")] = 384
+    pos: Annotated[Literal[POSITIONS], Doc(
+        "positions: rope (any length) or a learned table (seq_len at most)")] = "rope"
+    rope_base: Annotated[float, Doc("RoPE's frequency base")] = 10000.0
+    norm_eps: Annotated[float, Doc("LayerNorm's epsilon")] = 1e-5
+    init_std: Annotated[float, Doc("standard deviation of the initial weights")] = 0.02
+    grad_checkpointing: Annotated[bool, Doc(
+        "recompute blocks' activations in the backward pass (less memory, more time)")] = False
+    checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
+        "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
+        "job keeps it when it shrinks the model); null: all")] = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.d_model % self.n_heads:
+            raise FieldError("n_heads", f"must divide d_model={self.d_model}", self.n_heads)
+        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
+            raise FieldError("n_heads", f"RoPE needs an even head size (d_model/n_heads = "
+                             f"{self.d_model // self.n_heads})", self.n_heads)
+
+
+# a job's model.arch -> its config
+MODEL_CONFIGS: dict[str, type] = {"ten": TENConfig, "transformer": TransformerConfig}
+ARCHS = tuple(MODEL_CONFIGS)
