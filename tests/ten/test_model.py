@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
 from ten.lm import recomputed_blocks
-from ten.model import TENLM, EigenstateMixer, TENConfig
+from ten.model import TENLM, EigenstateMixer
+from ten.model_config import TENConfig, TransformerConfig
 from ten.presets import build_model, model_config, ten_config
 from ten.selective import STEP_UNIT
 
@@ -228,6 +229,21 @@ def test_config_errors_name_the_field():
     with pytest.raises(UnknownFieldError) as e:
         ten_config("tiny", d_modle=64)
     assert e.value.field == "d_modle" and "did you mean 'd_model'?" in str(e.value)
+
+
+@pytest.mark.parametrize("config,field,value", [
+    (lambda: TENConfig(d_model=128.0), "d_model", 128.0),
+    (lambda: TENConfig(selective="yes"), "selective", "yes"),
+    (lambda: TENConfig(n_layers=True), "n_layers", True),
+    (lambda: TransformerConfig(pos="alibi"), "pos", "alibi"),
+    (lambda: TransformerConfig(rope_base="1e4"), "rope_base", "1e4"),
+])
+def test_a_config_field_of_the_wrong_type_is_refused_by_name(config, field, value):
+    """The library checks its declared types, not only the job schema: a Python user who
+    passes 128.0 for a width is told which field, before a module is built."""
+    with pytest.raises(FieldError) as e:
+        config()
+    assert (e.value.field, e.value.value) == (field, value)
 
 
 def test_gate_bias_and_selective_init():

@@ -144,6 +144,13 @@ BAD = [
      [(3, "data.tokenizer.vocab_size: give either tokenizer.path or tokenizer.vocab_size")]),
     ("data-files-local", MINIMAL.replace("builtin:botocore-docs}", "./x.txt, data_files: y}"),
      [(3, "data.data_files: only applies to a known hub dataset")]),
+    ("model-errors-together", MINIMAL.replace(
+        "preset: tiny}", "preset: tiny, n_layer: 3, selective: 'yes', chunk_size: 0}"),
+     [(2, "model.n_layer: unknown model field 'n_layer'"),
+      (2, "model.selective: expected true or false, got 'yes'"),
+      (2, "model.chunk_size: must be >= 1, got 0")]),
+    ("transformer-field-on-ten", MINIMAL.replace("preset: tiny}", "preset: tiny, pos: rope}"),
+     [(2, "model.pos: unknown model field 'pos' for arch ten")]),
     ("adamw8bit-cpu", MINIMAL.replace("max_steps: 10",
                                       "max_steps: 10, optimizer: adamw8bit, device: cpu"),
      [(4, "train.optimizer: adamw8bit needs a CUDA device")]),
