@@ -76,9 +76,20 @@ def _bounded(value: float) -> float:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_integral), Strict(), AfterValidator(_int64)]
-# ints are accepted as floats, strings and bools are not
-Float = Annotated[float, Strict(), AfterValidator(_bounded)]
+def bounded(kind: type, **bounds: float) -> Any:
+    """A strict number of the job (:data:`Int`, :data:`Float`) within ``bounds`` (``ge=1``).
+    The bounds come before the validators, so that they stay the number's own and the
+    editor schema shows them as JSON Schema's ``minimum`` and the like, also in
+    ``bounded(int, ge=1) | None``."""
+    if kind is int:  # 1e9 is an integer written as a float; 2.5, "3" and true are not
+        return Annotated[int, Strict(), Field(**bounds), BeforeValidator(_integral),
+                         AfterValidator(_int64)]
+    # ints are accepted as floats, strings and bools are not
+    return Annotated[float, Strict(), Field(**bounds), AfterValidator(_bounded)]
+
+
+Int = bounded(int)
+Float = bounded(float)
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 
@@ -187,22 +198,23 @@ def section_from(config: type, name: str, exclude: frozenset[str] = frozenset(),
         if unset_means is not None:
             extra.update(default=None, description=f"{doc} (unset: {unset_means})")
         key = (rename or {}).get(f.name, f.name)
-        if typing.get_origin(base_type) is tuple:  # the bounds are each item's
-            fields[key] = (_strict(base_type, bounds), Field(**extra))
-        else:
-            fields[key] = (_strict(base_type), Field(**bounds, **extra))
+        fields[key] = (_strict(base_type, bounds), Field(**extra))
     return create_model(name, __base__=base or Section, __doc__=config.__doc__, **fields)
 
 
-def _strict(tp: Any, item_bounds: dict[str, float] | None = None) -> Any:
-    """The job's strict form of a library type; a tuple's items get ``item_bounds``."""
+def _strict(tp: Any, bounds: dict[str, float]) -> Any:
+    """The job's strict form of a library type, with its bounds where a value is checked:
+    on the number, on each item of a tuple, on the number of a ``number | None``."""
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
-        args = [_strict(a) for a in typing.get_args(tp)]
+        args = [_strict(a, bounds) for a in typing.get_args(tp)]
         return args[0] | args[1] if len(args) == 2 else tp
     if typing.get_origin(tp) is tuple:
-        return tuple[tuple(Annotated[a, Strict(), Field(**(item_bounds or {}))]
-                           for a in typing.get_args(tp))]
-    return {int: Int, float: Float, bool: Bool, str: Str}.get(tp, tp)
+        return tuple[tuple(Annotated[a, Strict(), Field(**bounds)] for a in typing.get_args(tp))]
+    if tp is type(None):
+        return tp
+    if tp in (int, float):
+        return bounded(tp, **bounds)
+    return {bool: Bool, str: Str}.get(tp, tp)
 
 
 # The train section: TrainConfig's fields, less those the job keeps in other sections
@@ -237,8 +249,8 @@ DataSection = section_from(
 class CheckpointSection(_train_fields_in("checkpoint", "_CheckpointReads")):
     """How often the run commits a checkpoint, and how many it keeps."""
 
-    milestone_every: Int | None = Field(
-        None, ge=1, description="also keep, in the bucket, every checkpoint whose step is a "
+    milestone_every: bounded(int, ge=1) | None = Field(
+        None, description="also keep, in the bucket, every checkpoint whose step is a "
         "multiple of this")
 
 
@@ -369,7 +381,7 @@ class AwsSection(Section):
                                "one L40S)")
     region: Str | None = Field(None, description="AWS region; null: the AWS default chain "
                                "(AWS_REGION, profile)")
-    max_price: Float | None = Field(None, gt=0.0, description="spot bid, USD per hour; "
+    max_price: bounded(float, gt=0.0) | None = Field(None, description="spot bid, USD per hour; "
                                     "null: up to the on-demand price")
     on_demand_fallback: Bool = Field(False, description="launch on-demand when no spot "
                                      "capacity is found")
@@ -387,7 +399,7 @@ class ResourcesSection(Section):
                       "ranks under torchrun")
     spot: Bool = Field(False, description="a spot (preemptible) machine: watch for the "
                        "preemption notice")
-    price_per_hour: Float | None = Field(None, gt=0.0, description="USD, for cost reports")
+    price_per_hour: bounded(float, gt=0.0) | None = Field(None, description="USD, for cost reports")
     spot_notice: Literal[SPOT_NOTICES] = Field(
         "auto", description="preemption-notice poller: auto detects the cloud when spot is "
         "true; none disables it")
@@ -401,8 +413,8 @@ class ResourcesSection(Section):
                             description="`submit --to aws` only: the EC2 machine")
     max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
                               "(preemptions always relaunch)")
-    max_preemptions: Int | None = Field(
-        None, ge=0, description="managed jobs: relaunches after a preemption, at most this "
+    max_preemptions: bounded(int, ge=0) | None = Field(
+        None, description="managed jobs: relaunches after a preemption, at most this "
         "many (a process killed for memory also reads as one); null: no limit")
 
 

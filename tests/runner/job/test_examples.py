@@ -115,13 +115,35 @@ def test_schema_command_prints_json_schema():
     ({"preset": "tiny", "n_layer": 2}, False),
     ({"preset": "tiny", "d_model": "wide"}, False),
     ({"preset": "tiny", "scan_backend": "fusd"}, False),
+    ({"preset": "tiny", "checkpoint_blocks": -1}, False),
+    ({"preset": "tiny", "checkpoint_blocks": None}, True),
 ])
 def test_the_editor_schema_takes_the_model_keys_validate_takes(model, ok):
     """An editor completing from `ten-runner schema` offers an arch's own model fields,
     and flags what `validate` refuses."""
+    assert_editor_agrees({"model": model}, ok)
+
+
+@pytest.mark.parametrize("section,ok", [
+    ({"train": {"max_steps": 0}}, False),  # an optional number's bound
+    ({"train": {"max_tokens": 10**6}}, True),
+    ({"checkpoint": {"milestone_every": 0}}, False),
+    ({"resources": {"max_preemptions": -1}}, False),
+    ({"resources": {"aws": {"max_price": 0}}}, False),
+    ({"resources": {"price_per_hour": 1.5}}, True),
+])
+def test_the_editor_schema_bounds_optional_numbers_as_validate_does(section, ok):
+    """A bound on a number that may be null is a standard JSON Schema bound (minimum,
+    exclusiveMinimum), which an editor applies, not a keyword it ignores."""
+    assert_editor_agrees(section, ok)
+
+
+def assert_editor_agrees(change: dict, ok: bool) -> None:
     import jsonschema
 
-    job = {"name": "t", "model": model, "data": {"dataset": "imdb"}, "train": {"max_steps": 1}}
+    job = {"name": "t", "model": {"preset": "tiny"}, "data": {"dataset": "imdb"},
+           "train": {"max_steps": 1}}
+    job.update(change)  # whole sections
     editor = not list(jsonschema.Draft202012Validator(json_schema()).iter_errors(job))
     try:
         parse_job(json.dumps(job))
