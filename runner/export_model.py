@@ -173,30 +173,24 @@ def hf_config(layout: Any, cfg: Any, tokenizer: Any) -> dict[str, Any]:
             **_token_ids(tokenizer)}
 
 
+def _special_ids(tokenizer: Any) -> dict[str, int]:
+    """Each special token's id. The BOS is the EOS: every document follows one in
+    training, sentencepiece's own BOS is never seen (the exported tokenizer's docstring,
+    tokenization_ten.py, says so to its users)."""
+    ids = {"eos": tokenizer.eos_id, "pad": tokenizer.pad_id, "bos": tokenizer.eos_id}
+    return ids | ({"unk": tokenizer.unk_id} if getattr(tokenizer, "unk_id", -1) >= 0 else {})
+
+
 def _token_ids(tokenizer: Any) -> dict[str, int]:
-    """eos/pad/bos ids, as config files name them. The BOS is the EOS: every document
-    follows one in training, sentencepiece's own BOS is never seen (tokenization_ten)."""
-    return {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
-            "bos_token_id": tokenizer.eos_id}
+    """eos/pad/bos ids, as config files name them."""
+    return {f"{kind}_token_id": i for kind, i in _special_ids(tokenizer).items()
+            if kind != "unk"}
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, str]:
-    sp = tokenizer._sp
-    tokens = {"eos_token": sp.id_to_piece(tokenizer.eos_id),
-              "pad_token": sp.id_to_piece(tokenizer.pad_id),
-              "bos_token": sp.id_to_piece(tokenizer.eos_id)}
-    if tokenizer.unk_id >= 0:
-        tokens["unk_token"] = sp.id_to_piece(tokenizer.unk_id)
-    return tokens
-
-
-def _describe(layout: Any, cfg: Any, preset: str) -> str:
-    if layout.remote_code:
-        return (f"TEN {preset}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
-                f"{cfg.n_eigenstates} eigenstates{', selective' if cfg.selective else ''}"
-                f"{f', conv {cfg.conv_width}' if cfg.conv_width else ''}")
-    return (f"transformer {preset} (as StableLM): d_model {cfg.d_model}, {cfg.n_layers} "
-            f"layers, {cfg.n_heads} heads, rotary positions")
+    """The special tokens' pieces, as tokenizer files name them."""
+    return {f"{kind}_token": tokenizer._sp.id_to_piece(i)
+            for kind, i in _special_ids(tokenizer).items()}
 
 
 def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, Any],
@@ -209,7 +203,8 @@ def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, 
     loss = _last_eval_loss(run_dir / "metrics.jsonl", found.step)
     tokens = _tokens_seen(found.path)
     data = job.get("data") or {}
-    rows = [("model", _describe(layout, cfg, job.get("model", {}).get("preset", "?"))),
+    card = layout.card
+    rows = [("model", card.shape(cfg, job.get("model", {}).get("preset", "?"))),
             ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
             ("data", f"{data.get('dataset', '?')} (seq_len {data.get('seq_len', '?')})"),
             ("vocabulary", f"{cfg.vocab_size} (sentencepiece, tokenizer.model)"),
@@ -219,26 +214,15 @@ def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, 
             ("held-out perplexity",
              f"{ppl(loss):.2f}" if isinstance(loss, float) else "?")]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    if layout.remote_code:
-        what = ("A Temporal Eigenstate Network language model (a linear-time recurrent LM: "
-                "every layer\nkeeps complex eigenstates instead of attending over the past)")
-        trust = ", trust_remote_code=True"
-        after = ("Generation carries each layer's state, so a new token costs the same "
-                 "however long the\ntext before it.")
-    else:
-        what = ("The transformer baseline (pre-LayerNorm, rotary positions, a gated MLP), "
-                "stored as a\nstandard StableLM (`StableLmForCausalLM`)")
-        trust = ""
-        after = ("The model needs no code from this folder; the tokenizer does "
-                 "(`tokenization_ten.py`).")
+    trust = ", trust_remote_code=True" if layout.remote_code else ""
     return f"""---
 library_name: transformers
-tags: [ten, {'recurrent, linear-time' if layout.remote_code else 'transformer, stablelm'}]
+tags: [ten, {card.tags}]
 ---
 
 # {name}
 
-{what}, trained by ten-runner (job `{name}`) and exported at step {found.step}.
+{card.what}, trained by ten-runner (job `{name}`) and exported at step {found.step}.
 
 | | |
 |---|---|
@@ -257,7 +241,7 @@ ids = tokenizer("The", return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=40, do_sample=False)[0]))
 ```
 
-{after} The job that made it (secrets redacted):
+{card.after} The job that made it (secrets redacted):
 
 ```json
 {json.dumps(job, indent=1, default=str)}

@@ -28,12 +28,23 @@ Names = dict[str, list[str]]  # runner parameter -> the transformers parameters 
 
 
 @dataclass(frozen=True)
+class Card:
+    """What the exported folder's model card (README.md) says of this kind of model."""
+
+    what: str  # the opening sentence's subject
+    tags: str  # the card's tags beside "ten"
+    after: str  # after the loading example: what generation carries, what code it needs
+    shape: Callable[[Any, str], str]  # one line of the model's shape, from (config, preset)
+
+
+@dataclass(frozen=True)
 class Layout:
     model_class: str  # the runner's class, as checkpoints record it
     architecture: str  # config.json's "architectures"
     code: tuple[str, ...]  # model code of runner/hf_model copied beside the weights
     config: Callable[[Any], dict[str, Any]]  # config.json's model fields from ours
     names: Callable[[Any], Names]  # from the runner's model config
+    card: Card
 
     @property
     def remote_code(self) -> bool:
@@ -76,8 +87,21 @@ def _ten_names(cfg: Any) -> Names:
         return {name: [name] for name in build_model(cfg).state_dict()}
 
 
+def _ten_shape(cfg: Any, preset: str) -> str:
+    return (f"TEN {preset}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
+            f"{cfg.n_eigenstates} eigenstates{', selective' if cfg.selective else ''}"
+            f"{f', conv {cfg.conv_width}' if cfg.conv_width else ''}")
+
+
 TEN = Layout("TENLM", "TENForCausalLM", ("configuration_ten.py", "modeling_ten.py"),
-             _ten_config, _ten_names)
+             _ten_config, _ten_names, Card(
+                 what="A Temporal Eigenstate Network language model (a linear-time recurrent "
+                      "LM: every layer\nkeeps complex eigenstates instead of attending over "
+                      "the past)",
+                 tags="recurrent, linear-time",
+                 after="Generation carries each layer's state, so a new token costs the same "
+                       "however long the\ntext before it.",
+                 shape=_ten_shape))
 
 
 # -- the transformer baseline: a StableLM ----------------------------------------------
@@ -112,8 +136,19 @@ def _stablelm_names(cfg: Any) -> Names:
     return names
 
 
+def _stablelm_shape(cfg: Any, preset: str) -> str:
+    return (f"transformer {preset} (as StableLM): d_model {cfg.d_model}, {cfg.n_layers} "
+            f"layers, {cfg.n_heads} heads, rotary positions")
+
+
 STABLELM = Layout("TransformerLM", "StableLmForCausalLM", (), _stablelm_config,
-                  _stablelm_names)
+                  _stablelm_names, Card(
+                      what="The transformer baseline (pre-LayerNorm, rotary positions, a "
+                           "gated MLP), stored as a\nstandard StableLM (`StableLmForCausalLM`)",
+                      tags="transformer, stablelm",
+                      after="The model needs no code from this folder; the tokenizer does "
+                            "(`tokenization_ten.py`).",
+                      shape=_stablelm_shape))
 
 LAYOUTS = {layout.model_class: layout for layout in (TEN, STABLELM)}
 
