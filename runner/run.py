@@ -418,10 +418,9 @@ class JobRun:
         from runner.monitor.cancel import cancelled_since
         from runner.monitor.source import RunFiles
 
-        files = RunFiles(self.job.name, store=self.store, job=self.job.name) \
-            if self.store is not None else RunFiles(str(self.run_dir), run_dir=self.run_dir)
         try:
-            return cancelled_since(files, self.heartbeat.started)
+            return cancelled_since(RunFiles.of_job(self.job, self.store),
+                                   self.heartbeat.started)
         except Exception as e:  # noqa: BLE001 - the last beat must go out regardless
             self.log(f"warning: cannot read the cancel mark: {e}")
             return False

@@ -16,30 +16,46 @@ RUN_MARKERS = ("status.json", "metrics.jsonl", EVENTS_FILE)
 
 
 class RunFiles:
-    """One run's files (status.json, metrics.jsonl, ...), in its run directory or under
-    ``<job>/`` in its store. Readers read them; :meth:`write` is for the one file a
-    process other than the run writes there (:mod:`runner.monitor.cancel`)."""
+    """One run's files (status.json, metrics.jsonl, ...): the objects under ``<job>/`` in
+    its store, or a run directory on this machine (a store rooted there, no prefix).
+    Readers read them; :meth:`write` is for the one file a process other than the run
+    writes there (:mod:`runner.monitor.cancel`)."""
 
-    def __init__(self, label: str, run_dir: Path | None = None, store: Any = None,
-                 job: str | None = None) -> None:
-        self.label, self.run_dir, self.store, self.job = label, run_dir, store, job
+    def __init__(self, label: str, store: Any, job: str | None = None) -> None:
+        self.label, self.store, self.job = label, store, job
+
+    @classmethod
+    def in_dir(cls, run_dir: Path) -> RunFiles:
+        """The run whose directory is ``run_dir`` (created by nothing but the run)."""
+        from runner.storage.local import LocalStore
+
+        return cls(str(run_dir), LocalStore(run_dir, create=False))
+
+    @classmethod
+    def in_store(cls, store: Any, job: str) -> RunFiles:
+        """The run ``job`` under the store's root."""
+        return cls(f"{store.url.rstrip('/')}/{job}", store, job)
+
+    @classmethod
+    def of_job(cls, job: Any, store: Any = None) -> RunFiles:
+        """Where ``job``'s run writes its files: ``<name>/`` in its bucket (``store``, or
+        opened here), else its run directory."""
+        if not job.storage.is_remote:
+            from runner.job.layout import run_dir_of
+
+            return cls.in_dir(run_dir_of(job))
+        return cls.in_store(store if store is not None else job.storage.open(), job.name)
+
+    @property
+    def prefix(self) -> str:
+        """The run's keys in its store start with this ("" in a run directory)."""
+        return f"{self.job}/" if self.job else ""
 
     def read(self, name: str) -> bytes | None:
-        if self.run_dir is not None:
-            path = self.run_dir / name
-            try:
-                return path.read_bytes()
-            except OSError:
-                return None
-        return self.store.get_bytes(f"{self.job}/{name}" if self.job else name)
+        return self.store.get_bytes(self.prefix + name)
 
     def write(self, name: str, data: bytes) -> None:
-        if self.run_dir is not None:
-            from ten.fileio import atomic_write
-
-            atomic_write(self.run_dir / name, data)
-        else:
-            self.store.put_bytes(f"{self.job}/{name}" if self.job else name, data)
+        self.store.put_bytes(self.prefix + name, data)
 
     def read_text(self, name: str) -> str | None:
         data = self.read(name)
@@ -84,13 +100,12 @@ def open_run(where: str, job: str | None = None,
     if "://" not in where:
         path = Path(where)
         if job is None and is_run_dir(path):
-            return RunFiles(str(path), run_dir=path)
+            return RunFiles.in_dir(path)
         if job is not None and is_run_dir(path / job):
-            return RunFiles(str(path / job), run_dir=path / job)
+            return RunFiles.in_dir(path / job)
     if job is None:
         return _the_one_run(where, endpoint_url)
-    store = open_store_or_dir(where, endpoint_url)
-    return RunFiles(f"{store.url.rstrip('/')}/{job}", store=store, job=job)
+    return RunFiles.in_store(open_store_or_dir(where, endpoint_url), job)
 
 
 def _the_one_run(where: str, endpoint_url: str | None) -> RunFiles:
@@ -101,7 +116,7 @@ def _the_one_run(where: str, endpoint_url: str | None) -> RunFiles:
         if name and not parent.endswith(":/"):  # not s3://bucket itself
             store = open_store_or_dir(parent, endpoint_url)
             if any(store.head(f"{name}/{m}") is not None for m in RUN_MARKERS):
-                return RunFiles(f"{store.url.rstrip('/')}/{name}", store=store, job=name)
+                return RunFiles.in_store(store, name)
     store = open_store_or_dir(where, endpoint_url)
     if "://" in where:
         names = sorted({k.split("/")[0] for k in store.list("")
@@ -110,8 +125,8 @@ def _the_one_run(where: str, endpoint_url: str | None) -> RunFiles:
         names = sorted(d.name for d in Path(where).iterdir() if is_run_dir(d))
     if len(names) == 1:
         if "://" not in where:
-            return RunFiles(str(Path(where) / names[0]), run_dir=Path(where) / names[0])
-        return RunFiles(f"{store.url.rstrip('/')}/{names[0]}", store=store, job=names[0])
+            return RunFiles.in_dir(Path(where) / names[0])
+        return RunFiles.in_store(store, names[0])
     if not names:
         raise UserError(f"no runs under {where} (no status.json or metrics.jsonl); give a "
                         "run directory, a store with runs, or s3://bucket/prefix/JOB",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.exit_codes import ExitCode
+from runner.monitor.source import RunFiles
 from runner.provision.base import Instance, LaunchSpec, Provider, ProvisionError
 from runner.provision.destinations import destination
 from runner.provision.managed import (
@@ -87,21 +88,9 @@ def status_reader(job: Any) -> Callable[[], dict[str, Any] | None]:
 
     def read() -> dict[str, Any] | None:
         if not files:
-            files.append(_run_files(job))
+            files.append(RunFiles.of_job(job))
         return read_status(files[0])
     return read
-
-
-def _run_files(job: Any) -> Any:
-    """The job's run files: ``<name>/`` in its bucket, or its local run directory."""
-    from runner.monitor.source import RunFiles
-
-    if job.storage.is_remote:
-        store = job.storage.open()
-        return RunFiles(f"{store.url}/{job.name}", store=store, job=job.name)
-    from runner.job.layout import run_dir_of
-
-    return RunFiles(str(run_dir_of(job)), run_dir=run_dir_of(job))
 
 
 def cancel_announcer(record: JobRecord, job: Any) -> Callable[[], None]:
@@ -109,7 +98,7 @@ def cancel_announcer(record: JobRecord, job: Any) -> Callable[[], None]:
     (:mod:`runner.monitor.cancel`), so it says "cancelled", not "preempted"."""
     from runner.monitor.cancel import announce
 
-    return lambda: announce(_run_files(job), record.job_id)
+    return lambda: announce(RunFiles.of_job(job), record.job_id)
 
 
 def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
@@ -119,7 +108,7 @@ def read_heartbeat(record: JobRecord) -> dict[str, Any] | None:
     from runner.monitor.status import read_status
 
     try:
-        return read_status(_run_files(load_job_copy(record)))
+        return read_status(RunFiles.of_job(load_job_copy(record)))
     except (UserError, OSError, KeyError):
         return None
 

@@ -116,5 +116,10 @@ class Store:
         """Delete keys; missing keys are not an error."""
         raise NotImplementedError
 
+    def delete_folder(self, prefix: str) -> None:
+        """Delete everything under ``prefix`` ("" or ending in "/": a folder of keys)."""
+        if keys := self.list(prefix):
+            self.delete(keys)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

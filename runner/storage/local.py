@@ -26,9 +26,13 @@ def _tmp_name(final: Path) -> Path:
 class LocalStore(Store):
     conditional_writes = True
 
-    def __init__(self, root: Path, url: str | None = None):
+    def __init__(self, root: Path, url: str | None = None, create: bool = True):
+        """A store in ``root``, made when missing unless ``create`` is false (a reader's:
+        a missing folder reads as empty, and a write makes it)."""
         self.root = Path(root).expanduser().absolute()
         self.url = url or f"file://{self.root}"
+        if not create:
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -158,3 +162,13 @@ class LocalStore(Store):
                 except OSError:
                     break
                 parent = parent.parent
+
+    def delete_folder(self, prefix: str) -> None:
+        """The folder itself goes, with what no key names (temporary files)."""
+        folder = self.root / check_key(prefix.rstrip("/")) if prefix else self.root
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise self._fail("delete", prefix, e) from None

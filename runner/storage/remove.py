@@ -6,7 +6,6 @@ refused: removing the files under a live run would leave it writing into nothing
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +23,7 @@ class Contents:
 
 def contents(run: Any) -> Contents:
     """What removing ``run`` (a :class:`runner.monitor.source.RunFiles`) would remove."""
-    if run.run_dir is not None:
-        paths = [p for p in run.run_dir.rglob("*") if p.is_file()]
-        return Contents(str(run.run_dir), len(paths), sum(p.stat().st_size for p in paths))
-    keys = run.store.list(f"{run.job}/")
+    keys = run.store.list(run.prefix)
     size = sum(info.size for info in map(run.store.head, keys) if info is not None)
     return Contents(run.label, len(keys), size)
 
@@ -48,7 +44,4 @@ def refuse_if_live(run: Any, now: float | None = None) -> None:
 
 def remove(run: Any) -> None:
     """Remove every file of ``run`` (what :func:`contents` counted)."""
-    if run.run_dir is not None:
-        shutil.rmtree(run.run_dir)
-    elif keys := run.store.list(f"{run.job}/"):
-        run.store.delete(keys)
+    run.store.delete_folder(run.prefix)

@@ -45,6 +45,25 @@ def test_rm_removes_one_run_directory_and_leaves_the_others(runs):
     assert not (runs / "done-run").exists() and (runs / "other" / "status.json").exists()
 
 
+def test_rm_takes_the_whole_run_directory_with_what_a_crash_left(runs):
+    """A half-written checkpoint (a temporary folder no listing names) goes too: the run
+    directory itself is removed, not only the files a store lists."""
+    tmp = runs / "done-run" / "checkpoints" / ".tmp-step-00000008-123"
+    tmp.mkdir(parents=True)
+    (tmp / "model.pt").write_bytes(b"w")
+    out = rm(runs, "--job", "done-run", "--yes")
+    assert out.exit_code == 0, out.output
+    assert not (runs / "done-run").exists() and (runs / "other").is_dir()
+
+
+def test_reading_a_run_that_has_not_started_creates_nothing(tmp_path):
+    from runner.monitor.source import RunFiles
+
+    files = RunFiles.in_dir(tmp_path / "not-yet")
+    assert files.read_json("status.json") is None
+    assert not (tmp_path / "not-yet").exists()
+
+
 def test_rm_asks_first_and_no_answer_removes_nothing(runs):
     out = rm(runs / "done-run")  # no input: end of input is no
     assert out.exit_code == ExitCode.CONFIG

@@ -9,7 +9,7 @@ from runner.monitor.source import RunFiles
 
 
 def test_a_mark_from_this_session_says_cancelled_and_an_older_one_does_not(tmp_path):
-    files = RunFiles(str(tmp_path), run_dir=tmp_path)
+    files = RunFiles.in_dir(tmp_path)
     assert not cancelled_since(files, started=100.0)  # no mark
     announce(files, "job-1", now=90.0)  # an earlier submission of the same job
     assert not cancelled_since(files, started=100.0)
