@@ -155,8 +155,8 @@ class JobRun:
         """Tell the container's healthcheck (``ten-runner healthcheck``) where this run's
         heartbeat is, first thing: the pointer's age marks this process's start, so a
         previous container's final status is not judged as this one's."""
-        from runner.monitor.heartbeat import STATUS
         from runner.monitor.liveness import write_pointer
+        from runner.storage.mirror import STATUS
 
         try:
             write_pointer(self.run_dir / STATUS)

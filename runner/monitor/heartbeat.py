@@ -3,7 +3,8 @@ MFU, ETA, GPU summary, last checkpoint, diagnoses, $ so far) in the run director
 the job's store, so ``ten-runner status`` works from a laptop while the job runs
 elsewhere; plus ``events.jsonl`` (start, resume with lost work, preemption notice,
 checkpoint committed, stop) and ``gpu.jsonl`` (the GPU samples, for the report).
-The TensorBoard event files (``tensorboard/``) go to the store with the metrics.
+Each beat is mirrored to the store with the run's other files (log, metrics,
+TensorBoard event files) by :mod:`runner.storage.mirror`.
 
 Stalls are judged from the trainer's per-step signal (:meth:`Heartbeat.step`) when it
 is wired, else from the metrics records (a slow run logs rarely: see
@@ -29,14 +30,10 @@ from runner.monitor.cost import cost_summary, is_user_stop, lost_work
 from runner.monitor.diagnose import CRITICAL, Diagnosis, diagnose
 from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.nvml import summarize
+from runner.storage.mirror import GPU, METRICS, STATUS, RunMirror
 from ten.metrics import MetricKind
 
-STATUS = "status.json"
 EVENTS = EVENTS_FILE
-GPU = "gpu.jsonl"
-METRICS = "metrics.jsonl"
-RUN_LOG = "run.log"
-TENSORBOARD = "tensorboard"  # ten.metrics.MetricsWriter's event files, under the run dir
 GPU_KEYS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
             "sm_clock_mhz", "throttle", "name")
 
@@ -112,23 +109,13 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def merged_log(local: bytes, remote: bytes) -> bytes:
-    """The bucket's ``run.log`` (every earlier session's lines) followed by what this
-    machine's has beyond the lines the two share: a new machine's first lines go after
-    the history, a machine that ran the job before does not repeat what it shares."""
-    shared = os.path.commonprefix([local, remote])
-    shared = shared[:shared.rfind(b"\n") + 1]  # whole lines only
-    return remote + (b"" if remote.endswith(b"\n") or not remote else b"\n") + \
-        local[len(shared):]
-
-
 class Heartbeat:
     """Writes the status every ``period_s`` from a daemon thread (see module doc).
 
-    ``store`` (a :class:`runner.storage.Store`, or None for local only) gets
-    ``<job_prefix>/status.json`` every beat, ``events.jsonl`` when it changed, and
-    ``run.log``/``gpu.jsonl``/``metrics.jsonl``/``tensorboard/*`` every ``files_every``
-    beats and at :meth:`stop`.
+    With a ``store`` (a :class:`runner.storage.Store`; None: local only) every beat is
+    mirrored under ``<job_prefix>/`` in it (:class:`runner.storage.mirror.RunMirror`:
+    the status every beat, the other files every ``files_every`` beats and at
+    :meth:`stop`), and :meth:`start` brings back the history a previous machine left.
     ``on_stall(diagnosis)`` is called once when the run is diagnosed stalled (e.g. to
     exit so the managed loop restarts it). ``started`` is when this process started
     (default: now); metrics older than that belong to a previous life of the job and
@@ -142,17 +129,15 @@ class Heartbeat:
                  on_stall: Callable[[Diagnosis], None] | None = None,
                  files_every: int = 4, started: float | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.store, self.job = store, job_prefix.strip("/")
+        self.job = job_prefix.strip("/")
         self.period_s, self.price_per_hour = float(period_s), price_per_hour
         self.sampler, self.log, self.gpus = sampler, log, gpus
         self.stall_after_s, self.on_stall = stall_after_s, on_stall
-        self.files_every = max(1, files_every)
         self.host = socket.gethostname()
         self.records: list[dict[str, Any]] = []
         self._metrics_offset = 0
         self._events_dirty = False
         self._gpu_written_until = 0.0
-        self._beats = 0
         self._stalled = False
         self._active: set[str] = set()
         self._last_warn = 0.0
@@ -162,8 +147,9 @@ class Heartbeat:
         self._exit_code: int | None = None  # set by stop()
         self._stop_reason: str | None = None  # set by stop()
         self._last_step: tuple[int, float] | None = None  # set by step()
-        self._tb_sizes: dict[str, int] = {}  # tensorboard file -> size last uploaded
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # events.jsonl's and run.log's writers hold it
+        self.mirror = None if store is None else \
+            RunMirror(store, self.job, self.run_dir, self._lock, files_every)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,7 +160,8 @@ class Heartbeat:
         """Record a "start" event and begin beating. Brings metrics.jsonl, events.jsonl
         and gpu.jsonl from the store when it has more than this machine (a job resumed on
         a new host keeps its history); call it before the trainer starts."""
-        self._guard(self._adopt_remote_history)
+        if self.mirror is not None:
+            self._guard(self.mirror.adopt_history)
         self._prev_step = self._guard(self._previous_step)
         self._metrics_offset = 0
         self._guard(self._read_metrics)
@@ -263,21 +250,13 @@ class Heartbeat:
         tmp.write_bytes(data)
         os.replace(tmp, self.run_dir / STATUS)
         self._react(status)
-        self._beats += 1
-        if self.store is not None:
+        if self.mirror is not None:
             try:
-                self.store.put_bytes(self._key(STATUS), data)
-                if events_dirty and events_data is not None:
-                    self.store.put_bytes(self._key(EVENTS), events_data)
+                self.mirror.beat(data, events_data if events_dirty else None, upload_files)
             except BaseException:
                 if events_dirty:  # not uploaded: the next beat tries again
                     self._events_dirty = True
                 raise
-            if upload_files or self._beats % self.files_every == 0:
-                self._upload(RUN_LOG)
-                self._upload(GPU)
-                self._upload(METRICS)
-                self._upload_tensorboard()
         return status
 
     # -- the thread -------------------------------------------------------------------
@@ -357,62 +336,13 @@ class Heartbeat:
 
     def _previous_step(self) -> int | None:
         """The step the previous session reached, from its last status."""
-        text = None
-        if self.store is not None:
-            data = self.store.get_bytes(self._key(STATUS))
-            text = data.decode() if data else None
-        if text is None and (self.run_dir / STATUS).exists():
-            text = (self.run_dir / STATUS).read_text()
-        if not text:
+        data = self.mirror.last_status() if self.mirror is not None else None
+        if data is None and (self.run_dir / STATUS).exists():
+            data = (self.run_dir / STATUS).read_bytes()
+        if not data:
             return None
-        step = json.loads(text).get("step")
+        step = json.loads(data).get("step")
         return int(step) if step is not None else None
-
-    def _adopt_remote_history(self) -> None:
-        if self.store is None:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS, EVENTS, GPU):
-            data = self.store.get_bytes(self._key(name))
-            local = self.run_dir / name
-            if data and (not local.exists() or local.stat().st_size < len(data)):
-                local.write_bytes(data)
-        remote = self.store.get_bytes(self._key(RUN_LOG))
-        if remote:  # this session has begun its log already: the earlier ones go first
-            path = self.run_dir / RUN_LOG
-            with self._lock:
-                local = path.read_bytes() if path.exists() else b""
-                merged = merged_log(local, remote)
-                if merged != local:
-                    path.write_bytes(merged)  # the same file: the log's appends follow
-
-    def _upload(self, name: str) -> None:
-        path = self.run_dir / name
-        if path.exists():
-            with self._lock:
-                data = path.read_bytes()
-            self.store.put_bytes(self._key(name), data)
-
-    def _upload_tensorboard(self) -> None:
-        """The TensorBoard event files to ``<job>/tensorboard/<file>``: whole files, as
-        metrics.jsonl (they are append-only and small), and only those that grew. A new
-        machine writes new files (their names carry the host and time), so a resumed
-        job's bucket keeps every life's curves."""
-        root = self.run_dir / TENSORBOARD
-        if not root.is_dir():
-            return
-        for path in sorted(root.rglob("*")):
-            if not path.is_file():
-                continue
-            rel = path.relative_to(root).as_posix()
-            data = path.read_bytes()  # bytes, not put_file: the writer may be appending
-            if self._tb_sizes.get(rel) == len(data):
-                continue
-            self.store.put_bytes(self._key(f"{TENSORBOARD}/{rel}"), data)
-            self._tb_sizes[rel] = len(data)
-
-    def _key(self, name: str) -> str:
-        return f"{self.job}/{name}" if self.job else name
 
     # -- errors -----------------------------------------------------------------------
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
