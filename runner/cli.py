@@ -182,7 +182,7 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
     runs/tiny-cpu), a bucket run (s3://bucket/prefix/JOB: its newest committed checkpoint
     and tokenizer are downloaded under $TEN_CACHE_DIR/samples), a job file, or a
     submitted job's id."""
-    from runner.sample import sample_run
+    from runner.trained.sample import sample_run
 
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     click.echo(sample_run(where, prompt, max_new_tokens, temperature, top_k, seed,
@@ -208,8 +208,8 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
     the model and tokenizer code for Hugging Face transformers (trust_remote_code=True),
     the run's tokenizer and a model card. The transformer baseline is written as a
     standard StableLM (no model code). RUN is as for `sample`."""
-    from runner.export_model import export_model as export
-    from runner.export_model import hub_token, push_to_hub
+    from runner.trained.export import export_model as export
+    from runner.trained.export import hub_token, push_to_hub
 
     token = None if repo is None else hub_token(repo)  # before anything is spent
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
@@ -243,7 +243,7 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
     """Held-out loss, perplexity and bits per byte of a trained model on any text, at
     its training length and 4x and 16x longer. RUN|FOLDER: a run (as for `sample`) or a
     folder `export-model` wrote."""
-    from runner.eval_text import evaluate
+    from runner.trained.evaluate import evaluate
 
     where, job_name, endpoint_url = resolve_target(target, job_name, endpoint_url).located()
     click.echo(evaluate(where, Path(data), seq_len, max_tokens, as_json, per_document,

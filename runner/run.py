@@ -23,10 +23,10 @@ from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import in_job_terms, train_config
 from runner.runlog import RunLog, ScrubbedStream
-from runner.sample import generate_text, ppl, shown_text
 from runner.spot import start_notice_watcher, step_warning
 from runner.storage.datacache import BucketDataCache, open_data
 from runner.storage.restore import connect_store, fetch_checkpoint
+from runner.trained.sample import generate_text, ppl, shown_text
 from ten.fileio import atomic_copy, atomic_write
 from ten.stop import Interrupted, Stop
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from runner.export_model import hf_config
-from runner.hf_model.layouts import STABLELM, TEN, layout_of
+from runner.trained.export import hf_config
+from runner.trained.hf_model.layouts import STABLELM, TEN, layout_of
 from ten.model import TENConfig
 from ten.presets import build_model
 from ten.transformer import TransformerConfig

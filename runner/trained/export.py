@@ -5,7 +5,7 @@ The folder follows the Hugging Face ``transformers`` convention::
     model.safetensors        the weights alone (safetensors: loading runs no code)
     config.json              the model's shape, and which classes load it
     configuration_ten.py     TENConfig            } a TEN model only: plain torch +
-    modeling_ten.py          TENForCausalLM       } transformers (runner/hf_model/),
+    modeling_ten.py          TENForCausalLM       } transformers (runner/trained/hf_model/),
                                                   } trust_remote_code=True
     tokenization_ten.py      TENTokenizer (the run's sentencepiece model, its ids)
     tokenizer.model          the sentencepiece model the run trained with
@@ -15,7 +15,7 @@ The folder follows the Hugging Face ``transformers`` convention::
 
 The transformer baseline is a standard StableLM (``StableLmForCausalLM``: no model code
 in the folder); how each model class maps onto transformers is
-:mod:`runner.hf_model.layouts`. ``config.json`` also keeps the runner's own config
+:mod:`runner.trained.hf_model.layouts`. ``config.json`` also keeps the runner's own config
 (``ten_config``, ``ten_model_class``) so ``ten-runner eval FOLDER`` rebuilds it exactly.
 
 It is written in a temporary folder beside ``out`` and renamed into place: an existing
@@ -41,8 +41,8 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     """Write the folder for a run (see the module doc); returns its path. UserError (one
     line) for a run that cannot be exported or an ``out`` that already exists."""
     from runner.errors import UserError
-    from runner.hf_model.layouts import layout_of
-    from runner.sample import trained_model
+    from runner.trained.hf_model.layouts import layout_of
+    from runner.trained.sample import trained_model
     from ten.trainstate import read_config
 
     out = Path(out)
@@ -146,7 +146,7 @@ def load_exported(folder: Path) -> tuple[Any, Any]:
     from safetensors.torch import load_file
 
     from runner.errors import UserError
-    from runner.hf_model.layouts import LAYOUTS
+    from runner.trained.hf_model.layouts import LAYOUTS
     from ten.data import Tokenizer
     from ten.presets import build_model, config_of
 
@@ -196,7 +196,7 @@ def _special_tokens(tokenizer: Any) -> dict[str, str]:
 def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, Any],
                run_dir: Path) -> str:
     """README.md: what the model is, what it saw, how it scored, and how to load it."""
-    from runner.sample import ppl
+    from runner.trained.sample import ppl
 
     job = saved["resolved"]
     cfg = model.config

@@ -134,7 +134,7 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
 def _score(length: int | None, nll: float, tokens: int, nbytes: int) -> Score:
     """The summed loss ``nll`` (nats) over ``tokens`` predicted tokens spelling
     ``nbytes`` bytes, as a Score."""
-    from runner.sample import ppl
+    from runner.trained.sample import ppl
 
     loss = nll / tokens
     return Score(length=length, tokens=tokens, bytes=nbytes, loss=loss, perplexity=ppl(loss),
@@ -144,9 +144,9 @@ def _score(length: int | None, nll: float, tokens: int, nbytes: int) -> Score:
 def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_json: bool,
              per_document: bool = False, **run: Any) -> str:
     """The report for a folder ``export-model`` wrote, or a run (``run``: job,
-    endpoint_url, step, as :func:`runner.sample.trained_model` takes them)."""
-    from runner.export_model import load_exported
-    from runner.sample import trained_model
+    endpoint_url, step, as :func:`runner.trained.sample.trained_model` takes them)."""
+    from runner.trained.export import load_exported
+    from runner.trained.sample import trained_model
     from ten.data import Tokenizer
 
     if (Path(target) / "model.safetensors").is_file():
