@@ -31,18 +31,35 @@ def mlp_hidden_size(d_model: int, ratio: float, multiple: int = 64) -> int:
 
 
 @dataclass(frozen=True)
-class TENConfig:
-    """A Temporal Eigenstate Network language model (docs/model.md)."""
+class LMConfig:
+    """What both families have: a language model's vocabulary, width, depth, training
+    length, feed-forward block and initialization, and how much of it recomputes its
+    activations. An override of one of these shapes a transformer's TEN reference too
+    (ten.presets.transformer_config)."""
 
     vocab_size: Annotated[Count, Doc("tokens in the vocabulary (a job takes its "
                                      "tokenizer's)")] = 4096
     d_model: Annotated[Count, Doc("width of the residual stream")] = 128
     n_layers: Annotated[Count, Doc("blocks")] = 4
+    seq_len: Annotated[Count, Doc("training length; a job's is its data's")] = 256
+    mlp: Annotated[Literal[MLP_KINDS], Doc("the feed-forward block")] = "swiglu"
+    norm_eps: Annotated[float, Doc("LayerNorm's epsilon")] = 1e-5
+    init_std: Annotated[float, Doc("standard deviation of the initial weights")] = 0.02
+    grad_checkpointing: Annotated[bool, Doc(
+        "recompute blocks' activations in the backward pass (less memory, more time)")] = False
+    checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
+        "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
+        "job keeps it when it shrinks the model); null: all")] = None
+
+
+@dataclass(frozen=True)
+class TENConfig(LMConfig):
+    """A Temporal Eigenstate Network language model (docs/model.md); it runs at any
+    length, whatever its seq_len."""
+
     n_eigenstates: Annotated[Count, Doc("K: complex eigenstates per layer")] = 64
     n_heads: Annotated[Count, Doc("coupling blocks of K/H eigenstates (divides "
                                   "n_eigenstates)")] = 4
-    seq_len: Annotated[Count, Doc("training length (the model itself runs at any "
-                                  "length); a job's is its data's")] = 256
     chunk_size: Annotated[Count, Doc("Q, the chunked scan's chunk (exact for any Q)")] = 64
     scan_backend: Annotated[Literal[SCAN_BACKENDS], Doc(
         "the scan: auto (fused on CUDA, else chunked), chunked, fused (Triton) or ref "
@@ -56,7 +73,6 @@ class TENConfig:
     conv_width: Annotated[int, Range(ge=0), Doc(
         "a causal depthwise convolution of this width before the drive and the step; "
         "0: none")] = 4
-    mlp: Annotated[Literal[MLP_KINDS], Doc("the feed-forward block")] = "swiglu"
     mlp_ratio: Annotated[float, Range(gt=0.0), Doc(
         "feed-forward width over d_model (rounded up to a multiple of 64)")] = 8 / 3
     # |λ| at init is uniform in [lambda_min, lambda_max]: memory spans ~10 to ~1000 tokens
@@ -70,13 +86,6 @@ class TENConfig:
     gate_bias: Annotated[float, Doc(
         "the output gate's bias at initialization: σ(-2) = 0.12 (measured better than "
         "0: BENCHMARKS.md)")] = -2.0
-    norm_eps: Annotated[float, Doc("LayerNorm's epsilon")] = 1e-5
-    init_std: Annotated[float, Doc("standard deviation of the initial weights")] = 0.02
-    grad_checkpointing: Annotated[bool, Doc(
-        "recompute blocks' activations in the backward pass (less memory, more time)")] = False
-    checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
-        "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
-        "job keeps it when it shrinks the model); null: all")] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -93,30 +102,17 @@ class TENConfig:
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
-    """The baseline: a pre-LN GPT (``ten.transformer``)."""
+class TransformerConfig(LMConfig):
+    """The baseline: a pre-LN GPT (``ten.transformer``); with pos: learned its seq_len is
+    the longest it runs."""
 
-    vocab_size: Annotated[Count, Doc("tokens in the vocabulary (a job takes its "
-                                     "tokenizer's)")] = 4096
-    d_model: Annotated[Count, Doc("width of the residual stream")] = 128
-    n_layers: Annotated[Count, Doc("blocks")] = 4
     n_heads: Annotated[Count, Doc("attention heads (divide d_model)")] = 2
-    seq_len: Annotated[Count, Doc("training length; with pos: learned, the longest it "
-                                  "runs")] = 256
-    mlp: Annotated[Literal[MLP_KINDS], Doc("the feed-forward block")] = "swiglu"
     mlp_hidden: Annotated[Count, Doc(
         "feed-forward width; a job that does not set it gets the width that matches the "
         "TEN preset's parameter count")] = 384
     pos: Annotated[Literal[POSITIONS], Doc(
         "positions: rope (any length) or a learned table (seq_len at most)")] = "rope"
     rope_base: Annotated[float, Doc("RoPE's frequency base")] = 10000.0
-    norm_eps: Annotated[float, Doc("LayerNorm's epsilon")] = 1e-5
-    init_std: Annotated[float, Doc("standard deviation of the initial weights")] = 0.02
-    grad_checkpointing: Annotated[bool, Doc(
-        "recompute blocks' activations in the backward pass (less memory, more time)")] = False
-    checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
-        "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
-        "job keeps it when it shrinks the model); null: all")] = None
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -16,7 +16,7 @@ import torch
 from ten.config import PRESET_NAMES, UnknownFieldError
 from ten.lm import LanguageModel
 from ten.model import TENLM
-from ten.model_config import ARCHS, TENConfig, TransformerConfig
+from ten.model_config import ARCHS, LMConfig, TENConfig, TransformerConfig
 from ten.progress import table
 from ten.transformer import TransformerLM
 
@@ -53,8 +53,7 @@ EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing"
 
 # Fields both architectures have: an override of one of these shapes the TEN reference
 # *and* the transformer matched to it.
-_SHARED = {"vocab_size", "d_model", "n_layers", "seq_len", "mlp", "norm_eps", "init_std",
-           "grad_checkpointing", "checkpoint_blocks"}
+_SHARED = {f.name for f in dataclasses.fields(LMConfig)}
 _TEN_FIELDS = {f.name for f in dataclasses.fields(TENConfig)}
 _TRANSFORMER_FIELDS = {f.name for f in dataclasses.fields(TransformerConfig)}
 
