@@ -3,7 +3,6 @@ real subprocesses, real signals to the launcher, kill -9 of everything. The laun
 pure parts (when it is needed, the torchrun command): tests/runner/test_launch.py."""
 
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from patience import communicate
 from runhelpers import (
     Launched,
     final_weights,
+    kill_points,
     losses,
     processes_of,
     rank_process,
@@ -114,7 +114,7 @@ def test_kill_9_of_the_launcher_ends_every_rank_and_the_run_resumes_exactly(
     job = write_job(tmp_path, corpus, name="two", steps=STEPS, batch=4, gpus=2)
     run = tmp_path / "store" / "two"
     proc = launch("run", job, "--no-sample", start_new_session=True)
-    wait_for_step(run / "metrics.jsonl", proc, random.Random().randint(4, 15))
+    wait_for_step(run / "metrics.jsonl", proc, kill_points("the kill step").randint(4, 15))
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: torchrun has its own session
     proc.communicate()
     assert processes_of(job, timeout=10) == []  # torchrun and both ranks followed it

@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from runhelpers import (
     FakeIMDS,
     cli,
     final_weights,
+    kill_points,
     losses,
     run_to_end,
     same_weights,
@@ -38,9 +38,8 @@ def test_kill_9_at_a_random_step_then_resume_is_bit_exact(tmp_path, corpus, mode
 
     job = write_job(tmp_path, corpus, name="victim", mode=mode)
     run = tmp_path / "store" / "victim"
-    seed = random.SystemRandom().randrange(1 << 32)
-    kill_at = random.Random(seed).randint(4, 30)
-    print(f"seed {seed}: kill -9 at step {kill_at}")  # shown when the test fails
+    kill_at = kill_points("the kill -9 step").randint(4, 30)
+    print(f"kill -9 at step {kill_at}")
     proc = cli("run", job, "--no-sample")
     reached = wait_for_step(run / "metrics.jsonl", proc, kill_at)
     proc.send_signal(signal.SIGKILL)

@@ -3,7 +3,6 @@ life — the machine and its disk vanish, the next one resumes from the bucket e
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -17,6 +16,7 @@ from runhelpers import (
     FakeIMDS,
     cli,
     final_weights,
+    kill_points,
     losses,
     run_to_end,
     same_weights,
@@ -110,7 +110,7 @@ def test_repeated_kill_9_new_machine_each_time(tmp_path, corpus, rclone_endpoint
     ref = reference(tmp_path, corpus, steps=30)
     name = f"k9-{uuid.uuid4().hex[:6]}"
     job, store, local = bucket_job(tmp_path, corpus, rclone_endpoint, name, steps=30, every=2)
-    rng = random.Random()
+    rng = kill_points("the kill -9 steps")
     all_losses = {}
     for _ in range(5):  # five machines killed (the suite's time: ~6 s each)
         start = latest_committed(store, name) or 0

@@ -4,6 +4,7 @@ tests/e2e, and a few others)."""
 import http.server
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -98,6 +99,14 @@ def run_to_end(*args, timeout=300, env=None):
     p = cli(*args, env=None if env is None else {**os.environ, **env})
     out, err = communicate(p, timeout)
     return p.returncode, out, err
+
+
+def kill_points(what: str) -> random.Random:
+    """A generator for the moments a test kills a run at: a fresh seed each time (every
+    run tries other moments), printed so a failure can be replayed."""
+    seed = random.SystemRandom().randrange(1 << 32)
+    print(f"seed {seed}: {what}")  # pytest shows it with the failure
+    return random.Random(seed)
 
 
 def wait_for_step(metrics: Path, proc, step: int, timeout=120):
