@@ -24,8 +24,8 @@ from runner.job.layout import run_dir_of
 from runner.job.library import in_job_terms, train_config
 from runner.runlog import RunLog, ScrubbedStream
 from runner.spot import start_notice_watcher, step_warning
-from runner.storage.datacache import BucketDataCache, open_data
-from runner.storage.restore import connect_store, fetch_checkpoint
+from runner.storage.datacache import open_data
+from runner.storage.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.trained.sample import generate_text, ppl, shown_text
 from ten.fileio import atomic_copy, atomic_write
 from ten.stop import Interrupted, Stop
@@ -77,7 +77,7 @@ class JobRun:
         self.is_main = rank == 0
         self.tag = "" if self.is_main else f"[rank {rank}] "
         self.log: Any = self._stderr  # until the run directory is ours (see run)
-        self.store = self.lease = self.sync = self.cache = self.lock = None
+        self.bucket: Bucket | None = None  # a remote job's, on the rank that writes it
         self.watcher = self.sampler = self.heartbeat = None
         self.on_gpu = False  # a GPU job (gated, monitored)? decided by _start
         self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)
@@ -99,8 +99,7 @@ class JobRun:
         try:
             try:
                 if self.is_main:  # before anything is written: one writer per run directory
-                    self.lock = RunLock.acquire(self.run_dir)
-                    self.resources.callback(self.lock.release)
+                    self.resources.callback(RunLock.acquire(self.run_dir).release)
                 self.log = RunLog(self.run_dir, self.tag, scrub=self.job.scrub)
                 self.resources.callback(self.log.close)
                 self.resources.enter_context(ThreadDiskErrors(self.log))
@@ -123,7 +122,7 @@ class JobRun:
             self.log("interrupted before a checkpoint could be committed")
             code = ExitCode.PREEMPTED
         except Exception as e:  # noqa: BLE001 - every failure has its exit code
-            code = exit_code_of(e, self.job, self.run_dir, self.store is not None, self.log,
+            code = exit_code_of(e, self.job, self.run_dir, self.bucket is not None, self.log,
                                 self.stop.phase)
         finally:
             self._close(code)
@@ -205,11 +204,13 @@ class JobRun:
                 return unfit
         if job.storage.is_remote and self.is_main:
             self.stop.set_phase("the bucket restore")
-            self.store, self.lease = connect_store(job, self.run_dir, log)
+            self.bucket = open_bucket(job, self.run_dir, log, on_lease_lost=self.stop.request)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
         if self.is_main:
-            self._start_monitor()
+            self._start_monitor(self.bucket.store if self.bucket is not None else None)
+        if self.bucket is not None:  # closed before the last beat: uploads end, then it says
+            self.resources.callback(self.bucket.close)
         return None
 
     def _finish(self, trainer: Any, result: Any, tokenizer: Any) -> ExitCode:
@@ -222,9 +223,9 @@ class JobRun:
             return ExitCode.STORAGE
         if result.outcome is Outcome.PREEMPTED:
             return ExitCode.PREEMPTED
-        if self.cache is not None:  # done: let the prepared data finish sharing
+        if self.bucket is not None:  # done: let the prepared data finish sharing
             self.stop.set_phase("sharing the prepared data")
-            for thread in self.cache.threads:
+            for thread in self.bucket.data.threads:
                 thread.join(timeout=300)
         if trainer.dist.is_main:
             self.log(f"done: {result.step} steps, held-out loss {result.final_loss:.4f}, "
@@ -285,18 +286,19 @@ class JobRun:
         for the heartbeat alone, whose last beat (as the run closes) holds the code."""
         from runner.storage import StorageError
 
-        storage = self.job.storage
+        if not self.is_main:
+            return
+        store = None
         try:
-            if storage.is_remote and self.is_main:
-                self.store = storage.open()
+            if self.job.storage.is_remote:
+                store = self.job.storage.open()
         except StorageError as e:  # the verdict stands; only its report is lost
             self.log(f"warning: cannot report this to the bucket: {e}")
-        if self.is_main:
-            self._start_monitor()
+        self._start_monitor(store)
 
-    def _start_monitor(self) -> None:
-        """GPU sampler and heartbeat, started before data preparation so the paid time
-        they account for includes it."""
+    def _start_monitor(self, store: Any) -> None:
+        """GPU sampler and heartbeat (mirrored to ``store`` when there is one), started
+        before data preparation so the paid time they account for includes it."""
         from runner.monitor.heartbeat import Heartbeat
         from runner.monitor.nvml import GpuSampler
 
@@ -314,7 +316,7 @@ class JobRun:
                 self.stop.end_process(ExitCode.CRASH, at_once=True)
 
         self.heartbeat = Heartbeat(
-            self.run_dir, self.store, self.job.name, period_s=mon.heartbeat_s,
+            self.run_dir, store, self.job.name, period_s=mon.heartbeat_s,
             price_per_hour=self.job.resources.price_per_hour, sampler=self.sampler, log=log,
             gpus=max(self.job.resources.gpus, 1), stall_after_s=mon.stall_after_s,
             on_stall=on_stall)
@@ -322,10 +324,8 @@ class JobRun:
         self.resources.callback(self._last_beat)
 
     def _open_data(self):
-        store, job = self.store, self.job
-        self.cache = None if store is None else BucketDataCache(store, self.log, job.scrub)
-        data = open_data(job, self.log, self.cache)
-        return data, job.model_settings(data.tokenizer.vocab_size)
+        data = open_data(self.job, self.log, self.bucket.data if self.bucket else None)
+        return data, self.job.model_settings(data.tokenizer.vocab_size)
 
     def _trainer(self, data: Any, mcfg: Any):
         from ten.trainer import Trainer
@@ -341,29 +341,24 @@ class JobRun:
                           on_commit=self._on_commit, on_log=self._on_log,
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
                           stop=self.stop)
-        if self.store is not None:
-            from runner.storage.sync import CheckpointSync
-
-            self.store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
+        if self.bucket is not None:
+            store = self.bucket.store
+            store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
             # Beside the checkpoints, so `ten-runner sample s3://...` needs nothing else.
-            self.store.put_file(f"{job.name}/tokenizer.model", run_dir / "tokenizer.model")
-            self.sync = CheckpointSync(self.store, job.name, job.checkpoint.keep_last,
-                                       job.checkpoint.milestone_every, self.lease, self.log,
-                                       on_lease_lost=trainer.stop.request)
-            self.resources.callback(self.sync.close)
+            store.put_file(f"{job.name}/tokenizer.model", run_dir / "tokenizer.model")
         self.watcher = start_notice_watcher(job, trainer, self.log, self.heartbeat)
         self.trainer = trainer
         return trainer
 
     def _on_commit(self, path: Path, seconds: float) -> None:
         self.commits.append((path, seconds, time.time()))
-        if self.sync is not None:
-            self.sync.submit(path)
+        if self.bucket is not None:
+            self.bucket.sync.submit(path)
         if self.heartbeat is not None:
             self.heartbeat.checkpoint_committed(path, seconds)
         # Once a save (and, with a bucket, an upload) has been measured: would an
         # emergency checkpoint fit the notice window?
-        upload_s = 0.0 if self.sync is None else self.sync.last_upload_s
+        upload_s = 0.0 if self.bucket is None else self.bucket.sync.last_upload_s
         if self.watcher is not None and upload_s is not None and not self._warned:
             from runner.preemption import startup_warning
 
@@ -390,14 +385,14 @@ class JobRun:
         for it is the only time training waits on the network). Then, after a notice,
         how long that took against its deadline. False when the bucket lacks it."""
         committed_at = self.commits[-1][2] if self.commits else None
-        if self.sync is not None and self.commits:
-            last = self.commits[-1][0]
+        if self.bucket is not None and self.commits:
+            last, sync = self.commits[-1][0], self.bucket.sync
             with self.stop.deferred(f"the upload of {last.name}"):
-                uploaded = self.sync.commit_now(last)
+                uploaded = sync.commit_now(last)
             if not uploaded:
-                why = self.sync.lease_lost or self.sync.error or "upload failed"
+                why = sync.lease_lost or sync.error or "upload failed"
                 self.log(f"storage error: {last.name} is committed in {self.run_dir} but not "
-                         f"in {self.store.url}: {why}")
+                         f"in {self.bucket.store.url}: {why}")
                 return False
             committed_at = time.time()  # in the bucket: what survives the machine
         notice = self.watcher.notice if self.watcher is not None else None
@@ -419,8 +414,8 @@ class JobRun:
         from runner.monitor.source import RunFiles
 
         try:
-            return cancelled_since(RunFiles.of_job(self.job, self.store),
-                                   self.heartbeat.started)
+            store = self.bucket.store if self.bucket is not None else None
+            return cancelled_since(RunFiles.of_job(self.job, store), self.heartbeat.started)
         except Exception as e:  # noqa: BLE001 - the last beat must go out regardless
             self.log(f"warning: cannot read the cancel mark: {e}")
             return False

@@ -1,18 +1,52 @@
 """The job's bucket at the start of a run: open it, take the writer lease, and bring the
 newest committed checkpoint to this machine (rank 0), or the step rank 0 chose (the
-other machines of a multi-node run)."""
+other machines of a multi-node run). :func:`open_bucket` gives rank 0 all it writes the
+bucket with, as one :class:`Bucket`."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.job import Job
     from runner.runlog import RunLog
+    from runner.storage.datacache import BucketDataCache
+    from runner.storage.sync import CheckpointSync
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A run's bucket, on the process that writes it: the store, its writer lease, the
+    uploader of committed checkpoints and the prepared-data cache shared through it."""
+
+    store: Any
+    lease: Any
+    sync: CheckpointSync
+    data: BucketDataCache
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def open_bucket(job: Job, run_dir: Path, log: RunLog,
+                on_lease_lost: Callable[[str], None]) -> Bucket:
+    """The job's bucket, its newest committed checkpoint brought here
+    (:func:`connect_store`), and its uploader started; ``on_lease_lost(reason)`` when
+    another run takes the lease."""
+    from runner.storage.datacache import BucketDataCache
+    from runner.storage.sync import CheckpointSync
+
+    store, lease = connect_store(job, run_dir, log)
+    sync = CheckpointSync(store, job.name, job.checkpoint.keep_last,
+                          job.checkpoint.milestone_every, lease, log,
+                          on_lease_lost=on_lease_lost)
+    return Bucket(store, lease, sync, BucketDataCache(store, log, job.scrub))
 
 
 def connect_store(job: Job, run_dir: Path, log: RunLog):
