@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runner.job.errors import show, suggest
 from runner.job.library import FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
@@ -104,11 +105,22 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _by_arch(schema: dict[str, Any]) -> None:
+    """For editors: the keys an arch's model takes, under that arch."""
+    def keys(arch: str) -> dict[str, Any]:
+        return {"properties": model_fields(arch).model_json_schema()["properties"]}
+
+    schema.update({"if": {"properties": {"arch": {"const": "transformer"}},
+                          "required": ["arch"]},
+                   "then": keys("transformer"), "else": keys("ten"),
+                   "unevaluatedProperties": False})
+    schema.pop("additionalProperties", None)
+
+
 class ModelSection(BaseModel):
     """The model: an architecture's preset, and any field of its config set otherwise."""
 
-    model_config = ConfigDict(extra="allow", frozen=True,
-                              json_schema_extra=lambda schema: _by_arch(schema))
+    model_config = ConfigDict(extra="allow", frozen=True, json_schema_extra=_by_arch)
 
     arch: Arch = Field("ten", description="model family")
     preset: Preset = Field(
@@ -136,18 +148,6 @@ class ModelSection(BaseModel):
         return given.model_dump(exclude_unset=True)
 
 
-def _by_arch(schema: dict[str, Any]) -> None:
-    """For editors: the keys an arch's model takes, under that arch."""
-    def keys(arch: str) -> dict[str, Any]:
-        return {"properties": model_fields(arch).model_json_schema()["properties"]}
-
-    schema.update({"if": {"properties": {"arch": {"const": "transformer"}},
-                          "required": ["arch"]},
-                   "then": keys("transformer"), "else": keys("ten"),
-                   "unevaluatedProperties": False})
-    schema.pop("additionalProperties", None)
-
-
 def _raised_again(err: Any) -> Any:
     """One of pydantic's reported errors as it can be raised again."""
     kind = err["type"]
@@ -158,8 +158,6 @@ def _raised_again(err: Any) -> Any:
 
 
 def _unknown_field(name: str, arch: str, known: typing.Iterable[str]) -> str:
-    from runner.job.errors import show, suggest
-
     close = suggest(name, known)
     return f"unknown model field {show(name)} for arch {arch}" + (
         f" (did you mean {close!r}?)" if close else f" (known: {', '.join(sorted(known))})")
