@@ -209,8 +209,8 @@ class JobRun:
             self._agree_on_checkpoint()
         if self.is_main:
             self._start_monitor(self.bucket.store if self.bucket is not None else None)
-        if self.bucket is not None:  # closed before the last beat: uploads end, then it says
-            self.resources.callback(self.bucket.close)
+        if self.bucket is not None:  # after the heartbeat: closed before its last beat, so
+            self.resources.callback(self.bucket.close)  # uploads end before the status does
         return None
 
     def _finish(self, trainer: Any, result: Any, tokenizer: Any) -> ExitCode:
