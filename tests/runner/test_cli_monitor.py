@@ -254,7 +254,7 @@ def test_sample_while_the_run_prunes_its_newest_checkpoint(trained, tmp_path, mo
     the newest one left, instead of exiting 2 "cannot load model.pt"."""
     import shutil
 
-    from runner import sample as sample_mod
+    from runner.trained import sample as sample_mod
     from ten import checkpoint as ckpt
 
     local, step_dir = trained
