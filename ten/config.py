@@ -15,6 +15,7 @@ the runner shows those names as the keys a job file sets.
 
 from __future__ import annotations
 
+import numbers
 import types
 import typing
 from dataclasses import dataclass
@@ -115,8 +116,9 @@ def _type_problem(hint: Any, value: Any) -> str | None:
         return None if ok else f"{len(items)} numbers"
     if kind not in _WORDS:
         return None
-    numbers = (int, float) if kind is float else (kind,)
-    ok = isinstance(value, numbers) and (kind is bool or not isinstance(value, bool))
+    # numpy's integers and floats are numbers too; a bool is not one
+    accepted = {int: numbers.Integral, float: numbers.Real}.get(kind, kind)
+    ok = isinstance(value, accepted) and (kind is bool or not isinstance(value, bool))
     return None if ok else _WORDS[kind]
 
 

@@ -246,6 +246,14 @@ def test_a_config_field_of_the_wrong_type_is_refused_by_name(config, field, valu
     assert (e.value.field, e.value.value) == (field, value)
 
 
+def test_numpy_numbers_are_numbers_to_a_config():
+    """A sweep that draws sizes with numpy is not refused for the integer's type."""
+    import numpy as np
+
+    cfg = TENConfig(d_model=np.int64(64), n_eigenstates=np.int32(32), mlp_ratio=np.float32(2))
+    assert (cfg.d_model, cfg.n_eigenstates, cfg.mlp_ratio) == (64, 32, 2.0)
+
+
 def test_gate_bias_and_selective_init():
     """The step starts around the fixed model's (Δ = 1) but already depends on the token,
     in softplus's exponential part: a unit of pre-activation scales it by ~e."""
