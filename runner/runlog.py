@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.storage.mirror import RUN_LOG
+
 
 class RunLog:
     """Lines to stderr and to ``<run>/run.log`` (structured figures go to metrics.jsonl).
@@ -22,7 +24,7 @@ class RunLog:
                  scrub: Callable[[str], str] | None = None) -> None:
         self.tag = tag  # "[rank 1] ": which torchrun rank said it
         self.scrub = scrub or (lambda text: text)
-        self.path = Path(run_dir) / "run.log"
+        self.path = Path(run_dir) / RUN_LOG
         self._file = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.monitor.source import RunFiles, open_run
+from runner.storage.mirror import RUN_LOG
 
 
 def read_log(store_or_path: str, job: str | None = None,
              endpoint_url: str | None = None) -> str:
     """The whole run.log; a one-line UserError when there is none yet."""
     run = open_run(store_or_path, job, endpoint_url)
-    text = run.read_text("run.log")
+    text = run.read_text(RUN_LOG)
     if text is None:
         raise UserError(f"no run.log for {run.label} yet", exit_code=ExitCode.CONFIG)
     return text
@@ -28,7 +29,7 @@ def follow_log(run: RunFiles, emit: Callable[[str], None], interval_s: float = 1
     started a fresh one) is emitted again from its start."""
     seen = 0
     while True:
-        text = run.read_text("run.log") or ""
+        text = run.read_text(RUN_LOG) or ""
         if len(text) < seen:
             seen = 0
         if len(text) > seen:

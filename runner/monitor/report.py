@@ -27,6 +27,7 @@ from typing import Any
 from runner.monitor.cost import cost_summary, format_cost
 from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.source import open_run
+from runner.storage.mirror import GPU, METRICS, STATUS
 from ten.metrics import MetricKind
 
 
@@ -35,10 +36,10 @@ def load_run(store_or_path: str, job: str | None = None,
     """Everything a report needs from a run directory or ``<store>/<job>/``."""
     run = open_run(store_or_path, job, endpoint_url)
     return {"label": run.label, "job": job or run.job or Path(run.label).name,
-            "metrics": run.read_jsonl("metrics.jsonl"),
+            "metrics": run.read_jsonl(METRICS),
             "events": run.read_jsonl(EVENTS_FILE),
-            "gpu": run.read_jsonl("gpu.jsonl"),
-            "status": run.read_json("status.json"),
+            "gpu": run.read_jsonl(GPU),
+            "status": run.read_json(STATUS),
             "resolved": run.read_json("job.json")}
 
 

@@ -11,8 +11,9 @@ from typing import Any
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.monitor.events import EVENTS_FILE
+from runner.storage.mirror import METRICS, STATUS
 
-RUN_MARKERS = ("status.json", "metrics.jsonl", EVENTS_FILE)
+RUN_MARKERS = (STATUS, METRICS, EVENTS_FILE)
 
 
 class RunFiles:

@@ -10,6 +10,7 @@ from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.monitor.events import EVENTS_FILE
 from runner.monitor.source import RunFiles, list_jobs, open_run
+from runner.storage.mirror import METRICS, STATUS
 from ten.progress import clock, duration, table
 
 STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)
@@ -18,10 +19,10 @@ STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)
 def read_status(run: RunFiles) -> dict[str, Any] | None:
     """A run's status.json; for a run without one (no heartbeat ran), a status rebuilt
     from its metrics, marked state "unknown"; None when there is neither."""
-    status = run.read_json("status.json")
+    status = run.read_json(STATUS)
     if status is not None:
         return status
-    records = run.read_jsonl("metrics.jsonl")
+    records = run.read_jsonl(METRICS)
     if not records:
         return None
     from runner.monitor.heartbeat import build_status

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runner.storage.mirror import METRICS
+
 HF_SOURCE = Path(__file__).resolve().parent / "hf_model"
 TOKENIZER_CODE = "tokenization_ten.py"
 
@@ -200,7 +202,7 @@ def model_card(layout: Any, model: Any, name: str, found: Any, saved: dict[str, 
 
     job = saved["resolved"]
     cfg = model.config
-    loss = _last_eval_loss(run_dir / "metrics.jsonl", found.step)
+    loss = _last_eval_loss(run_dir / METRICS, found.step)
     tokens = _tokens_seen(found.path)
     data = job.get("data") or {}
     card = layout.card
