@@ -15,7 +15,7 @@ a few steps, at a different phase of the checkpoint interval (an offset of 1/2R,
   preemption notice does: the trainer finishes its step, commits a checkpoint to the
   bucket and exits 75.
 * ``sigkill``: SIGKILL to the attempt's process group (the machine vanished). The next
-  attempt starts on an empty disk: the provider deletes ``runner.run.run_dir_of(job)``
+  attempt starts on an empty disk: the provider deletes ``runner.job.layout.run_dir_of(job)``
   just before it launches the relaunch (the moment the loop has decided, so the delete
   can never race the new process), keeping the dead attempt's metrics.jsonl first.
   The prepared-data cache beside the run directory survives: the data is prepared

@@ -148,11 +148,11 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     try:
         stop.install()  # from the first moment: a stop before the loop exits 75 too
         job = _load(job_file, sets)
-        from runner.launch import launch, needs_launcher
+        from runner.launch.torchrun import launch, needs_launcher
 
         if needs_launcher(job):  # resources.gpus > 1: this process supervises torchrun
             raise SystemExit(launch(job_file, sets, job, stop, no_sample=no_sample))
-        from runner.run import run_job
+        from runner.run.jobrun import run_job
 
         code = run_job(job, stop, sample_prompt=None if no_sample else "The")
     except Interrupted as stopped:
@@ -493,7 +493,7 @@ _register_extra_commands()
 
 
 def main() -> None:
-    from runner.runlog import keep_standard_streams
+    from runner.run.log import keep_standard_streams
 
     keep_standard_streams()
     cli()

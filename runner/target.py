@@ -64,7 +64,7 @@ def submitted_record(target: str):
 
 
 def _print_through(scrub: Callable[[str], str]) -> None:
-    from runner.runlog import ScrubbedStream
+    from runner.run.log import ScrubbedStream
 
     sys.stdout, sys.stderr = (s if isinstance(s, ScrubbedStream) else ScrubbedStream(s, scrub)
                               for s in (sys.stdout, sys.stderr))

@@ -9,7 +9,7 @@ from typing import Any
 
 from runner.job import Job
 from runner.job.library import data_config
-from runner.runlog import RunLog
+from runner.run.log import RunLog
 
 
 class BucketDataCache:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.job import Job
-    from runner.runlog import RunLog
+    from runner.run.log import RunLog
     from runner.storage.datacache import BucketDataCache
     from runner.storage.sync import CheckpointSync
 

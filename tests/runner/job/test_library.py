@@ -110,7 +110,7 @@ def test_a_data_error_is_said_in_job_keys_by_a_run():
     """The path a run's data error takes to the log: the library's field, the job's key."""
     from pathlib import Path
 
-    from runner.failures import exit_code_of
+    from runner.run.failures import exit_code_of
     from ten.data import DataError
 
     lines = []

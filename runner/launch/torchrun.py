@@ -2,7 +2,7 @@
 the one exit code a supervisor acts on.
 
 ``ten-runner run`` calls :func:`launch` when :func:`needs_launcher` says so. It runs
-torchrun (``python -m runner.launch``: :func:`torchrun_main`) with ``--standalone
+torchrun (``python -m runner.launch.torchrun``: :func:`torchrun_main`) with ``--standalone
 --nproc_per_node N -m runner.cli run JOB`` as a child process; each
 rank is then an ordinary ``ten-runner run`` that sees torchrun's RANK/WORLD_SIZE (DDP,
 NCCL on CUDA; with ``train.device: cpu``, gloo on CPU: the mode the tests use).
@@ -11,7 +11,7 @@ Why a launcher around torchrun rather than torchrun itself:
 
 - torchrun returns 1 for any failure, and 0 or 1 cannot say "preempted, resume" (75)
   or "fix the job, do not retry" (2). Rank 0 leaves its exit code in the launch
-  directory (:mod:`runner.ranks`); the launcher returns it.
+  directory (:mod:`runner.launch.ranks`); the launcher returns it.
 - On SIGTERM torchrun's agent signals each rank's whole process group, DataLoader
   workers included; a worker killed under the trainer fails the step that was to be
   checkpointed. So the launcher sends a stop signal to the ranks themselves (their pids
@@ -21,7 +21,7 @@ Why a launcher around torchrun rather than torchrun itself:
   only, which passes it on once; a second Ctrl-C is passed on too (the user insists:
   the ranks stop without a checkpoint). Repeated SIGTERMs are not passed on.
 - A kill -9 of the launcher ends torchrun, and that ends the ranks (the kernel's
-  parent-death signal, :func:`runner.ranks.die_with_parent`): nothing keeps training
+  parent-death signal, :func:`runner.launch.ranks.die_with_parent`): nothing keeps training
   beside the next run.
 
 Several machines: set TEN_NNODES, TEN_NODE_RANK, TEN_MASTER_ADDR and TEN_MASTER_PORT
@@ -46,7 +46,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
-from runner.ranks import EXIT_FILE, LAUNCH_DIR_ENV, die_with_parent, pid_file
+from runner.launch.ranks import EXIT_FILE, LAUNCH_DIR_ENV, die_with_parent, pid_file
 from ten.stop import Stop
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -114,7 +114,7 @@ def torchrun_command(job_file: str, sets: tuple[str, ...], nproc: int, nodes: No
                      no_sample: bool = False) -> list[str]:
     """The torchrun command line whose every rank runs ``ten-runner run JOB`` (torchrun
     through :func:`torchrun_main`)."""
-    cmd = [sys.executable, "-m", "runner.launch", "--nproc_per_node", str(nproc),
+    cmd = [sys.executable, "-m", "runner.launch.torchrun", "--nproc_per_node", str(nproc),
            "--monitor_interval", "0.5"]
     if nodes is None:
         cmd.append("--standalone")

@@ -1,4 +1,4 @@
-"""The multi-GPU launcher's decisions (runner.launch): when a job needs torchrun, the
+"""The multi-GPU launcher's decisions (runner.launch.torchrun): when a job needs torchrun, the
 rendezvous flags from TEN_NNODES & co., and one line for each bad setting. Two ranks
 for real, signals and kill -9: tests/e2e/test_launch_ranks.py."""
 
@@ -7,7 +7,7 @@ from runhelpers import write_job
 
 from runner.errors import UserError
 from runner.job import load_job
-from runner.launch import Nodes, needs_launcher, nodes_from_env, torchrun_command
+from runner.launch.torchrun import Nodes, needs_launcher, nodes_from_env, torchrun_command
 
 
 def test_only_several_gpus_or_machines_outside_torchrun_need_the_launcher(tmp_path, corpus):

@@ -10,7 +10,7 @@ They cannot meet in the trainer's process group, which ``ten.trainer`` creates a
 data is open and destroys when training ends. They meet in torchrun's key-value store
 instead: the agent serves it at MASTER_ADDR:MASTER_PORT for the whole life of the group.
 
-For the launcher (:mod:`runner.launch`) each rank leaves its pid in the launch directory
+For the launcher (:mod:`runner.launch.torchrun`) each rank leaves its pid in the launch directory
 (stop signals go to the ranks themselves, see there why), and the lowest rank on the
 machine leaves the run's exit code: torchrun itself only ever returns 0 or 1.
 """
@@ -23,7 +23,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-# Set by runner.launch for its ranks: where they leave their pids and the exit code.
+# Set by runner.launch.torchrun for its ranks: where they leave their pids and the exit code.
 LAUNCH_DIR_ENV = "TEN_RUNNER_LAUNCH_DIR"
 EXIT_FILE = "exit_code"
 # How long a rank waits for rank 0 (a big checkpoint's download or upload). If rank 0

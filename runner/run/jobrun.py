@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from runner.exit_codes import ExitCode
-from runner.failures import ThreadDiskErrors, exit_code_of
 from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import in_job_terms, train_config
-from runner.runlog import RunLog, ScrubbedStream
-from runner.spot import start_notice_watcher, step_warning
+from runner.run.failures import ThreadDiskErrors, exit_code_of
+from runner.run.log import RunLog, ScrubbedStream
+from runner.run.spot import start_notice_watcher, step_warning
 from runner.storage.datacache import open_data
 from runner.storage.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.trained.sample import generate_text, ppl, shown_text
@@ -34,8 +34,8 @@ from ten.stop import Interrupted, Stop
 def run_job(job: Job, stop: Stop, sample_prompt: str | None = "The") -> ExitCode:
     """Run a job to its end; returns the process exit code. ``stop``: the process's one
     :class:`ten.stop.Stop`, installed. Under torchrun every rank runs this, and a rank's
-    code is rank 0's once it ended in order (runner.ranks)."""
-    from runner.ranks import RankGroup
+    code is rank 0's once it ended in order (runner.launch.ranks)."""
+    from runner.launch.ranks import RankGroup
 
     ranks = RankGroup.from_env()
     if ranks is None:
@@ -90,7 +90,7 @@ class JobRun:
         self.exit_code = ExitCode.CRASH  # what the heartbeat's last beat reports
 
     def run(self) -> ExitCode:
-        from runner.runlock import RunLock
+        from runner.run.lock import RunLock
 
         self.stop.install()
         streams = sys.stdout, sys.stderr

@@ -1,4 +1,4 @@
-"""What ``ten-runner run`` decides in-process (runner.run.JobRun, runner.spot): the
+"""What ``ten-runner run`` decides in-process (runner.run.JobRun, runner.run.spot): the
 warnings and courtesies around a run. Whole runs in subprocesses: tests/e2e."""
 
 import pytest
@@ -8,7 +8,7 @@ from runhelpers import write_job
 @pytest.mark.parametrize("step_s,window_s,warns", [(0.5, 30, False), (30, 30, False),
                                                    (31, 30, True), (200, 120, True)])
 def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, warns):
-    from runner.spot import step_warning
+    from runner.run.spot import step_warning
 
     warning = step_warning(step_s, window_s)
     assert (warning is not None) == warns
@@ -18,7 +18,7 @@ def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, 
 
 def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
     from runner.job import load_job
-    from runner.run import JobRun
+    from runner.run.jobrun import JobRun
     from ten.stop import Stop
 
     class Broken:
@@ -55,7 +55,7 @@ def _failures():
 
 @pytest.mark.parametrize("case", range(len(_failures())))
 def test_every_way_a_run_fails_has_its_exit_code_and_one_message(tmp_path, case):
-    from runner.failures import exit_code_of
+    from runner.run.failures import exit_code_of
 
     error, code, start = _failures()[case]
     said = []
@@ -69,7 +69,7 @@ def test_the_end_of_run_sample_is_printed_as_text(tmp_path, corpus, capfd):
     import torch
 
     from runner.job import load_job
-    from runner.run import JobRun
+    from runner.run.jobrun import JobRun
     from ten.stop import Stop
 
     class Model:
@@ -97,7 +97,7 @@ def test_a_cpu_run_says_one_line_about_gpus(tmp_path, corpus, capfd):
     """On a machine without a GPU the first screen has one line about it, not a skipped
     gate and then a monitor that cannot find NVML."""
     from runner.job import load_job
-    from runner.run import JobRun
+    from runner.run.jobrun import JobRun
     from ten.stop import Stop
 
     run = JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")  # device: cpu

@@ -10,7 +10,7 @@ from runner.monitor.events import EventKind
 
 if TYPE_CHECKING:
     from runner.job import Job
-    from runner.runlog import RunLog
+    from runner.run.log import RunLog
 
 
 def step_warning(step_s: float, window_s: float) -> str | None:
