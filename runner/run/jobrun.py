@@ -23,7 +23,7 @@ from runner.job.layout import run_dir_of
 from runner.job.library import in_job_terms, train_config
 from runner.run.failures import ThreadDiskErrors, exit_code_of
 from runner.run.log import RunLog, ScrubbedStream
-from runner.run.spot import start_notice_watcher, step_warning
+from runner.run.spot import SpotWatch
 from runner.storage.datacache import open_data
 from runner.storage.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.trained.sample import generate_text, ppl, shown_text
@@ -78,11 +78,10 @@ class JobRun:
         self.tag = "" if self.is_main else f"[rank {rank}] "
         self.log: Any = self._stderr  # until the run directory is ours (see run)
         self.bucket: Bucket | None = None  # a remote job's, on the rank that writes it
-        self.watcher = self.sampler = self.heartbeat = None
+        self.sampler = self.heartbeat = None  # the main rank's monitor, from _start
+        self.spot = SpotWatch()  # watching from the start of training (_trainer)
         self.on_gpu = False  # a GPU job (gated, monitored)? decided by _start
         self.commits: list[tuple[Path, float, float]] = []  # (path, save seconds, when)
-        self._warned = self._step_warned = False
-        self.trainer: Any = None
         self.stop_reason: str | None = None  # SIGINT (a user's Ctrl-C), SIGTERM, a notice
         # Every resource the run opens registers its closing here as it opens, so they
         # close in reverse order, each once, however the run ends (see _close).
@@ -177,8 +176,7 @@ class JobRun:
         try:
             result = trainer.run()
         finally:
-            if self.watcher is not None:
-                self.watcher.stop()
+            self.spot.close()  # notices after the loop change nothing
         return self._finish(trainer, result, data.tokenizer)
 
     def _start(self) -> ExitCode | None:
@@ -335,10 +333,13 @@ class JobRun:
         resolved = job.redacted_dict()
         atomic_write(run_dir / "job.json",
                      job.scrub(json.dumps(resolved, indent=1, default=str)).encode())
+        self.spot = SpotWatch.start(job, self.stop, self.log, self.heartbeat)
+        self.resources.callback(self.spot.close)
         trainer = Trainer(mcfg, data, train_config(job), run_dir, identity_of(job, data),
                           resolved,
                           log=lambda line: self.log(in_job_terms(line)),
-                          on_commit=self._on_commit, on_log=self._on_log,
+                          on_commit=self._on_commit,
+                          on_log=lambda rec: self.spot.first_step(rec["step_time_s"]),
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
                           stop=self.stop)
         if self.bucket is not None:
@@ -346,8 +347,6 @@ class JobRun:
             store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
             # Beside the checkpoints, so `ten-runner sample s3://...` needs nothing else.
             store.put_file(f"{job.name}/tokenizer.model", run_dir / "tokenizer.model")
-        self.watcher = start_notice_watcher(job, trainer, self.log, self.heartbeat)
-        self.trainer = trainer
         return trainer
 
     def _on_commit(self, path: Path, seconds: float) -> None:
@@ -356,29 +355,8 @@ class JobRun:
             self.bucket.sync.submit(path)
         if self.heartbeat is not None:
             self.heartbeat.checkpoint_committed(path, seconds)
-        # Once a save (and, with a bucket, an upload) has been measured: would an
-        # emergency checkpoint fit the notice window?
-        upload_s = 0.0 if self.bucket is None else self.bucket.sync.last_upload_s
-        if self.watcher is not None and upload_s is not None and not self._warned:
-            from runner.preemption import startup_warning
-
-            self._warned = True
-            warning = startup_warning(self.watcher.provider, seconds + upload_s,
-                                      self.job.resources.notice_poll_s)
-            if warning:
-                self.log(f"warning: {warning}")
-
-    def _on_log(self, rec: dict[str, Any]) -> None:
-        """Once, on the first logged step: a stop must finish the current step before it
-        can commit, so a step longer than the notice window loses it every time."""
-        if self._step_warned or self.watcher is None:
-            return
-        self._step_warned = True
-        from runner.preemption import notice_window_s
-
-        warning = step_warning(rec["step_time_s"], notice_window_s(self.watcher.provider))
-        if warning:
-            self.log(f"warning: {warning}")
+        self.spot.first_commit(seconds, 0.0 if self.bucket is None
+                               else self.bucket.sync.last_upload_s)
 
     def _finish_uploads(self) -> bool:
         """Before exiting: the newest checkpoint must be committed in the bucket (waiting
@@ -395,11 +373,7 @@ class JobRun:
                          f"in {self.bucket.store.url}: {why}")
                 return False
             committed_at = time.time()  # in the bucket: what survives the machine
-        notice = self.watcher.notice if self.watcher is not None else None
-        if notice is not None and committed_at is not None:
-            from runner.preemption import emergency_report
-
-            self.log(emergency_report(notice, committed_at))
+        self.spot.report_deadline(committed_at)
         return True
 
     def _close(self, code: ExitCode) -> None:
@@ -425,5 +399,5 @@ class JobRun:
         state = {ExitCode.OK: "done", ExitCode.PREEMPTED: "preempted"}.get(code, "failed")
         if state == "preempted" and self._cancelled():
             state = "cancelled"
-        reason = self.stop_reason or (self.trainer.stop.reason if self.trainer else None)
+        reason = self.stop_reason or self.stop.reason
         self.heartbeat.stop(state, exit_code=int(code), reason=reason)
