@@ -4,13 +4,22 @@
     <url>/<job>/checkpoints/step-NNNNNNNN/{model.pt,...,manifest.json}
     <url>/<job>/LATEST                       "step-NNNNNNNN" (a hint)
     <url>/<job>/lease/epoch-NNNNNNNN          one per writer start (runner.storage.lease)
+    <url>/<job>/{status.json,run.log,...}     the run's files (runner.storage.mirror)
     <url>/datasets/<fingerprint>/...          prepared data cache (runner.storage.datasets)
 
 The package holds everything that touches a bucket: the interface (:mod:`.base`,
 :mod:`.local`, :mod:`.s3`), the commit protocol (:mod:`.checkpoints`), the writer lease
 (:mod:`.lease`), retention, the restore at a run's start (:mod:`.restore`), background
-uploads (:mod:`.sync`), prepared data shared through the bucket (:mod:`.datasets`,
-:mod:`.datacache`) and job files in it (:mod:`.jobfile`).
+uploads (:mod:`.sync`), the run's files beside its checkpoints (:mod:`.mirror`),
+prepared data shared through the bucket (:mod:`.datasets`, :mod:`.datacache`), job files
+in it (:mod:`.jobfile`) and removing a run (:mod:`.remove`).
+
+A run uploads in three lanes, each off the training thread and none waiting behind
+another: checkpoints (:mod:`.sync`: the newest only, retried, and the one upload a run
+waits for before it exits), the run's files (:mod:`.mirror`, from the heartbeat's thread:
+a status every beat, which a multi-gigabyte checkpoint in the same queue would hold back
+until the run looked dead) and prepared data (:mod:`.datacache`: best effort, cut short
+by the end of the process and then simply never committed).
 
 Importing this package does not import boto3 (the CLI stays fast); :func:`open_store`
 does when given an ``s3://`` URL.
