@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -198,6 +199,8 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
                     device: torch.device) -> dict[str, object]:
     torch.manual_seed(seed)
     model = build_model(cfg).to(device)
+    if args.step_init:
+        spread_steps(model, *args.step_init, torch.Generator().manual_seed(20_000 + seed))
     objective = NextTokenLoss(model, "chunked")
     opt = torch.optim.AdamW(model.optimizer_groups(0.0), lr=args.lr)
     data = torch.Generator().manual_seed(seed)
@@ -217,6 +220,25 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
            for T in lengths}
     return {"accuracy": acc, "final_loss": loss.item(), "train_s": train_s,
             "params": model.num_params()}
+
+
+@torch.no_grad()
+def spread_steps(model: torch.nn.Module, lo: float, hi: float, g: torch.Generator) -> int:
+    """Selective TEN's steps at initialization log-uniform in [lo, hi] per eigenstate
+    (Mamba's Δ initialisation), instead of all at 1: each layer's step bias becomes
+    softplus⁻¹(STEP_UNIT · Δ₀). Returns how many layers it changed (0: no selective TEN)."""
+    from ten.selective import STEP_UNIT
+
+    changed = 0
+    for module in model.modules():
+        delta = getattr(module, "delta", None)
+        if not isinstance(delta, torch.nn.Linear):
+            continue
+        u = torch.rand(delta.bias.shape, generator=g, dtype=torch.float64)
+        step0 = torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+        delta.bias.copy_(torch.log(torch.expm1(STEP_UNIT * step0)).to(delta.bias.dtype))
+        changed += 1
+    return changed
 
 
 @torch.no_grad()
@@ -402,6 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conv-width", type=int, default=4,
                    help="the short convolution of the *_conv models")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--step-init", type=float, nargs=2, metavar=("LO", "HI"),
+                   help="selective TEN's steps at initialization log-uniform in [LO, HI] "
+                   "per eigenstate (default: all 1)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     if args.curriculum < 0:
@@ -411,6 +436,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             lengths(args.T, args.curriculum)
         except ValueError as e:
             p.error(f"--curriculum with the lm task {e}")
+    if args.step_init and not 0 < args.step_init[0] <= args.step_init[1]:
+        p.error("--step-init needs 0 < LO <= HI")
     if args.T not in args.lengths:
         args.lengths = [args.T, *args.lengths]
     return args

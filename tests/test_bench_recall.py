@@ -157,3 +157,22 @@ def test_schedule_warms_up_then_holds_or_decays_to_a_tenth():
     assert constant[10:] == [1.0] * 90  # the default: what the earlier results used
     assert cosine[10] == pytest.approx(1.0) and cosine[-1] == pytest.approx(0.1, abs=1e-3)
     assert all(a >= b for a, b in zip(cosine[10:-1], cosine[11:], strict=True))
+
+
+def test_step_init_spreads_each_selective_layers_steps_over_the_range():
+    import torch.nn.functional as F
+
+    from ten.presets import build_model
+    from ten.selective import STEP_UNIT
+
+    args = br.parse_args(["--tasks", "copy_first", "--d-model", "32", "--eigenstates", "8"])
+    cfgs = br.model_configs(args, vocab=64, T=64)
+    model = build_model(cfgs["ten_selective_conv"])
+    g = torch.Generator().manual_seed(0)
+    assert br.spread_steps(model, 0.1, 10.0, g) == cfgs["ten_selective_conv"].n_layers
+    for layer in (m for m in model.modules() if isinstance(getattr(m, "delta", None),
+                                                           torch.nn.Linear)):
+        step0 = F.softplus(layer.delta.bias.double()) / STEP_UNIT
+        assert step0.min() >= 0.1 - 1e-6 and step0.max() <= 10.0 + 1e-6
+        assert step0.max() / step0.min() > 3  # spread, not one value
+    assert br.spread_steps(build_model(cfgs["ten"]), 0.1, 10.0, g) == 0  # fixed: no steps
