@@ -48,13 +48,18 @@ def _healthcheck_pointer(tmp_path_factory):
         yield
 
 
+@pytest.hookimpl(trylast=True)  # after tests/e2e/conftest.py has marked its tests slow
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    """Without CUDA the gpu tests are skipped. The slow tests go first, each group in its
+    own order: spread over the cores (``-n auto``), the minute-long ones start early and
+    the short ones fill the gaps at the end, instead of one long test running alone
+    after everything else."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 @pytest.fixture
