@@ -14,11 +14,6 @@ from runner.run.spot import SpotWatch
 from ten.stop import Stop
 
 
-class Lines(list):
-    def __call__(self, line):
-        self.append(line)
-
-
 class Events:
     def __init__(self):
         self.seen = []
@@ -44,8 +39,8 @@ def spot_job(tmp_path, corpus, imds, notice="aws", spot="true"):
 
 
 def test_a_notice_is_a_stop_request_and_an_event(tmp_path, corpus, imds):
-    stop, log, heartbeat = Stop(), Lines(), Events()
-    spot = SpotWatch.start(spot_job(tmp_path, corpus, imds), stop, log, heartbeat)
+    stop, log, heartbeat = Stop(), [], Events()
+    spot = SpotWatch.start(spot_job(tmp_path, corpus, imds), stop, log.append, heartbeat)
     try:
         assert "watching for aws preemption notices every 0.05 s" in log[-1]
         assert stop.reason is None
@@ -60,8 +55,8 @@ def test_a_notice_is_a_stop_request_and_an_event(tmp_path, corpus, imds):
 
 
 def test_what_cannot_fit_the_notice_window_is_said_once(tmp_path, corpus, imds):
-    log = Lines()
-    spot = SpotWatch.start(spot_job(tmp_path, corpus, imds), Stop(), log)
+    log = []
+    spot = SpotWatch.start(spot_job(tmp_path, corpus, imds), Stop(), log.append)
     spot.close()
     del log[:]
     spot.first_commit(save_s=10.0, upload_s=None)  # the upload not measured yet: nothing
@@ -78,8 +73,9 @@ def test_what_cannot_fit_the_notice_window_is_said_once(tmp_path, corpus, imds):
 @pytest.mark.parametrize("notice,spot", [("none", "true"), ("auto", "false")])
 def test_without_a_watched_notice_the_run_is_told_nothing(tmp_path, corpus, imds, notice,
                                                           spot):
-    log = Lines()
-    spot_watch = SpotWatch.start(spot_job(tmp_path, corpus, imds, notice, spot), Stop(), log)
+    log = []
+    spot_watch = SpotWatch.start(spot_job(tmp_path, corpus, imds, notice, spot), Stop(),
+                                 log.append)
     imds.notice = True
     spot_watch.first_step(step_s=1e6)
     spot_watch.first_commit(save_s=1e6, upload_s=1e6)
