@@ -22,12 +22,13 @@ is due, every other position is ignored):
                     model language, and does it extrapolate?
 
 Every model trains on the same batches (per seed) for the same steps, then is scored on
-held-out sequences at the training length and, for copy_first and induction, at longer
-ones (does recall survive lengths it never saw?). Chance is printed beside each score.
+held-out sequences at the training length and, for copy_first, mqar and induction, at
+longer ones (does recall survive lengths it never saw? in mqar the blanks between the
+pairs and their queries grow with the length). Chance is printed beside each score.
 
     python benchmarks/bench_recall.py                          # CPU: every task, 2 seeds
     python benchmarks/bench_recall.py --tasks copy_first --lengths 256 1024 4096
-    python benchmarks/bench_recall.py --tasks copy_first --curriculum 64   # 64 -> 128 -> 256
+    python benchmarks/bench_recall.py --tasks copy_first --seq-warmup 64   # 64 -> 128 -> 256
     python benchmarks/bench_recall.py --tasks mqar --schedule cosine      # the trainer's decay
     python benchmarks/bench_recall.py --device cuda --steps 2000 --d-model 128
 
@@ -124,7 +125,7 @@ def mqar(pairs: int = 8, values: int = 32, keys: int = 32) -> Task:
             y[i, start::2] = v[order]  # predicted right after seeing the key
         return x, y
 
-    return Task(f"mqar_{pairs}", make, 1 / values, vocab, False)
+    return Task(f"mqar_{pairs}", make, 1 / values, vocab, True)
 
 
 def induction(values: int = 32) -> Task:
@@ -171,20 +172,30 @@ def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, obj
             "transformer": transformer_config("tiny", **ten)}
 
 
-def train_length(step: int, args: argparse.Namespace) -> int:
-    """The length of training batch ``step``: ``args.T``, or with ``--curriculum START``,
-    START doubling up to T over the first half of the steps (equal shares), then T.
-    Every model gets the same schedule and the same batches; only training changes, the
-    scoring lengths do not."""
+def train_shape(step: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(rows, length) of training batch ``step`` (0-based). Every model gets the same
+    shapes and the same batches; only training changes, the scoring lengths do not.
+
+    - neither flag: ``--batch`` rows of ``--T``;
+    - ``--seq-warmup START``: the trainer's warm-up (``train.seq_warmup_start``; lengths
+      from ten.seqwarmup over ``--seq-warmup-steps``) with its rule of the same tokens per
+      step: ``--batch`` x ``--T`` / L rows of L. The tasks make fresh sequences of L
+      (each with its answer), where a job cuts its windows into rows;
+    - ``--curriculum START``: the earlier recipe of this benchmark only: START doubling up
+      to --T over the first half of the steps, ``--batch`` rows at every length (fewer
+      tokens per step while short)."""
+    if args.seq_warmup:
+        length = length_at(step + 1, args.T, args.seq_warmup, args.seq_warmup_steps)
+        return args.batch * args.T // length, length
     if not args.curriculum or args.curriculum >= args.T:
-        return args.T
+        return args.batch, args.T
     stages = []
     L = args.curriculum
     while L < args.T:
         stages.append(L)
         L *= 2
     stage = step * 2 * len(stages) // max(1, args.steps)  # first half: the short stages
-    return stages[stage] if stage < len(stages) else args.T
+    return args.batch, (stages[stage] if stage < len(stages) else args.T)
 
 
 def set_lr(opt: torch.optim.Optimizer, step: int, args: argparse.Namespace) -> None:
@@ -207,7 +218,7 @@ def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int
     t0 = time.perf_counter()
     for step in range(args.steps):
         set_lr(opt, step, args)
-        x, y = task.make(args.batch, train_length(step, args), data)
+        x, y = task.make(*train_shape(step, args), data)
         loss = objective(x.to(device), y.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -306,15 +317,15 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
 
 def train_lm(model: torch.nn.Module, objective: NextTokenLoss, data,
              args: argparse.Namespace, device: torch.device) -> torch.Tensor:
-    """``args.steps`` steps on the corpus's training windows; with ``--curriculum``, the
-    trainer's sequence-length warm-up (ten.seqwarmup) over the first half. The last loss."""
+    """``args.steps`` steps on the corpus's training windows; with ``--seq-warmup``, the
+    trainer's sequence-length warm-up (ten.seqwarmup). The last loss."""
     opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=args.lr)
     batches = iter(data.train_loader(args.batch))
     for step in range(args.steps):
         set_lr(opt, step, args)
         b = next(batches).to(device)
-        if args.curriculum:  # the trainer's warm-up: shorter rows, the same tokens
-            b = split_rows(b, length_at(step + 1, args.T, args.curriculum, args.steps // 2))
+        if args.seq_warmup:  # the trainer's warm-up: shorter rows, the same tokens
+            b = split_rows(b, train_shape(step, args)[1])
         loss = objective(b[:, :-1], b[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -401,11 +412,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024],
                    help="scoring lengths for the tasks that extrapolate")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seq-warmup", type=int, default=0, metavar="START",
+                   help="the trainer's sequence-length warm-up (train.seq_warmup_start; --T "
+                        "over a power of two): START doubling up to --T over "
+                        "--seq-warmup-steps, the same tokens per step (more, shorter rows). "
+                        "0: off")
+    p.add_argument("--seq-warmup-steps", type=int, metavar="N",
+                   help="train.seq_warmup_steps (default: half of --steps)")
     p.add_argument("--curriculum", type=int, default=0, metavar="START",
-                   help="train at START, doubling up to --T over the first half of the steps "
-                        "(0: every step at --T): the synthetic tasks make sequences that "
-                        "long; lm cuts its windows into rows that long, the trainer's "
-                        "train.seq_warmup_start (--T over a power of two)")
+                   help="this benchmark's earlier recipe, synthetic tasks only: START "
+                        "doubling up to --T over the first half of the steps, --batch rows "
+                        "at every length (0: off)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
@@ -429,13 +446,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "per eigenstate (default: all 1)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
-    if args.curriculum < 0:
-        p.error("--curriculum must be 0 (off) or a starting length")
+    if args.curriculum < 0 or args.seq_warmup < 0:
+        p.error("--curriculum and --seq-warmup must be 0 (off) or a starting length")
+    if args.curriculum and args.seq_warmup:
+        p.error("--curriculum or --seq-warmup, not both")
     if args.curriculum and "lm" in args.tasks:
+        p.error("the lm task warms up as the trainer does: --seq-warmup, not --curriculum")
+    if args.seq_warmup:
         try:
-            lengths(args.T, args.curriculum)
+            lengths(args.T, args.seq_warmup)
         except ValueError as e:
-            p.error(f"--curriculum with the lm task {e}")
+            p.error(f"--seq-warmup {e}")
+        if args.seq_warmup_steps is None:
+            args.seq_warmup_steps = args.steps // 2
+        if not 1 <= args.seq_warmup_steps <= args.steps:
+            p.error("--seq-warmup-steps must be between 1 and --steps")
     if args.step_init and not 0 < args.step_init[0] <= args.step_init[1]:
         p.error("--step-init needs 0 < LO <= HI")
     if args.T not in args.lengths:

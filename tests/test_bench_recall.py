@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_recall as br  # noqa: E402
 
 from ten.loss import IGNORE_INDEX  # noqa: E402
+from ten.seqwarmup import length_at  # noqa: E402
 
 
 def batch(task, T=64, b=8, seed=0):
@@ -103,26 +104,42 @@ def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_t
 
 
 def test_curriculum_doubles_up_to_the_training_length_over_the_first_half():
-    args = br.parse_args(["--T", "256", "--curriculum", "64", "--steps", "1000"])
-    lengths = [br.train_length(s, args) for s in range(1000)]
-    assert lengths[:250] == [64] * 250 and lengths[250:500] == [128] * 250
-    assert lengths[500:] == [256] * 500  # the second half, and so the end, at --T
+    args = br.parse_args(["--T", "256", "--curriculum", "64", "--steps", "1000",
+                          "--tasks", "copy_first"])
+    shapes = [br.train_shape(s, args) for s in range(1000)]
+    assert shapes[:250] == [(32, 64)] * 250 and shapes[250:500] == [(32, 128)] * 250
+    assert shapes[500:] == [(32, 256)] * 500  # the second half, and so the end, at --T
     off = br.parse_args(["--T", "256", "--steps", "10"])
-    assert [br.train_length(s, off) for s in range(10)] == [256] * 10
+    assert [br.train_shape(s, off) for s in range(10)] == [(32, 256)] * 10
     odd = br.parse_args(["--T", "100", "--curriculum", "32", "--steps", "9",
                          "--tasks", "copy_first"])
-    assert [br.train_length(s, odd) for s in range(9)] == [32, 32, 32, 64, 64, 100, 100,
-                                                            100, 100]
+    assert [br.train_shape(s, odd)[1] for s in range(9)] == [32, 32, 32, 64, 64, 100, 100,
+                                                              100, 100]
     with pytest.raises(SystemExit):
         br.parse_args(["--curriculum", "-1"])
-    # lm warms up as the trainer does (train.seq_warmup_start): --T over a power of two
-    with pytest.raises(SystemExit):
-        br.parse_args(["--T", "100", "--curriculum", "32", "--tasks", "lm"])
+    with pytest.raises(SystemExit):  # lm warms up as the trainer does, with --seq-warmup
+        br.parse_args(["--curriculum", "64", "--tasks", "lm"])
+
+
+def test_seq_warmup_is_the_trainers_schedule_with_the_same_tokens_per_step():
+    args = br.parse_args(["--T", "256", "--seq-warmup", "64", "--steps", "100",
+                          "--seq-warmup-steps", "40", "--batch", "8", "--tasks", "mqar"])
+    shapes = [br.train_shape(s, args) for s in range(100)]
+    trainer = [length_at(s + 1, 256, 64, 40) for s in range(100)]  # what a job trains on
+    assert [length for _, length in shapes] == trainer
+    assert shapes[0] == (32, 64) and shapes[20] == (16, 128) and shapes[40] == (8, 256)
+    assert {rows * length for rows, length in shapes} == {8 * 256}
+    assert br.parse_args(["--seq-warmup", "64", "--steps", "10"]).seq_warmup_steps == 5
+    for bad in (["--seq-warmup", "100"],  # 256 is not 100 times a power of two
+                ["--seq-warmup", "64", "--seq-warmup-steps", "0"],
+                ["--seq-warmup", "64", "--curriculum", "64", "--tasks", "mqar"]):
+        with pytest.raises(SystemExit):
+            br.parse_args(bad)
 
 
 def test_the_lm_warm_up_is_the_trainers_same_tokens_in_shorter_rows(monkeypatch):
-    """With --curriculum the lm task trains on the trainer's warm-up rows: every batch
-    of the first half is cut by ten.seqwarmup.split_rows at the trainer's length."""
+    """With --seq-warmup the lm task trains on the trainer's warm-up rows: every batch
+    of the warm-up is cut by ten.seqwarmup.split_rows at the trainer's length."""
     seen = []
     real = br.split_rows
 
@@ -130,8 +147,7 @@ def test_the_lm_warm_up_is_the_trainers_same_tokens_in_shorter_rows(monkeypatch)
         seen.append(length)
         return real(batch, length)
     monkeypatch.setattr(br, "split_rows", spy)
-    args = br.parse_args(["--T", "64", "--curriculum", "16", "--steps", "8", "--tasks", "lm"])
-    import torch
+    args = br.parse_args(["--T", "64", "--seq-warmup", "16", "--steps", "8", "--tasks", "lm"])
 
     class Data:
         def train_loader(self, batch):
