@@ -54,6 +54,8 @@ def test_default_job_fields():
     assert (t.max_steps, t.max_tokens, t.batch_size, t.grad_accum) == (20, None, 8, 1)
     assert (t.lr, t.warmup_steps, t.schedule, t.precision, t.optimizer) == \
         (3e-3, 30, "cosine", "auto", "adamw")
+    # the sequence-length warm-up the copy task needed (BENCHMARKS.md), over half the steps
+    assert (t.seq_warmup_start, t.seq_warmup_steps) == (64, 150)
     assert t.betas == (0.9, 0.95) and t.eval_every == 100 and t.device == "auto"
     assert (job.checkpoint.every_steps, job.checkpoint.keep_last) == (100, 3)
     assert job.storage.local_path() == Path("runs")
