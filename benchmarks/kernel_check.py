@@ -1,5 +1,6 @@
 """Every Triton kernel of the project, compiled ahead of time for the GPUs it runs on, with
-no GPU: registers, spills, shared memory and programs per SM, per kernel and architecture.
+no GPU: registers, spills, shared memory, programs per SM and the issue and byte floors of
+its loop, per kernel and architecture.
 
 Triton compiles for a named target without a device (``triton.compile`` of an
 ``ASTSource`` for ``GPUTarget("cuda", 89 | 90, 32)``), and its bundled ``ptxas -v``
@@ -10,8 +11,19 @@ specialised as Triton's launcher specialises them (16-byte aligned pointers, siz
 are multiples of 16). "Loop exchanges" counts what moves values between threads inside a
 loop (layout changes, reductions, scans), read off the kernel's Triton GPU IR.
 
+The floors come from the kernel's machine code (SASS, disassembled with the bundled
+``nvdisasm``): the instructions one warp issues per pass of its main loop (the whole
+kernel when it has none), with the cold paths left out (libdevice's sin/cos argument
+reduction for angles past ~1e5 rad: a branch around an inner loop), and the bytes its
+global loads and stores move in that pass. An SM issues at most 4 warp-instructions a
+cycle, so "issue / bytes" is the time to issue a pass over the time its bytes take at
+datasheet bandwidth: above 1 the kernel is bound by issuing instructions, not by memory.
+The bytes count every global access (repeated reads of a lane's value hit the cache), so
+the ratio errs low only for kernels that re-read what they read.
+
     python benchmarks/kernel_check.py              # the table, exit 1 on a problem
     python benchmarks/kernel_check.py --markdown   # the table for BENCHMARKS.md
+    python benchmarks/kernel_check.py --only "scan summary"   # some kernels
 
 A problem is a kernel that does not compile, one that spills registers, or one that fits
 fewer than 4 programs on an SM (from its registers, threads and shared memory); a stack
@@ -37,6 +49,24 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 ARCHS = {89: "L40S", 90: "H100"}
+
+
+@dataclass(frozen=True)
+class Card:
+    """What bounds a kernel on the card an architecture stands for (datasheets)."""
+
+    sms: int
+    clock_hz: float  # boost SM clock
+    bandwidth: float  # bytes/s
+    issue_per_sm: int = 4  # warp-instructions a cycle: one per scheduler, 4 schedulers
+
+    def issue_over_bytes(self, instructions: int, nbytes: int) -> float:
+        """Time to issue ``instructions`` (warp-level) over time to move ``nbytes``."""
+        issue_s = instructions / (self.sms * self.issue_per_sm * self.clock_hz)
+        return issue_s / (nbytes / self.bandwidth)
+
+
+CARDS = {89: Card(142, 2.52e9, 0.864e12), 90: Card(132, 1.98e9, 3.35e12)}
 # Per SM: registers, threads, shared memory (bytes) a block may use (CUDA's tables).
 SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
 MIN_PROGRAMS_PER_SM = 4
@@ -157,6 +187,13 @@ class Row:
     error: str | None = None
     speed_matters: bool = True  # False for the fp64 variants: they must only compile
     loop_exchanges: int | None = None  # see loop_exchanges()
+    pass_instructions: int | None = None  # see loop_pass(): per warp, one pass of the loop
+    pass_bytes: int | None = None
+
+    def issue_over_bytes(self) -> float | None:
+        if not self.pass_instructions or not self.pass_bytes:
+            return None
+        return CARDS[self.arch].issue_over_bytes(self.pass_instructions, self.pass_bytes)
 
     def problems(self) -> list[str]:
         if self.error:
@@ -212,6 +249,11 @@ def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
         report = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={gpu}", str(ptx), "-o",
                                  str(Path(tmp) / "k.cubin")], capture_output=True, text=True,
                                 check=True).stderr
+        # the machine code Triton built, for loop_pass()
+        cubin = Path(tmp) / "triton.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
     row.regs = int(re.search(r"Used (\d+) registers", report).group(1))
     row.stack = int(re.search(r"(\d+) bytes stack frame", report).group(1))
     stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
@@ -219,6 +261,7 @@ def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
     row.spills = stores + loads
     row.shared = compiled.metadata.shared
     row.loop_exchanges = loop_exchanges(compiled.asm["ttgir"])
+    row.pass_instructions, row.pass_bytes = loop_pass(sass)
     regs_sm, threads_sm, shared_sm = SM_LIMITS[arch]
     threads = 32 * warps
     by_regs = regs_sm // (max(row.regs, 1) * threads)
@@ -248,15 +291,63 @@ def loop_exchanges(ttgir: str) -> int:
     return count
 
 
+_SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+_SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)")
+_ACCESS_BYTES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}  # else 4
+_GLOBAL_ACCESSES = {"LDG", "STG", "LDGSTS", "RED", "ATOMG"}
+
+
+def loop_pass(sass: str) -> tuple[int, int]:
+    """(instructions, bytes of global loads and stores) one warp issues in one pass of the
+    kernel's main loop (its widest backward branch), or in the whole kernel without one.
+
+    Cold paths are left out: code that a predicated branch jumps over when it holds a loop
+    of its own. That is libdevice's sin/cos argument reduction for huge angles (past
+    ~1e5 rad), which the common path branches around and the scans' angles never need."""
+    code: list[str] = []
+    labels: dict[str, int] = {}
+    for line in sass.splitlines():
+        if m := _SASS_LABEL.match(line):
+            labels[m.group(1)] = len(code)
+        elif m := _SASS_INSTRUCTION.search(line):
+            code.append(m.group(1))
+    branches = [(i, labels[m.group(1)]) for i, text in enumerate(code)
+                if (m := _SASS_BRANCH.search(text)) and m.group(1) in labels]
+    # (first, last) instruction of each loop; the branch-to-itself after EXIT is not one
+    loops = [(to, at) for at, to in branches if to < at]
+    cold: set[int] = set()
+    for at, to in branches:
+        if code[at].startswith("@") and any(at < a and b < to for a, b in loops):
+            cold.update(range(at + 1, to))
+    hot_loops = [lp for lp in loops if lp[0] not in cold]
+    first, last = (max(hot_loops, key=lambda lp: lp[1] - lp[0]) if hot_loops
+                   else (0, len(code) - 1))
+    instructions, nbytes = 0, 0
+    for i in range(first, last + 1):
+        if i in cold:
+            continue
+        op = code[i].split()[1 if code[i].startswith("@") else 0]
+        if op.startswith("NOP"):
+            continue
+        instructions += 1
+        name, *suffixes = op.split(".")
+        if name in _GLOBAL_ACCESSES:
+            width = next((_ACCESS_BYTES[x] for x in suffixes if x in _ACCESS_BYTES), 4)
+            nbytes += 32 * width  # a warp's 32 threads
+    return instructions, nbytes
+
+
 def _compiled_mode() -> None:
     """In each worker, before triton is imported: kernels built for the compiler."""
     os.environ.pop("TRITON_INTERPRET", None)
 
 
-def check(archs: tuple[int, ...] = (89, 90), workers: int = 2) -> list[Row]:
+def check(archs: tuple[int, ...] = (89, 90), workers: int = 2, only: str = "") -> list[Row]:
     """Compiles in fresh processes (spawned, not forked): a caller that already imported
-    the kernels for Triton's interpreter (a test session) cannot hand those over."""
-    jobs = [(*v, arch) for v in variants() for arch in archs]
+    the kernels for Triton's interpreter (a test session) cannot hand those over.
+    ``only``: the kernels whose names start with it."""
+    jobs = [(*v, arch) for v in variants() if v[0].startswith(only) for arch in archs]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_compiled_mode) as pool:
         return list(pool.map(compile_one, jobs))
@@ -264,12 +355,14 @@ def check(archs: tuple[int, ...] = (89, 90), workers: int = 2) -> list[Row]:
 
 def table(rows: list[Row], markdown: bool = False) -> str:
     head = ["kernel", "arch", "registers", "spill B", "stack B", "shared B", "programs/SM",
-            "loop exchanges", "problems"]
+            "loop exchanges", "instr/pass", "bytes/pass", "issue / bytes", "problems"]
     lines = []
     for r in rows:
+        ratio = r.issue_over_bytes()
         cells = [r.name, f"sm_{r.arch} ({ARCHS[r.arch]})", str(r.regs), str(r.spills),
                  str(r.stack), str(r.shared), str(r.programs_per_sm), str(r.loop_exchanges),
-                 "; ".join(r.problems()) or "-"]
+                 str(r.pass_instructions), str(r.pass_bytes),
+                 "-" if ratio is None else f"{ratio:.2f}", "; ".join(r.problems()) or "-"]
         lines.append(cells)
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -284,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=sorted(ARCHS))
+    p.add_argument("--only", default="", metavar="PREFIX",
+                   help="the kernels whose names start with PREFIX (e.g. 'scan summary')")
     args = p.parse_args(argv)
-    rows = check(tuple(args.arch))
+    rows = check(tuple(args.arch), only=args.only)
     print(table(rows, args.markdown))
     bad = [f"{r.name} sm_{r.arch}: {p}" for r in rows for p in r.problems()]
     for line in bad:
