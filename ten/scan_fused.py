@@ -69,6 +69,36 @@ def _combine(ar1, ai1, br1, bi1, ar2, ai2, br2, bi2):
 
 
 @triton.jit
+def _sincos(x):
+    """(sin x, cos x), sharing one argument reduction: libdevice's sinf and cosf each
+    reduce on their own and keep a slow path for |x| past ~1e5 (a loop, a stack frame);
+    the scans evaluate λ's rotation per element in every pass, where this costs ~1/3 of
+    their instructions (benchmarks/kernel_check.py). float32: x = q·π/2 + r, π/2 split in
+    three parts whose products with q are exact without a fused multiply-add (Cody and
+    Waite's reduction, the interpreter's arithmetic too; exact to |x| ~ 8e3, far past a
+    step's angle), then sin and cos of r in [-π/4, π/4] by minimax polynomials (Cephes'
+    sinf/cosf coefficients, ~1 ulp) and the quadrant q mod 4 picking and signing them.
+    float64 keeps libdevice's."""
+    if x.dtype == tl.float64:
+        return tl.sin(x), tl.cos(x)
+    q = tl.floor(x * 0.6366197466850281 + 0.5)  # nearest multiple of π/2
+    r = x - q * 1.5703125  # 8 significant bits: q·1.5703125 is exact for |q| < 2^16
+    r = r - q * 4.837512969970703125e-4
+    r = r - q * 7.54978995489188216e-8
+    r2 = r * r
+    s = r + r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4))
+    c = 1.0 - 0.5 * r2 + r2 * r2 * (4.166664568298827e-2 + r2 * (
+        -1.388731625493765e-3 + r2 * 2.443315711809948e-5))
+    n = q.to(tl.int32)
+    odd = (n & 1) != 0
+    sin_x = tl.where(odd, c, s)
+    cos_x = tl.where(odd, s, c)
+    sin_x = tl.where((n & 2) != 0, -sin_x, sin_x)
+    cos_x = tl.where(((n + 1) & 2) != 0, -cos_x, cos_x)
+    return sin_x, cos_x
+
+
+@triton.jit
 def _last_row(x, rows, BT: tl.constexpr):
     """Row BT-1 of a (BT, BK) tile, as (BK,)."""
     return tl.sum(tl.where(rows[:, None] == BT - 1, x, 0.0), axis=0)
@@ -96,15 +126,17 @@ def _load_lambda(ll_ptr, row, k, m2, K, BT: tl.constexpr, BK: tl.constexpr,
         lm = tl.load(ll_ptr + off, mask=m2, other=0.0)
         la = tl.load(ll_ptr + off + K, mask=m2, other=0.0)
         mag = tl.exp(lm)
-        lr = mag * tl.cos(la)
-        li = mag * tl.sin(la)
+        sin_a, cos_a = _sincos(la)
+        lr = mag * cos_a
+        li = mag * sin_a
     else:
         kmask = k < K
         lm = tl.load(ll_ptr + k, mask=kmask, other=0.0)
         la = tl.load(ll_ptr + K + k, mask=kmask, other=0.0)
         mag = tl.exp(lm)  # once per lane, then the same for every row
-        lr = tl.broadcast_to((mag * tl.cos(la))[None, :], (BT, BK))
-        li = tl.broadcast_to((mag * tl.sin(la))[None, :], (BT, BK))
+        sin_a, cos_a = _sincos(la)
+        lr = tl.broadcast_to((mag * cos_a)[None, :], (BT, BK))
+        li = tl.broadcast_to((mag * sin_a)[None, :], (BT, BK))
     return lr, li
 
 
@@ -137,6 +169,58 @@ def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
 
 
 @triton.jit
+def _tile_total(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, SELECTIVE: tl.constexpr,
+                REVERSE: tl.constexpr):
+    """One tile's steps composed into one, (A, U): A = λ_1···λ_n, U = Σ_i (Π_{j>i} λ_j) x_i.
+
+    In log space, where composing is adding: A = exp(Σ_j log λ_j), and x_i's weight is
+    exp of the suffix sum Σ_{j>i} log λ_j (selective: a running sum over the rows; fixed:
+    the count of later rows times the lane's log λ). Scanning the steps as complex pairs
+    (``_tile``) and picking out the last row costs the summary pass ~1/4 more
+    instructions (selective) or twice as many (fixed); see benchmarks/kernel_check.py.
+    The sums span one tile, so the angles stay small: float32 keeps ~1e-6 of the values
+    (tests/ten/test_scan_fused.py). Steps as in ``_tile``; invalid rows are log λ = 0.
+    """
+    row, t, ok, i = _rows(b, r0, T, BT, REVERSE)
+    kmask = k < K
+    m2 = ok[:, None] & kmask[None, :]
+    off = row[:, None] * (2 * K) + k[None, :]
+    xr = tl.load(x_ptr + off, mask=m2, other=0.0)
+    xi = tl.load(x_ptr + off + K, mask=m2, other=0.0)
+    if REVERSE:
+        lam_row, lam_ok = row + 1, ok & (t + 1 < T)
+    else:
+        lam_row, lam_ok = row, ok
+    if SELECTIVE:
+        lam_m2 = lam_ok[:, None] & kmask[None, :]
+        lam_off = lam_row[:, None] * (2 * K) + k[None, :]
+        lm = tl.load(ll_ptr + lam_off, mask=lam_m2, other=0.0)
+        la = tl.load(ll_ptr + lam_off + K, mask=lam_m2, other=0.0)
+        wm = tl.cumsum(lm, axis=0, reverse=True) - lm  # Σ_{j>i}
+        wa = tl.cumsum(la, axis=0, reverse=True) - la
+        total_m, total_a = tl.sum(lm, axis=0), tl.sum(la, axis=0)
+    else:  # one λ per lane: the sums are counts of the rows that step
+        lm = tl.load(ll_ptr + k, mask=kmask, other=0.0)
+        la = tl.load(ll_ptr + K + k, mask=kmask, other=0.0)
+        steps = lam_ok.to(lm.dtype)
+        after = tl.cumsum(steps, axis=0, reverse=True) - steps
+        wm, wa = after[:, None] * lm[None, :], after[:, None] * la[None, :]
+        total_m, total_a = tl.sum(steps, axis=0) * lm, tl.sum(steps, axis=0) * la
+    mag = tl.exp(wm)
+    sin_w, cos_w = _sincos(wa)
+    sin_a, cos_a = _sincos(total_a)
+    if REVERSE:  # conj(λ): the angles' signs flipped
+        sin_w = -sin_w
+        sin_a = -sin_a
+    wr = mag * cos_w
+    wi = mag * sin_w
+    ur = tl.sum(wr * xr - wi * xi, axis=0)
+    ui = tl.sum(wr * xi + wi * xr, axis=0)
+    am = tl.exp(total_m)
+    return am * cos_a, am * sin_a, ur, ui
+
+
+@triton.jit
 def _scan_summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
                     BT: tl.constexpr, BK: tl.constexpr,
                     SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
@@ -150,10 +234,8 @@ def _scan_summary_kernel(x_ptr, ll_ptr, end_ptr, dec_ptr, T, K, G, tiles,
     di = tl.zeros((BK,), x_ptr.dtype.element_ty)
     j = 0
     while j < tiles:  # a while, not range(tiles): see _scan_forward_kernel
-        Ar, Ai, Ur, Ui, row, t, ok, i, m2, off = _tile(
-            x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT, BK, SELECTIVE, REVERSE)
-        ar, ai = _last_row(Ar, i, BT), _last_row(Ai, i, BT)
-        ur, ui = _last_row(Ur, i, BT), _last_row(Ui, i, BT)
+        ar, ai, ur, ui = _tile_total(x_ptr, ll_ptr, b, (g * tiles + j) * BT, k, T, K, BT,
+                                     SELECTIVE, REVERSE)
         sr, si = ar * sr - ai * si + ur, ar * si + ai * sr + ui
         dr, di = ar * dr - ai * di, ar * di + ai * dr
         j += 1
