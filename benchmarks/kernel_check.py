@@ -70,7 +70,7 @@ CARDS = {89: Card(142, 2.52e9, 0.864e12), 90: Card(132, 1.98e9, 3.35e12)}
 # Per SM: registers, threads, shared memory (bytes) a block may use (CUDA's tables).
 SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
 MIN_PROGRAMS_PER_SM = 4
-NUM_WARPS = 4  # every launch in ten/ uses 4 warps (the carry kernel 1)
+NUM_WARPS = 4  # every launch in ten/ uses 4 warps
 
 K, D, H = 128, 1024, 2752  # the flagship's eigenstates, width and SwiGLU half-width
 
@@ -106,7 +106,7 @@ def variants() -> list[tuple[str, str, dict, dict, int]]:
     out.append(("scan carry", f"{scan}:_scan_carry_kernel",
                 {"end_ptr": _p("fp32"), "dec_ptr": _p("fp32"), "h0_ptr": _p("fp32"),
                  "sin_ptr": _p("fp32"), "K": "i32", "G": "i32"},
-                {"BK": 32, "HAS_H0": True}, 1))
+                {"BG": 32, "BK": 32, "HAS_H0": True}, NUM_WARPS))
     out.append(("cross-entropy rows", "ten.loss_fused:_cross_entropy_rows_kernel",
                 {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
                  "scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"), "V": "i32"},

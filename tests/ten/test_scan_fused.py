@@ -46,11 +46,13 @@ def _grads(c, last, weight, inputs):
 
 
 # (T, launch plan): one tile; several tiles in one pass over two lane blocks (K=6, BK=4);
-# three groups of two tiles with the last one partial; T=1; scan()'s own default plan.
+# three groups of two tiles with the last one partial; more groups (35) than the carry
+# kernel scans at a time (32); T=1; scan()'s own default plan.
 PLANS = [
     (5, dict(block_t=8, block_k=8, group_tiles=1)),
     (13, dict(block_t=4, block_k=4, group_tiles=4)),
     (40, dict(block_t=8, block_k=8, group_tiles=2)),
+    (69, dict(block_t=2, block_k=8, group_tiles=1)),
     (1, dict(block_t=4, block_k=8, group_tiles=1)),
     (37, None),
 ]
@@ -69,14 +71,21 @@ def test_fused_matches_ref_outputs_and_gradients(fused, selective, with_state, T
     else:
         c_fus, last_fus = fused.scan_fused(beta, log_lam, s, **kw)
     assert c_fus.dtype == torch.float64
-    assert (c_ref - c_fus).abs().max() < 1e-10
-    assert (last_ref - last_fus).abs().max() < 1e-10
+    assert _error(c_ref, c_fus) < 1e-10
+    assert _error(last_ref, last_fus) < 1e-10
     weight = torch.randn_like(c_ref)
     inputs = [beta, log_lam] + ([state] if with_state else [])
     for g_ref, g_fus in zip(_grads(c_ref, last_ref, weight, inputs),
                             _grads(c_fus, last_fus, weight, inputs), strict=True):
         assert g_ref.shape == g_fus.shape
-        assert (g_ref - g_fus).abs().max() < 1e-10
+        assert _error(g_ref, g_fus) < 1e-10
+
+
+def _error(want, got):
+    """Largest difference, relative to the largest value past 1: fixed λ's gradient sums
+    every step of every row, and its float64 rounding grows with it (3e5 over 299 steps
+    differed by 8e-10)."""
+    return ((want - got).abs().max() / want.abs().max().clamp(min=1.0)).item()
 
 
 def test_only_the_inputs_that_need_it_get_gradients(fused):
