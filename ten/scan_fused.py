@@ -54,7 +54,7 @@ from torch import Tensor
 
 from ten.ops import define
 
-__all__ = ["INTERPRETED", "Plan", "plan", "scan_fused"]
+__all__ = ["INTERPRETED", "Plan", "plan", "scan_fused", "tiles_per_group"]
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -373,6 +373,10 @@ def _scan_backward_kernel(dc_ptr, ll_ptr, c_ptr, h0_ptr, sin_ptr, dx_ptr, dll_pt
 # Groups the carry kernel scans at a time (a power of two).
 CARRY_GROUPS = 32
 
+# Programs every scan kernel fits on an SM at the least (benchmarks/kernel_check.py holds
+# them to it for the L40S and the H100): a wave of the plan's programs.
+PROGRAMS_PER_SM = 4
+
 # True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
 INTERPRETED = type(_scan_forward_kernel).__name__ == "InterpretedFunction"
 
@@ -392,7 +396,8 @@ def plan(B: int, T: int, K: int, device: torch.device, *, block_t: int | None = 
     """The default cut, or the one asked for (tests and benchmarks pass their own).
 
     Groups exist only to give the GPU enough programs: with B·K/BK programs already
-    filling ~4 per SM the scan runs in one pass (G = 1).
+    filling 4 per SM the scan runs in one pass (G = 1); otherwise as many groups as keep
+    the programs within one wave (``tiles_per_group``).
     """
     bt = block_t or min(32, max(16, triton.next_power_of_2(T)))  # 16 or 32: two variants
     bk = block_k or min(32, triton.next_power_of_2(K))
@@ -401,15 +406,22 @@ def plan(B: int, T: int, K: int, device: torch.device, *, block_t: int | None = 
             raise ValueError(f"{name} must be a power of two, got {v}")
     n_tiles = max(1, math.ceil(T / bt))
     if group_tiles is None:
-        lanes = B * math.ceil(K / bk)
-        want = 1
+        slots = 1  # the interpreter runs programs one after another
         if device.type == "cuda" and not INTERPRETED:
-            want = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-        groups = max(1, min(n_tiles, math.ceil(want / lanes)))
-        group_tiles = math.ceil(n_tiles / groups)
+            slots = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        group_tiles = tiles_per_group(n_tiles, B * math.ceil(K / bk), slots)
     if group_tiles < 1:
         raise ValueError(f"group_tiles must be >= 1, got {group_tiles}")
     return Plan(bt, bk, group_tiles)
+
+
+def tiles_per_group(n_tiles: int, lanes: int, slots: int) -> int:
+    """Tiles per group so that ``lanes`` programs per group fill at most ``slots`` places
+    on the GPU. The groups round down: a program past a full wave would run in a second
+    wave of its own and take as long as the first (at B = 4 the L40S's 142 SMs x 4
+    places were given 576 programs)."""
+    groups = max(1, min(n_tiles, slots // lanes))
+    return math.ceil(n_tiles / groups)
 
 
 def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: bool,

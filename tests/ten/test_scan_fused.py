@@ -215,6 +215,20 @@ def test_plan_rejects_blocks_that_are_not_powers_of_two(fused):
         fused.plan(B, 10, K, torch.device(DEVICE), block_t=6)
 
 
+def test_the_plan_keeps_every_program_in_one_wave(fused):
+    """K = 128 in blocks of 32 lanes, batch 1 to 8, on the L40S (142 SMs) and the H100
+    (132): never a program past one wave, and at least half a wave where T allows."""
+    for sms in (142, 132):
+        slots = fused.PROGRAMS_PER_SM * sms
+        for batch in range(1, 9):
+            for T in (2048, 8192, 32768):
+                n_tiles, lanes = T // 32, batch * 4
+                per_group = fused.tiles_per_group(n_tiles, lanes, slots)
+                programs = lanes * math.ceil(n_tiles / per_group)
+                assert programs <= slots, (sms, batch, T)
+                assert programs > slots / 2 or n_tiles * lanes <= slots, (sms, batch, T)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("selective", [False, True], ids=["fixed", "selective"])
