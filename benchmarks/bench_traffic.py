@@ -267,15 +267,15 @@ def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
     """The optimizer step by its known traffic (it is not traced: 8-bit AdamW runs its own
     CUDA library), and its host syncs. Per parameter, fp32 weights and gradients:
     ``adamw`` (fused, multi-tensor): read w, g, m, v, write w, m, v = 28 bytes, a few
-    launches; ``adamw8bit`` (bitsandbytes 0.50.2): 8-bit moments, read w, g, m, v and
-    write w, m, v = 4+4+1+1+4+1+1 = 16 bytes, one launch and one host sync per tensor."""
+    launches; ``adamw8bit`` (``ten.adamw8bit``, bitsandbytes 0.50.2's kernels): 8-bit
+    moments, read w, g, m, v and write w, m, v = 4+4+1+1+4+1+1 = 16 bytes, one launch per
+    tensor and no host sync (bitsandbytes' own step had one per tensor)."""
     n = sum(p.numel() for p in model.parameters())
-    tensors = sum(1 for _ in model.parameters())
     tally = Tally()
     if optimizer == "adamw8bit":
         for p in model.parameters():
             tally.add(16.0 * p.numel(), 0.0, False)
-        return tally, tensors
+        return tally, 0
     for _ in range(2):
         tally.add(28.0 * n / 2, 0.0, False)
     return tally, 0

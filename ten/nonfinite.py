@@ -15,9 +15,9 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     Fused Adam/AdamW (the default on a GPU) take the decision on the device, as they do
     for a GradScaler's ``found_inf``: no host sync, and a skipped step leaves the weights,
     moments and step counts exactly as they were. Other optimizers (the CPU default,
-    bitsandbytes' AdamW8bit) need the flag on the host: one sync per step, which costs
-    nothing on a CPU (about 0.3 us, measured) and stalls the queue only for AdamW8bit on
-    a GPU."""
+    8-bit AdamW) need the flag on the host: one sync per step, which costs nothing on a
+    CPU (about 0.3 us, measured) and stalls the queue once a step for 8-bit AdamW on a
+    GPU (its own per-parameter syncs are gone: ``ten.adamw8bit``)."""
     if optimizer.defaults.get("fused"):
         optimizer.found_inf = skip.float()  # read by Adam.step, as GradScaler sets it
         try:

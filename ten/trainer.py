@@ -123,9 +123,9 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device):
     groups = model.optimizer_groups(cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
-        import bitsandbytes as bnb  # optional heavy dependency, only when asked for
+        from ten.adamw8bit import AdamW8bit  # bitsandbytes: imported only when asked for
 
-        return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
+        return AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
 
 

@@ -1,0 +1,93 @@
+"""ten.adamw8bit: bitsandbytes' 8-bit AdamW without a host sync per parameter, the same
+updates and state as bitsandbytes' own (run on the CPU, where bitsandbytes >= 0.50 has
+its 8-bit optimizers too)."""
+
+from __future__ import annotations
+
+import copy
+
+import bitsandbytes as bnb
+import bitsandbytes.optim.optimizer as bnb_optimizer
+import pytest
+import torch
+
+from ten.adamw8bit import AdamW8bit
+
+SEED = 0
+
+
+def _params() -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(SEED)
+    # a matrix past bitsandbytes' 4096-element threshold for 8-bit states, and a vector
+    return [torch.nn.Parameter(torch.randn(96, 64, generator=g)),
+            torch.nn.Parameter(torch.randn(64, generator=g))]
+
+
+def _groups(params):
+    return [{"params": params[:1], "weight_decay": 0.1},
+            {"params": params[1:], "weight_decay": 0.0}]
+
+
+def _steps(opt, params, steps: int, first: int = 0) -> None:
+    for i in range(first, first + steps):
+        g = torch.Generator().manual_seed(1000 + i)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+def test_updates_and_state_equal_bitsandbytes_own_bit_for_bit():
+    print(f"seed {SEED}")
+    ours, theirs = _params(), _params()
+    opt_ours = AdamW8bit(_groups(ours), lr=1e-2, betas=(0.9, 0.95))
+    opt_theirs = bnb.optim.AdamW8bit(_groups(theirs), lr=1e-2, betas=(0.9, 0.95))
+    _steps(opt_ours, ours, 5)
+    _steps(opt_theirs, theirs, 5)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(ours, theirs, strict=True):
+        mine, bnbs = opt_ours.state[a], opt_theirs.state[b]
+        assert mine.keys() == bnbs.keys() and mine["step"] == bnbs["step"] == 5
+        for k, v in mine.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(bnbs[k])), k
+
+
+def test_a_checkpoint_of_bitsandbytes_own_optimizer_resumes_the_same():
+    """Runs checkpointed with bitsandbytes' AdamW8bit, before this class, resume here."""
+    params = _params()
+    before = bnb.optim.AdamW8bit(_groups(params), lr=1e-2)
+    _steps(before, params, 3)
+    saved = copy.deepcopy({"params": [p.detach() for p in params], "opt": before.state_dict()})
+    _steps(before, params, 2, first=3)
+
+    resumed = [torch.nn.Parameter(p.clone()) for p in saved["params"]]
+    after = AdamW8bit(_groups(resumed), lr=1e-2)
+    after.load_state_dict(saved["opt"])
+    _steps(after, resumed, 2, first=3)
+    for a, b in zip(params, resumed, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    """The per-parameter syncs bitsandbytes' step makes, counted."""
+    calls = []
+    monkeypatch.setattr(bnb_optimizer, "sync_gpu", lambda t: calls.append(t))
+    return calls
+
+
+def test_no_host_sync_per_parameter(syncs):
+    params = _params()
+    _steps(bnb.optim.AdamW8bit(_groups(params), lr=1e-2), params, 2)
+    assert len(syncs) == 2 * len(params)  # what bitsandbytes' own step does
+    syncs.clear()
+    _steps(AdamW8bit(_groups(params), lr=1e-2), params, 2)
+    assert syncs == []
+
+
+def test_paged_states_keep_bitsandbytes_step_and_its_syncs(syncs):
+    params = _params()
+    with pytest.warns(UserWarning):  # on a CPU paged states fall back to plain ones
+        opt = AdamW8bit(_groups(params), lr=1e-2, is_paged=True)
+        _steps(opt, params, 1)
+    assert len(syncs) >= len(params)
