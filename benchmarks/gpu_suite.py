@@ -458,6 +458,41 @@ class Suite:
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 
+    def optimizer(self) -> dict[str, Any]:
+        """One optimizer step over the flagship model's parameters (random gradients), the
+        wall time per step over several: 8-bit AdamW as bitsandbytes steps it (a host sync
+        after every parameter tensor) and as ten.adamw8bit does (none), and torch's AdamW
+        (fused on CUDA) beside them."""
+        import bitsandbytes as bnb
+        import torch
+
+        from ten.adamw8bit import AdamW8bit
+        from ten.presets import build_model
+
+        model = build_model(self.flagship_config()).to(self.device)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        fused = self.device.type == "cuda"
+        makers = {"bitsandbytes": lambda groups: bnb.optim.AdamW8bit(groups, lr=1e-4),
+                  "ten_adamw8bit": lambda groups: AdamW8bit(groups, lr=1e-4),
+                  "torch_adamw": lambda groups: torch.optim.AdamW(groups, lr=1e-4,
+                                                                  fused=fused)}
+        steps = 4 * self.sizes.steps
+        rows: dict[str, Any] = {"tensors": sum(1 for _ in model.parameters()), "steps": steps}
+        for name, make in makers.items():
+            opt = make(model.optimizer_groups(self.train.weight_decay))
+            opt.step()  # the first step makes the states
+            _sync(self.device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                opt.step()
+            _sync(self.device)
+            rows[name] = {"ms": 1e3 * (time.perf_counter() - t0) / steps}
+            del opt
+            _free()
+        rows["speedup"] = rows["bitsandbytes"]["ms"] / rows["ten_adamw8bit"]["ms"]
+        return rows
+
     def monitor(self) -> dict[str, Any]:
         """``ten-runner run`` of the flagship job file itself (data, steps and storage
         overridden) with the health gate, the NVML sampler and the heartbeat on; then its
@@ -680,15 +715,15 @@ def environment(device: Any) -> dict[str, Any]:
 # --- running sections: one process each, a time limit, results written as they come ---------
 
 SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "compile",
-            "selective", "recompute", "profile", "monitor", "gpu_tests")
+            "selective", "recompute", "profile", "optimizer", "monitor", "gpu_tests")
 # The recipe's three device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
-         2: ("scan", "conv", "chunk", "profile", "gpu_tests"),
+         2: ("scan", "conv", "chunk", "profile", "optimizer", "gpu_tests"),
          3: ("compile", "recompute", "monitor")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
              "scan": 180, "conv": 60, "compile": 360, "selective": 240, "recompute": 240,
-             "profile": 120,
+             "profile": 120, "optimizer": 90,
              "monitor": 420, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
@@ -843,6 +878,12 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"Short convolution, forward + backward at T = {conv['T']}: "
                   f"{f(conv['causal_conv_ms'])} ms, torch's {f(conv['torch_ms'])} ms "
                   f"({f(conv['speedup'])}×)."]
+    opt = r.get("optimizer") or {}
+    if "speedup" in opt:
+        lines += ["", f"8-bit AdamW, one step over {opt['tensors']} parameter tensors: "
+                  f"bitsandbytes' {f(opt['bitsandbytes']['ms'])} ms, ten.adamw8bit's "
+                  f"{f(opt['ten_adamw8bit']['ms'])} ms ({f(opt['speedup'])}×); torch's AdamW "
+                  f"{f(opt['torch_adamw']['ms'])} ms."]
     errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]

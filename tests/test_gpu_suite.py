@@ -70,6 +70,8 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert all(x["tokens_per_s"] > 0 and x["estimate_gb"] > 0 for x in rec.values())
     assert r["profile"]["share"]["gemm"] > 0
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
+    opt = r["optimizer"]  # bitsandbytes' 8-bit AdamW step against ten.adamw8bit's, timed
+    assert opt["tensors"] > 1 and opt["speedup"] > 0 and opt["torch_adamw"]["ms"] > 0
     mon = r["monitor"]
     assert mon["exit_code"] == 0 and any("health gate" in line for line in mon["gate"])
     assert any("scan backend: auto -> chunked" in line for line in mon["gate"])

@@ -16,11 +16,11 @@ from ten.adamw8bit import AdamW8bit
 SEED = 0
 
 
-def _params() -> list[torch.nn.Parameter]:
+def _params(device: str = "cpu") -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(SEED)
     # a matrix past bitsandbytes' 4096-element threshold for 8-bit states, and a vector
-    return [torch.nn.Parameter(torch.randn(96, 64, generator=g)),
-            torch.nn.Parameter(torch.randn(64, generator=g))]
+    return [torch.nn.Parameter(torch.randn(96, 64, generator=g).to(device)),
+            torch.nn.Parameter(torch.randn(64, generator=g).to(device))]
 
 
 def _groups(params):
@@ -32,13 +32,14 @@ def _steps(opt, params, steps: int, first: int = 0) -> None:
     for i in range(first, first + steps):
         g = torch.Generator().manual_seed(1000 + i)
         for p in params:
-            p.grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.randn(p.shape, generator=g).to(p.device)
         opt.step()
 
 
-def test_updates_and_state_equal_bitsandbytes_own_bit_for_bit():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_updates_and_state_equal_bitsandbytes_own_bit_for_bit(device):
     print(f"seed {SEED}")
-    ours, theirs = _params(), _params()
+    ours, theirs = _params(device), _params(device)
     opt_ours = AdamW8bit(_groups(ours), lr=1e-2, betas=(0.9, 0.95))
     opt_theirs = bnb.optim.AdamW8bit(_groups(theirs), lr=1e-2, betas=(0.9, 0.95))
     _steps(opt_ours, ours, 5)
@@ -76,8 +77,9 @@ def syncs(monkeypatch):
     return calls
 
 
-def test_no_host_sync_per_parameter(syncs):
-    params = _params()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_no_host_sync_per_parameter(syncs, device):
+    params = _params(device)
     _steps(bnb.optim.AdamW8bit(_groups(params), lr=1e-2), params, 2)
     assert len(syncs) == 2 * len(params)  # what bitsandbytes' own step does
     syncs.clear()
