@@ -48,13 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-ARCHS = {89: "L40S", 90: "H100"}
-
-
 @dataclass(frozen=True)
 class Card:
     """What bounds a kernel on the card an architecture stands for (datasheets)."""
 
+    name: str
     sms: int
     clock_hz: float  # boost SM clock
     bandwidth: float  # bytes/s
@@ -66,7 +64,8 @@ class Card:
         return issue_s / (nbytes / self.bandwidth)
 
 
-CARDS = {89: Card(142, 2.52e9, 0.864e12), 90: Card(132, 1.98e9, 3.35e12)}
+CARDS = {89: Card("L40S", 142, 2.52e9, 0.864e12), 90: Card("H100", 132, 1.98e9, 3.35e12)}
+ARCHS = {arch: card.name for arch, card in CARDS.items()}
 # Per SM: registers, threads, shared memory (bytes) a block may use (CUDA's tables).
 SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
 MIN_PROGRAMS_PER_SM = 4
