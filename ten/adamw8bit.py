@@ -46,7 +46,8 @@ class AdamW8bit(bnb.optim.AdamW8bit):
 
 
 def _on_default_streams(groups: list[dict]) -> bool:
-    """Whether the current stream of every CUDA device holding a parameter is its
-    default stream, where bitsandbytes launches its kernels (CPU parameters: trivially)."""
+    """Whether every CUDA device holding a parameter has the legacy default stream (the
+    raw stream 0, where bitsandbytes launches its kernels) as its current one (CPU
+    parameters: trivially)."""
     devices = {p.device for g in groups for p in g["params"] if p.device.type == "cuda"}
-    return all(torch.cuda.current_stream(d) == torch.cuda.default_stream(d) for d in devices)
+    return all(torch.cuda.current_stream(d).cuda_stream == 0 for d in devices)
