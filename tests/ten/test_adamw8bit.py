@@ -103,3 +103,13 @@ def test_paged_states_keep_bitsandbytes_step_and_its_syncs(syncs):
         opt = ours(_groups(params), lr=1e-2, is_paged=True)
         _steps(opt, params, 1)
     assert len(syncs) >= len(params)
+
+
+@pytest.mark.gpu
+def test_on_another_stream_bitsandbytes_step_keeps_its_syncs(syncs):
+    """bitsandbytes launches on stream 0: from another stream only its syncs order the
+    updates after the gradients, so its own step runs."""
+    params = _params("cuda")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        _steps(ours(_groups(params), lr=1e-2), params, 1)
+    assert len(syncs) == len(params)
