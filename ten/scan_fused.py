@@ -143,13 +143,10 @@ def _load_lambda(ll_ptr, row, k, m2, K, BT: tl.constexpr, BK: tl.constexpr,
 
 
 @triton.jit
-def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
-          SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
-    """One tile scanned: (A, U) as (Ar, Ai, Ur, Ui), each (BT, BK), plus the rows.
-
-    Forward the step at t is (λ_t, β_t); REVERSE reads rows backwards in time and the
-    step is (conj(λ_{t+1}), x_t) with x = dL/dc. Invalid rows are (1, 0).
-    """
+def _tile_inputs(x_ptr, b, r0, k, T, K, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """A tile's x rows (re, im), and which row's λ steps each one: forward λ_t (valid rows),
+    REVERSE λ_{t+1} (none past the last step). Returns (xr, xi, row, t, ok, i, m2, off,
+    lam_row, lam_ok)."""
     row, t, ok, i = _rows(b, r0, T, BT, REVERSE)
     kmask = k < K
     m2 = ok[:, None] & kmask[None, :]
@@ -157,13 +154,26 @@ def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
     xr = tl.load(x_ptr + off, mask=m2, other=0.0)
     xi = tl.load(x_ptr + off + K, mask=m2, other=0.0)
     if REVERSE:
-        lam_ok = ok & (t + 1 < T)
-        ar, ai = _load_lambda(ll_ptr, row + 1, k, lam_ok[:, None] & kmask[None, :], K, BT, BK,
-                              SELECTIVE)
-        ai = -ai
+        lam_row, lam_ok = row + 1, ok & (t + 1 < T)
     else:
-        lam_ok = ok
-        ar, ai = _load_lambda(ll_ptr, row, k, m2, K, BT, BK, SELECTIVE)
+        lam_row, lam_ok = row, ok
+    return xr, xi, row, t, ok, i, m2, off, lam_row, lam_ok
+
+
+@triton.jit
+def _tile(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, BK: tl.constexpr,
+          SELECTIVE: tl.constexpr, REVERSE: tl.constexpr):
+    """One tile scanned: (A, U) as (Ar, Ai, Ur, Ui), each (BT, BK), plus the rows.
+
+    Forward the step at t is (λ_t, β_t); REVERSE reads rows backwards in time and the
+    step is (conj(λ_{t+1}), x_t) with x = dL/dc. Invalid rows are (1, 0).
+    """
+    xr, xi, row, t, ok, i, m2, off, lam_row, lam_ok = _tile_inputs(x_ptr, b, r0, k, T, K, BT,
+                                                                   REVERSE)
+    lam_m2 = lam_ok[:, None] & (k < K)[None, :]
+    ar, ai = _load_lambda(ll_ptr, lam_row, k, lam_m2, K, BT, BK, SELECTIVE)
+    if REVERSE:
+        ai = -ai
     ar = tl.where(lam_ok[:, None], ar, 1.0)
     ai = tl.where(lam_ok[:, None], ai, 0.0)
     Ar, Ai, Ur, Ui = tl.associative_scan((ar, ai, xr, xi), 0, _combine)
@@ -183,16 +193,9 @@ def _tile_total(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, SELECTIVE: tl.c
     one tile, so the angles stay small: float32 keeps ~2e-6 of the largest value over 256
     steps (tests/ten/test_scan_fused.py). Steps as in ``_tile``; invalid rows: log λ = 0.
     """
-    row, t, ok, i = _rows(b, r0, T, BT, REVERSE)
+    xr, xi, row, t, ok, i, m2, off, lam_row, lam_ok = _tile_inputs(x_ptr, b, r0, k, T, K, BT,
+                                                                   REVERSE)
     kmask = k < K
-    m2 = ok[:, None] & kmask[None, :]
-    off = row[:, None] * (2 * K) + k[None, :]
-    xr = tl.load(x_ptr + off, mask=m2, other=0.0)
-    xi = tl.load(x_ptr + off + K, mask=m2, other=0.0)
-    if REVERSE:
-        lam_row, lam_ok = row + 1, ok & (t + 1 < T)
-    else:
-        lam_row, lam_ok = row, ok
     if SELECTIVE:
         lam_m2 = lam_ok[:, None] & kmask[None, :]
         lam_off = lam_row[:, None] * (2 * K) + k[None, :]
