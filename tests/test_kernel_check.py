@@ -7,22 +7,19 @@ their instructions on an H100 no slower than their bytes move.
 (The interpreter runs kernels the compiler refuses: a non-constexpr global read inside a
 kernel passed every interpreted test and failed only here.)"""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from triton_mode import HAVE_TRITON, NO_TRITON
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-
 
 def compiling(test):
     """A test of the compiled kernels: slow (~30 s on 2 cores), and needs triton."""
-    return pytest.mark.slow(pytest.mark.skipif(not HAVE_TRITON,
-                                               reason="triton is not installed")(test))
+    return pytest.mark.slow(pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)(test))
 
 
 @pytest.fixture(scope="module")
