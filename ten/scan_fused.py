@@ -210,7 +210,8 @@ def _tile_total(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, SELECTIVE: tl.c
         steps = lam_ok.to(lm.dtype)
         after = tl.cumsum(steps, axis=0, reverse=True) - steps
         wm, wa = after[:, None] * lm[None, :], after[:, None] * la[None, :]
-        total_m, total_a = tl.sum(steps, axis=0) * lm, tl.sum(steps, axis=0) * la
+        n = tl.sum(steps, axis=0)
+        total_m, total_a = n * lm, n * la
     mag = tl.exp(wm)
     sin_w, cos_w = _sincos(wa)
     sin_a, cos_a = _sincos(total_a)
