@@ -19,7 +19,9 @@ loader restored from it yields exactly the batches that would have come next.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from multiprocessing.resource_sharer import _ResourceSharer
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,8 @@ from ten.data.shards import TokenStream
 CURSOR_VERSION = 1
 # A worker that produces nothing for this long is reported, never waited on forever.
 WORKER_TIMEOUT_S = 300
+# The loop in which multiprocessing's resource sharer serves one connection after another.
+_SHARER_LOOP = _ResourceSharer._serve.__code__
 
 
 # What a terminal sends its whole foreground process group: Ctrl-C, and the hang-up when
@@ -39,9 +43,15 @@ WORKER_TIMEOUT_S = 300
 GROUP_SIGNALS = {signal.SIGINT, signal.SIGHUP}
 
 
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a terminal's Ctrl-C or hang-up is the trainer's
-    business.
+def init_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: the trainer decides when a worker stops, and a
+    worker stays quiet about the trainer's own end."""
+    ignore_stop_signals()
+    sys.excepthook = quiet_when_the_trainer_leaves(sys.excepthook)
+
+
+def ignore_stop_signals() -> None:
+    """A terminal's Ctrl-C or hang-up is the trainer's business.
 
     Both reach every process of the foreground group. A worker that died of one would
     take with it the batches the trainer still needs to finish its step and commit a
@@ -56,10 +66,29 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
 
 
+def quiet_when_the_trainer_leaves(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """``sys.excepthook`` for a worker: silent when the trainer leaves mid-handover.
+
+    A worker hands each batch's storage over as a file descriptor: the trainer connects
+    to the worker's resource sharer (a thread of multiprocessing's) to fetch it. A trainer
+    killed during that handshake (the OOM killer, ``kill -9``) resets the connection, and
+    the sharer reports the reset through ``sys.excepthook``: a traceback from an orphan,
+    printed under the rank's name after the one line that says what happened. The sharer
+    has no other peer, so a lost connection there only ever means the trainer's end;
+    anything else still goes to ``previous``.
+    """
+    def hook(kind, value, tb):
+        if (isinstance(value, ConnectionError | EOFError) and tb is not None
+                and tb.tb_frame.f_code is _SHARER_LOOP):
+            return
+        previous(kind, value, tb)
+    return hook
+
+
 def start_workers(loader: DataLoader) -> Iterator[Any]:
     """``iter(loader)`` with the group's signals blocked while its workers are forked:
     they inherit the mask, so none can die of a Ctrl-C or hang-up before
-    :func:`ignore_stop_signals` runs. The main process gets any that came meanwhile as
+    :func:`init_worker` runs. The main process gets any that came meanwhile as
     soon as the mask is restored."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
     try:
@@ -168,7 +197,7 @@ class ShardLoader:
         loader = DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
                             timeout=WORKER_TIMEOUT_S if workers else 0,
                             prefetch_factor=4 if workers else None, pin_memory=self.pin_memory,
-                            worker_init_fn=ignore_stop_signals)
+                            worker_init_fn=init_worker)
         for batch in start_workers(loader):
             self.position += 1  # the caller now holds this batch: the cursor moves past it
             if self.position == self.batches_per_epoch:

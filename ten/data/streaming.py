@@ -39,7 +39,7 @@ from ten.data.loader import (
     CURSOR_VERSION,
     WORKER_TIMEOUT_S,
     check_cursor,
-    ignore_stop_signals,
+    init_worker,
     start_workers,
 )
 from ten.data.sources import Doc, Source, is_val, usable
@@ -155,7 +155,7 @@ class StreamLoader:
             blocks = _Blocks(self.docs, self.tokenizer, self.epoch, self.block, self.doc)
             loader = DataLoader(blocks, batch_size=None, num_workers=self.num_workers,
                                 timeout=WORKER_TIMEOUT_S if self.num_workers else 0,
-                                worker_init_fn=ignore_stop_signals)
+                                worker_init_fn=init_worker)
             # Unused tokens of blocks self.block, self.block + 1, ... (data[0] is the first
             # token of block self.block), each block's length, and the document after it.
             data = np.empty(0, dtype=np.int64)
