@@ -1,6 +1,7 @@
-"""The short causal convolution, forward + backward: torch's depthwise ``conv1d`` on the
-transposed activations (as ShortConv ran it before) against ``ten.block_fused.causal_conv``
-(Triton kernels on CUDA), on the same inputs, with the time ratio and the largest difference:
+"""The short causal convolution at a sequence's start, forward + backward: torch's
+depthwise ``conv1d`` on the zero-padded, transposed activations (as ShortConv ran it
+before) against ``ten.block_fused.causal_conv`` (Triton kernels on CUDA, no padded copy),
+on the same inputs, with the time ratio and the largest difference:
 
     python benchmarks/bench_conv.py --device cuda                  # flagship: 1 x 32768 x 1024
     python benchmarks/bench_conv.py --device cpu --T 4096 --d 256  # CPU: both are torch's conv
@@ -24,10 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ten.block_fused import causal_conv  # noqa: E402
 
 
-def torch_conv(xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """ShortConv's former path: (B, T, d) -> (B, d, T) -> conv1d -> (B, T, d)."""
+def torch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """ShortConv's former path: W - 1 zero rows in front of x (a copy), (B, W-1+T, d) ->
+    (B, d, W-1+T) -> conv1d -> (B, T, d)."""
+    xp = torch.cat([x.new_zeros(x.shape[0], weight.shape[1] - 1, x.shape[2]), x], dim=1)
     return F.conv1d(xp.transpose(1, 2), weight.unsqueeze(1).to(xp.dtype), bias.to(xp.dtype),
                     groups=xp.shape[-1]).transpose(1, 2)
+
+
+def ten_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """ShortConv's path: ten's operator from a sequence's start (no tail)."""
+    return causal_conv(x, None, weight, bias)
 
 
 def median_ms(fn, inputs, dy, device: torch.device, repeat: int) -> float:
@@ -53,15 +61,15 @@ def median_ms(fn, inputs, dy, device: torch.device, repeat: int) -> float:
 def compare(B: int, T: int, d: int, W: int, dtype: torch.dtype, device: torch.device,
             repeat: int, seed: int = 0) -> dict:
     """Both paths on the same inputs: their times (ms), the ratio, and the largest
-    differences relative to the largest value (output, then d xp, d weight, d bias)."""
+    differences relative to the largest value (output, then d x, d weight, d bias)."""
     g = torch.Generator().manual_seed(seed)
-    xp = torch.randn(B, T + W - 1, d, generator=g).to(device, dtype).requires_grad_()
+    x = torch.randn(B, T, d, generator=g).to(device, dtype).requires_grad_()
     weight = (0.5 * torch.randn(d, W, generator=g)).to(device).requires_grad_()
     bias = torch.randn(d, generator=g).to(device).requires_grad_()
     dy = torch.randn(B, T, d, generator=g).to(device, dtype)
-    inputs = (xp, weight, bias)
+    inputs = (x, weight, bias)
     runs = {}
-    for name, fn in (("torch_ms", torch_conv), ("causal_conv_ms", causal_conv)):
+    for name, fn in (("torch_ms", torch_conv), ("causal_conv_ms", ten_conv)):
         out = fn(*inputs)
         grads = torch.autograd.grad(out, inputs, dy)
         runs[name] = (median_ms(fn, inputs, dy, device, repeat),

@@ -160,15 +160,20 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
         out.append((name, f"{blk}:{kernel}", sig, {"BLOCK": 1024, "ACC": acc}, NUM_WARPS))
     from ten import block_kernels as bk
 
-    conv = {"W": 4, "BD": bk.CONV_BD, "ACC": acc}  # the presets' conv_width
-    out.append(("causal conv forward", f"{blk}:_conv_forward_kernel",
-                {"xp_ptr": _p(act), "w_ptr": _p(f), "b_ptr": _p(f), "y_ptr": _p(act),
-                 "T": "i32", "d": "i32"}, {**conv, "BT": bk.CONV_BT}, NUM_WARPS))
-    out.append(("causal conv backward", f"{blk}:_conv_backward_kernel",
-                {"dy_ptr": _p(act), "xp_ptr": _p(act), "w_ptr": _p(f), "dxp_ptr": _p(act),
-                 "dw_ptr": _p(f), "db_ptr": _p(f), "T": "i32", "d": "i32"},
-                {**conv, "BT": bk.CONV_BACKWARD_BT, "TILES": bk.CONV_TILES},
-                NUM_WARPS))
+    for tail in (False, True):  # training starts every sequence from zeros; a tail when
+        # generating continues from the last inputs
+        conv = {"W": 4, "TAIL": tail, "BD": bk.CONV_BD, "ACC": acc}  # the presets' width
+        after = " after a tail" if tail else ""
+        out.append((f"causal conv forward{after}", f"{blk}:_conv_forward_kernel",
+                    {"x_ptr": _p(act), "tail_ptr": _p(act), "w_ptr": _p(f), "b_ptr": _p(f),
+                     "y_ptr": _p(act), "T": "i32", "d": "i32"}, {**conv, "BT": bk.CONV_BT},
+                    NUM_WARPS))
+        out.append((f"causal conv backward{after}", f"{blk}:_conv_backward_kernel",
+                    {"dy_ptr": _p(act), "x_ptr": _p(act), "tail_ptr": _p(act), "w_ptr": _p(f),
+                     "dx_ptr": _p(act), "dtail_ptr": _p(act), "dw_ptr": _p(f),
+                     "db_ptr": _p(f), "T": "i32", "d": "i32"},
+                    {**conv, "BT": bk.CONV_BACKWARD_BT, "TILES": bk.CONV_TILES},
+                    NUM_WARPS))
     consts = {"BK": K, "STEP": 0.01, "FLOOR": 1e-24, "ACC": acc}
     out.append(("selective drive", f"{sel}:_drive_kernel",
                 {"z_ptr": _p(act), "p_ptr": _p(act), "nu_ptr": _p(f), "theta_ptr": _p(f),

@@ -17,7 +17,9 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
     causal_conv   a depthwise convolution over the last W tokens, on (B, T, d) as the
                   model holds it: torch's conv wants (B, d, T), and on an H200 its
                   depthwise kernels and the transposes around them took 12.5 ms of a
-                  77 ms flagship micro-batch (benchmarks/gpu_suite.py's profile)
+                  77 ms flagship micro-batch (benchmarks/gpu_suite.py's profile); the
+                  W - 1 inputs before x (zeros at a sequence's start) are read where
+                  they are, not copied in front of x (a (B, T, d) copy per layer)
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
 numerics unchanged) and a Triton kernel registered for CUDA (``ten.ops.register_cuda``): the
@@ -236,32 +238,47 @@ def _conv_weight(xp: Tensor, weight: Tensor) -> Tensor:
     return weight.unsqueeze(1).to(xp.dtype)
 
 
-def _causal_conv_impl(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """y (B, T, d), y[:, t] = bias + sum_j weight[:, j]·xp[:, t + j], from xp (B, W-1+T, d)
-    (the previous W - 1 inputs, then this chunk's) and weight (d, W). Here torch's conv
-    (the CPU's numerics as nn.Conv1d's); on CUDA ten.block_kernels'."""
+def _padded(x: Tensor, tail: Tensor | None, W: int) -> Tensor:
+    """xp = [tail | x] along time: the W - 1 inputs before x (zeros without a tail)."""
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], W - 1, x.shape[2])
+    return torch.cat([tail, x], dim=1)
+
+
+def _causal_conv_impl(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
+    """y (B, T, d), y[:, t] = bias + sum_j weight[:, j]·xp[:, t + j] for xp = [tail | x]
+    along time: the previous W - 1 inputs (B, W-1, d; zeros for None, a sequence's start),
+    then this chunk's x (B, T, d); weight (d, W). Here torch's conv on the concatenation
+    (the CPU's numerics as nn.Conv1d's); on CUDA ten.block_kernels', which concatenates
+    nothing."""
+    xp = _padded(x, tail, weight.shape[1])
     y = F.conv1d(xp.transpose(1, 2), _conv_weight(xp, weight), bias.to(xp.dtype),
                  groups=xp.shape[-1])
     return y.transpose(1, 2).contiguous()
 
 
-def _causal_conv_fake(xp, weight, bias):
-    B, rows, d = xp.shape
-    return xp.new_empty(B, rows - weight.shape[1] + 1, d)
+def _causal_conv_fake(x, tail, weight, bias):
+    return torch.empty_like(x)
 
 
-def _causal_conv_backward_impl(dy: Tensor, xp: Tensor, weight: Tensor,
-                               bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(d xp, d weight, d bias): torch's conv backward, as autograd of nn.Conv1d runs it."""
+def _causal_conv_backward_impl(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,
+                               bias: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d x, d tail, d weight, d bias): torch's conv backward, as autograd of nn.Conv1d
+    runs it. Without a tail, d tail is empty (zeros have no gradient to take)."""
+    W = weight.shape[1]
+    xp = _padded(x, tail, W)
     dxp, dw, db = torch.ops.aten.convolution_backward(
         dy.to(xp.dtype).transpose(1, 2), xp.transpose(1, 2), _conv_weight(xp, weight),
         [xp.shape[-1]], [1], [0], [1], False, [0], xp.shape[-1], [True, True, True])
-    return (dxp.transpose(1, 2).contiguous(), dw.squeeze(1).to(weight.dtype),
+    dxp = dxp.transpose(1, 2)
+    dtail = x.new_empty(0) if tail is None else dxp[:, :W - 1].contiguous()
+    return (dxp[:, W - 1:].contiguous(), dtail, dw.squeeze(1).to(weight.dtype),
             db.to(bias.dtype))
 
 
-def _causal_conv_backward_fake(dy, xp, weight, bias):
-    return torch.empty_like(xp), torch.empty_like(weight), torch.empty_like(bias)
+def _causal_conv_backward_fake(dy, x, tail, weight, bias):
+    return (torch.empty_like(x), x.new_empty(0) if tail is None else torch.empty_like(tail),
+            torch.empty_like(weight), torch.empty_like(bias))
 
 
 def _conv_setup(ctx, inputs, output) -> None:
@@ -269,16 +286,18 @@ def _conv_setup(ctx, inputs, output) -> None:
 
 
 def _conv_grad(ctx, dy):
-    xp, weight, bias = ctx.saved_tensors
-    return _causal_conv_backward(dy.contiguous(), xp, weight, bias)
+    x, tail, weight, bias = ctx.saved_tensors
+    dx, dtail, dweight, dbias = _causal_conv_backward(dy.contiguous(), x, tail, weight, bias)
+    return dx, None if tail is None else dtail, dweight, dbias
 
 
 _causal_conv_backward = define(
-    "causal_conv_backward(Tensor dy, Tensor xp, Tensor weight, Tensor bias) "
-    "-> (Tensor, Tensor, Tensor)", _causal_conv_backward_impl, _causal_conv_backward_fake)
-_causal_conv = define("causal_conv(Tensor xp, Tensor weight, Tensor bias) -> Tensor",
-                      _causal_conv_impl, _causal_conv_fake, backward=_conv_grad,
-                      setup_context=_conv_setup)
+    "causal_conv_backward(Tensor dy, Tensor x, Tensor? tail, Tensor weight, Tensor bias) "
+    "-> (Tensor, Tensor, Tensor, Tensor)", _causal_conv_backward_impl,
+    _causal_conv_backward_fake)
+_causal_conv = define(
+    "causal_conv(Tensor x, Tensor? tail, Tensor weight, Tensor bias) -> Tensor",
+    _causal_conv_impl, _causal_conv_fake, backward=_conv_grad, setup_context=_conv_setup)
 
 
 # --- the public functions ---------------------------------------------------------------------
@@ -316,11 +335,19 @@ def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:
     return _sigmoid_gate(g.contiguous(), o.contiguous())
 
 
-def causal_conv(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """The depthwise convolution of xp (B, W-1+T, d) with weight (d, W) (or nn.Conv1d's
-    (d, 1, W)) and bias (d,): y (B, T, d) in xp's dtype, y[:, t] = bias + Σ_j
-    weight[:, j]·xp[:, t + j]."""
-    return _causal_conv(xp.contiguous(), weight.reshape(weight.shape[0], -1), bias)
+def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
+    """The depthwise causal convolution of x (B, T, d) continuing from ``tail`` (B, W-1, d),
+    the W - 1 inputs before x (None: zeros, a sequence's start), with weight (d, W) (or
+    nn.Conv1d's (d, 1, W)) and bias (d,): y (B, T, d) in x's dtype, y[:, t] = bias + Σ_j
+    weight[:, j]·xp[:, t + j] for xp = [tail | x] along time, which is never built on CUDA
+    (the kernels read x, and the tail, where they are)."""
+    W = weight.shape[-1]
+    if tail is not None:
+        if tail.shape != (x.shape[0], W - 1, x.shape[2]):
+            raise ValueError(f"causal_conv of width {W} continues from a tail of shape "
+                             f"{(x.shape[0], W - 1, x.shape[2])}, got {tuple(tail.shape)}")
+        tail = tail.to(x.dtype).contiguous()
+    return _causal_conv(x.contiguous(), tail, weight.reshape(weight.shape[0], -1), bias)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -366,10 +393,10 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("sigmoid_gate_backward", _k.sigmoid_gate_backward)
     register_cuda("causal_conv", _k.causal_conv)
 
-    def _causal_conv_backward_cuda(dy: Tensor, xp: Tensor, weight: Tensor,
-                                   bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _causal_conv_backward_cuda(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,
+                                   bias: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if weight.shape[1] > _k.CONV_MAX_WIDTH:  # wider than the kernel's accumulators
-            return _causal_conv_backward_impl(dy, xp, weight, bias)
-        return _k.causal_conv_backward(dy, xp, weight, bias)
+            return _causal_conv_backward_impl(dy, x, tail, weight, bias)
+        return _k.causal_conv_backward(dy, x, tail, weight, bias)
 
     register_cuda("causal_conv_backward", _causal_conv_backward_cuda)

@@ -140,10 +140,38 @@ def _gate_backward_kernel(dy_ptr, g_ptr, o_ptr, dg_ptr, do_ptr, n, BLOCK: tl.con
 
 
 @triton.jit
-def _conv_forward_kernel(xp_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
-                         BT: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
-    """y[b, t] = bias + Σ_j w[:, j]·xp[b, t + j] on this program's (BT, BD) tile of row b:
-    W overlapping loads of xp (the cache serves all but the first), one write."""
+def _conv_rows(x_ptr, tail_ptr, b, p, c, mask, T, d, W: tl.constexpr, TAIL: tl.constexpr,
+               ACC: tl.constexpr):
+    """Rows p of xp = [tail | x] of sequence b (at channels c, where mask): x's rows from
+    p = W - 1 on; before them the tail's with TAIL, else zeros (a sequence's start)."""
+    v = tl.load(x_ptr + (b * T + p - (W - 1)) * d + c, mask=mask & (p >= W - 1),
+                other=0.0).to(ACC)
+    if TAIL:
+        v += tl.load(tail_ptr + (b * (W - 1) + p) * d + c, mask=mask & (p < W - 1),
+                     other=0.0).to(ACC)
+    return v
+
+
+@triton.jit
+def _conv_store_rows(dx_ptr, dtail_ptr, v, b, p, c, mask, T, d, W: tl.constexpr,
+                     TAIL: tl.constexpr):
+    """``v`` to rows p of d xp = [d tail | d x] (the inverse of :func:`_conv_rows`; the
+    zeros before a sequence's start get no gradient)."""
+    tl.store(dx_ptr + (b * T + p - (W - 1)) * d + c, v.to(dx_ptr.dtype.element_ty),
+             mask=mask & (p >= W - 1))
+    if TAIL:
+        tl.store(dtail_ptr + (b * (W - 1) + p) * d + c, v.to(dtail_ptr.dtype.element_ty),
+                 mask=mask & (p < W - 1))
+
+
+@triton.jit
+def _conv_forward_kernel(x_ptr, tail_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
+                         TAIL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                         ACC: tl.constexpr):
+    """y[b, t] = bias + Σ_j w[:, j]·xp[b, t + j] on this program's (BT, BD) tile of row b,
+    where xp is W - 1 rows (the tail's, the inputs before x, with TAIL; else zeros) then
+    x's T rows, each read where it is (no copy of x with rows in front): W overlapping
+    loads (the cache serves all but the first), one write."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     c = tl.program_id(1) * BD + tl.arange(0, BD)
     b = tl.program_id(2).to(tl.int64)
@@ -152,18 +180,18 @@ def _conv_forward_kernel(xp_ptr, w_ptr, b_ptr, y_ptr, T, d, W: tl.constexpr,
     acc = tl.zeros((BT, BD), ACC) + tl.load(b_ptr + c, mask=cmask, other=0.0).to(ACC)[None, :]
     for j in tl.static_range(W):
         w = tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(ACC)
-        x = tl.load(xp_ptr + (b * (T + W - 1) + t[:, None] + j) * d + c[None, :], mask=mask,
-                    other=0.0).to(ACC)
-        acc += w[None, :] * x
+        acc += w[None, :] * _conv_rows(x_ptr, tail_ptr, b, t[:, None] + j, c[None, :], mask, T,
+                                       d, W, TAIL, ACC)
     tl.store(y_ptr + (b * T + t[:, None]) * d + c[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=mask)
 
 
 @triton.jit
-def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
-                          W: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr,
-                          BD: tl.constexpr, ACC: tl.constexpr):
-    """For the rows s of xp in this program's TILES tiles of BT: d xp[s] = Σ_j
+def _conv_backward_kernel(dy_ptr, x_ptr, tail_ptr, w_ptr, dx_ptr, dtail_ptr, dw_ptr, db_ptr,
+                          T, d, W: tl.constexpr, TAIL: tl.constexpr, BT: tl.constexpr,
+                          TILES: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+    """For the rows s of xp = [tail | x] (zeros for the tail without TAIL) in this
+    program's TILES tiles of BT: d xp[s] = Σ_j
     w[:, j]·dy[s - j]; and its share of d w[:, j] = Σ_s xp[s]·dy[s - j] and d bias =
     Σ_t dy[t] (each pair (t, j) counted by the one tile holding s = t + j), written to
     row (b, program) for torch to sum. W <= CONV_MAX_WIDTH: the taps' weights loaded once
@@ -187,8 +215,7 @@ def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
     for i in range(0, TILES):  # a constexpr bound: fine for every interpreter
         s = (tl.program_id(0) * TILES + i) * BT + tl.arange(0, BT)
         smask = (s[:, None] < rows) & cmask[None, :]
-        x = tl.load(xp_ptr + (b * rows + s[:, None]) * d + c[None, :], mask=smask,
-                    other=0.0).to(ACC)
+        x = _conv_rows(x_ptr, tail_ptr, b, s[:, None], c[None, :], smask, T, d, W, TAIL, ACC)
         dx = tl.zeros((BT, BD), ACC)
         for j in tl.static_range(W):
             t = s - j
@@ -208,8 +235,7 @@ def _conv_backward_kernel(dy_ptr, xp_ptr, w_ptr, dxp_ptr, dw_ptr, db_ptr, T, d,
             else:
                 dx += w3 * g
                 dw3 += x * g
-        tl.store(dxp_ptr + (b * rows + s[:, None]) * d + c[None, :],
-                 dx.to(dxp_ptr.dtype.element_ty), mask=smask)
+        _conv_store_rows(dx_ptr, dtail_ptr, dx, b, s[:, None], c[None, :], smask, T, d, W, TAIL)
     out = dw_ptr + (b * tl.num_programs(0) + tl.program_id(0)) * W * d + c
     tl.store(out, tl.sum(dw0, axis=0), mask=cmask)
     if W > 1:
@@ -347,34 +373,37 @@ def _conv_grid(rows: int, d: int, B: int, per_program: int) -> tuple[int, int, i
     return triton.cdiv(rows, per_program), triton.cdiv(d, CONV_BD), B
 
 
-def causal_conv(xp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    B, rows, d = xp.shape
+def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
+    B, T, d = x.shape
     W = weight.shape[1]
-    T = rows - W + 1
-    y = xp.new_empty(B, T, d)
+    y = torch.empty_like(x)
     if y.numel():
         _conv_forward_kernel[_conv_grid(T, d, B, CONV_BT)](
-            xp, weight.contiguous(), bias, y, T, d, W=W, BT=CONV_BT, BD=CONV_BD,
-            ACC=acc(xp, weight, bias), num_warps=4)
+            x, x if tail is None else tail, weight.contiguous(), bias, y, T, d, W=W,
+            TAIL=tail is not None and W > 1, BT=CONV_BT, BD=CONV_BD, ACC=acc(x, weight, bias),
+            num_warps=4)
     return y
 
 
-def causal_conv_backward(dy: Tensor, xp: Tensor, weight: Tensor,
-                         bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    B, rows, d = xp.shape
+def causal_conv_backward(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,
+                         bias: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    B, T, d = x.shape
     W = weight.shape[1]
     if W > CONV_MAX_WIDTH:
         raise ValueError(f"the convolution's backward kernel takes widths up to "
                          f"{CONV_MAX_WIDTH}, got {W}")
-    grid = _conv_grid(rows, d, B, CONV_BACKWARD_BT * CONV_TILES)
-    dxp = torch.empty_like(xp)
-    dtype = compute_dtype(dy, xp, weight)
-    dw = xp.new_zeros((B * grid[0], W, d), dtype=dtype)  # each program's share
-    db = xp.new_zeros((B * grid[0], d), dtype=dtype)
-    if xp.numel():
-        _conv_backward_kernel[grid](dy, xp, weight.contiguous(), dxp, dw, db, rows - W + 1,
-                                    d, W=W, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
-                                    BD=CONV_BD, ACC=acc(dy, xp, weight), num_warps=4)
+    grid = _conv_grid(T + W - 1, d, B, CONV_BACKWARD_BT * CONV_TILES)
+    dx = torch.empty_like(x)
+    dtail = x.new_empty(0) if tail is None else torch.zeros_like(tail)
+    dtype = compute_dtype(dy, x, weight)
+    dw = x.new_zeros((B * grid[0], W, d), dtype=dtype)  # each program's share
+    db = x.new_zeros((B * grid[0], d), dtype=dtype)
+    if x.numel():  # (no rows of x: no gradient for the tail either)
+        _conv_backward_kernel[grid](
+            dy, x, x if tail is None else tail, weight.contiguous(), dx,
+            dx if tail is None else dtail, dw, db, T, d, W=W,
+            TAIL=tail is not None and W > 1, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
+            BD=CONV_BD, ACC=acc(dy, x, weight), num_warps=4)
     # (d, W) with the strides of the operator's fake (torch.compile checks them)
     dweight = weight.new_empty((d, W)).copy_(dw.sum(0).t())
-    return dxp, dweight, db.sum(0).to(bias.dtype)
+    return dx, dtail, dweight, db.sum(0).to(bias.dtype)

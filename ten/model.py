@@ -59,12 +59,14 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model)  # torch's init
 
     def forward(self, x: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:
-        B, _, d = x.shape
-        if tail is None:
-            tail = x.new_zeros(B, self.width - 1, d)
-        xp = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, W-1+T, d)
-        y = causal_conv(xp, self.conv.weight, self.conv.bias)  # on (B, T, d): no transposes
-        return y, xp[:, xp.shape[1] - (self.width - 1):]
+        B, T, d = x.shape
+        keep = self.width - 1
+        y = causal_conv(x, tail, self.conv.weight, self.conv.bias)  # on (B, T, d)
+        # the next chunk's tail: the last W - 1 inputs, some of them this tail's if T is short
+        if T >= keep:
+            return y, x[:, T - keep:]
+        before = x.new_zeros(B, keep, d) if tail is None else tail.to(x.dtype)
+        return y, torch.cat([before, x], dim=1)[:, T:]
 
 
 class EigenstateMixer(nn.Module):

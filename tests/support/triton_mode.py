@@ -49,7 +49,7 @@ def kernel_module(name: str) -> ModuleType:
     return module
 
 
-def cpu(*tensors: torch.Tensor) -> list[torch.Tensor]:
+def cpu(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """The tensors on the CPU, where the operators' torch implementations run (on CUDA the
-    operator is the kernel under test)."""
-    return [t.cpu() for t in tensors]
+    operator is the kernel under test); None (an optional input left out) stays None."""
+    return [None if t is None else t.cpu() for t in tensors]

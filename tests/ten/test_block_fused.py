@@ -125,18 +125,33 @@ def test_layer_norm_gradients_pass_gradcheck_in_fp64():
 
 @pytest.mark.parametrize("W", [2, 4])
 def test_causal_conv_is_nn_conv1ds_depthwise_convolution_with_gradients(W):
+    """On x after the tail of inputs before it, as nn.Conv1d on the two concatenated:
+    values and the gradients of x, the tail, the weight and the bias."""
     conv = nn.Conv1d(6, 6, W, groups=6, dtype=torch.float64, device=DEVICE)
-    xp = rand(2, W - 1 + 9, 6, dtype=torch.float64).requires_grad_()
-    want = conv(xp.transpose(1, 2)).transpose(1, 2)
-    got = causal_conv(xp, conv.weight, conv.bias)
+    x = rand(2, 9, 6, dtype=torch.float64).requires_grad_()
+    tail = rand(2, W - 1, 6, dtype=torch.float64, seed=2).requires_grad_()
+    want = conv(torch.cat([tail, x], 1).transpose(1, 2)).transpose(1, 2)
+    got = causal_conv(x, tail, conv.weight, conv.bias)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     dy = rand(*want.shape, dtype=torch.float64, seed=1)
-    params = (xp, conv.weight, conv.bias)
+    params = (x, tail, conv.weight, conv.bias)
     for w, g in zip(torch.autograd.grad(want, params, dy), torch.autograd.grad(got, params, dy),
                     strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     weight, bias = (t.detach().clone().requires_grad_() for t in (conv.weight, conv.bias))
-    assert torch.autograd.gradcheck(causal_conv, (xp, weight.view(6, W), bias))
+    assert torch.autograd.gradcheck(causal_conv, (x, tail, weight.view(6, W), bias))
+    # no tail: a sequence's start, the zeros nn.Conv1d's left padding gives
+    start = F.conv1d(x.transpose(1, 2), conv.weight, conv.bias, padding=W - 1, groups=6)
+    torch.testing.assert_close(causal_conv(x, None, conv.weight, conv.bias),
+                               start[..., :9].transpose(1, 2), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(causal_conv, (x, None, weight.view(6, W), bias))
+
+
+def test_causal_conv_names_the_tail_it_needs():
+    x, w, b = rand(2, 9, 6), rand(6, 4), rand(6)
+    with pytest.raises(ValueError, match=r"width 4 continues from a tail of shape \(2, 3, 6\), "
+                                         r"got \(2, 4, 6\)"):
+        causal_conv(x, rand(2, 4, 6), w, b)
 
 
 # --- the kernels against the operators ---------------------------------------------------------
@@ -212,40 +227,44 @@ def test_add_layer_norm_kernels_equal_the_operator(kernels, n, d, act, with_dh):
         torch.testing.assert_close(have.cpu(), want, **tol)
 
 
-# T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two
+# T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two;
+# T shorter than the tail
 @pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2),
-                                        (1, 9, 8, 1), (1, 12, 8, 3)])
+                                        (1, 9, 8, 1), (1, 12, 8, 3), (2, 2, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype):
+@pytest.mark.parametrize("start", [False, True], ids=["tail", "start"])
+def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype, start):
     """In fp32 from the stored inputs, one rounding at the end: against the operator on
     the inputs widened to fp32 (torch's bf16 conv rounds the weights and its sums to bf16
-    on the way, which the kernel does not)."""
-    xp, dy = rand(B, W - 1 + T, d).to(dtype), rand(B, T, d, seed=3).to(dtype)
+    on the way, which the kernel does not). After a tail, and at a sequence's start."""
+    x, dy = rand(B, T, d).to(dtype), rand(B, T, d, seed=3).to(dtype)
+    tail = None if start else rand(B, W - 1, d, seed=4).to(dtype)
     w, b = rand(d, W, seed=1), rand(d, seed=2)  # fp32 parameters, as under autocast
-    wide = cpu(xp.float(), w, b)
+    wide = cpu(x.float(), None if start else tail.float(), w, b)
     ref = torch.ops.ten.causal_conv.default(*wide).to(dtype)
-    got = kernels.causal_conv(xp, w, b)
+    got = kernels.causal_conv(x, tail, w, b)
     assert got.dtype == dtype
-    assert_fake_layout("causal_conv", (xp, w, b), got)
+    assert_fake_layout("causal_conv", (x, tail, w, b), got)
     tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
     torch.testing.assert_close(got.cpu(), ref, **tol)
-    dxp, dw, db = torch.ops.ten.causal_conv_backward.default(dy.cpu().float(), *wide)
-    got_dxp, got_dw, got_db = kernels.causal_conv_backward(dy, xp, w, b)
-    assert (got_dxp.dtype, got_dw.dtype, got_db.dtype) == (dtype, w.dtype, b.dtype)
+    dx, dtail, dw, db = torch.ops.ten.causal_conv_backward.default(dy.cpu().float(), *wide)
+    got_b = kernels.causal_conv_backward(dy, x, tail, w, b)
+    assert [t.dtype for t in got_b] == [dtype, dtype, w.dtype, b.dtype]
     # the strides the operator's fake promises: torch.compile asserts them (the H100 run
     # of train.compile stopped on a transposed d weight)
-    assert_fake_layout("causal_conv_backward", (dy, xp, w, b), (got_dxp, got_dw, got_db))
-    torch.testing.assert_close(got_dxp.cpu(), dxp.to(dtype), **tol)
-    for r, g in ((dw, got_dw), (db, got_db)):
+    assert_fake_layout("causal_conv_backward", (dy, x, tail, w, b), got_b)
+    for r, g in ((dx, got_b[0]), (dtail, got_b[1])):
+        torch.testing.assert_close(g.cpu(), r.to(dtype), **tol)
+    for r, g in ((dw, got_b[2]), (db, got_b[3])):
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
 
 
 def test_the_conv_backward_kernel_refuses_widths_beyond_its_accumulators(kernels):
     """Wider convolutions run torch's backward on CUDA (ten.block_fused's dispatch)."""
     W = kernels.CONV_MAX_WIDTH + 1
-    xp, w, b = rand(1, W - 1 + 8, 4), rand(4, W, seed=1), rand(4, seed=2)
+    x, tail, w, b = rand(1, 8, 4), rand(1, W - 1, 4, seed=3), rand(4, W, seed=1), rand(4, seed=2)
     with pytest.raises(ValueError, match=f"widths up to {W - 1}, got {W}"):
-        kernels.causal_conv_backward(rand(1, 8, 4, seed=3), xp, w, b)
+        kernels.causal_conv_backward(rand(1, 8, 4, seed=3), x, tail, w, b)
 
 
 @pytest.mark.parametrize("h", [5, 1100])  # below one block; a block and a ragged one
@@ -289,8 +308,8 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     ref_b = torch.ops.ten.layer_norm_backward.default(*cpu(dy, x, w), ref[1], ref[2])
     got_b = kernels.layer_norm_backward(dy, x, w, *(t.to(DEVICE) for t in ref[1:]))
     ab, g = rand(2, 3, 14, dtype=torch.float64), rand(2, 3, 7, dtype=torch.float64, seed=1)
-    xp, cw, cb = (rand(*s, dtype=torch.float64, seed=i) for i, s in enumerate([(2, 40, 9),
-                                                                               (9, 4), (9,)]))
+    cx, ct, cw, cb = (rand(*s, dtype=torch.float64, seed=i)
+                      for i, s in enumerate([(2, 37, 9), (2, 3, 9), (9, 4), (9,)]))
     cdy = rand(2, 37, 9, dtype=torch.float64, seed=5)
     r, dh = rand(37, 24, dtype=torch.float64, seed=6), rand(37, 24, dtype=torch.float64, seed=7)
     add = torch.ops.ten.add_layer_norm.default(*cpu(x, r, w, b), 1e-5, torch.float64)
@@ -304,12 +323,13 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
             *torch.ops.ten.sigmoid_gate_backward.default(*cpu(*gate)),
             torch.ops.ten.swiglu.default(ab.cpu()),
             torch.ops.ten.swiglu_backward.default(*cpu(g, ab)),
-            torch.ops.ten.causal_conv.default(*cpu(xp, cw, cb)),
-            *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, xp, cw, cb)))
+            torch.ops.ten.causal_conv.default(*cpu(cx, ct, cw, cb)),
+            *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, cx, ct, cw, cb)))
     have = (*got, *got_b, *got_add, *got_add_b, kernels.sigmoid_gate(x, r),
             *kernels.sigmoid_gate_backward(*gate), kernels.swiglu(ab),
             kernels.swiglu_backward(g, ab),
-            kernels.causal_conv(xp, cw, cb), *kernels.causal_conv_backward(cdy, xp, cw, cb))
+            kernels.causal_conv(cx, ct, cw, cb),
+            *kernels.causal_conv_backward(cdy, cx, ct, cw, cb))
     for r, o in zip(want, have, strict=True):
         assert o.dtype == torch.float64
         torch.testing.assert_close(o.cpu(), r, rtol=1e-12, atol=1e-12)

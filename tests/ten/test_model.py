@@ -295,6 +295,20 @@ def test_short_conv_sees_the_last_few_tokens_and_zeros_before_the_start():
         TENConfig(conv_width=-1)
 
 
+def test_short_conv_in_pieces_equals_it_whole():
+    """Generation feeds a few tokens at a time: each piece continues from the tail the
+    last one left (its last W - 1 inputs), pieces shorter than the tail included."""
+    conv = tiny("ten", conv_width=4, n_layers=1).blocks[0].mixer.conv
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    whole, last = conv(x, None)
+    pieces, tail = [], None
+    for a, b in [(0, 1), (1, 2), (2, 7), (7, 9), (9, 20)]:
+        y, tail = conv(x[:, a:b], tail)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-12, atol=1e-12)
+    assert torch.equal(tail, last) and torch.equal(last, x[:, -3:])
+
+
 def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_demand():
     """What the selective step is for: a token whose step is large is written (γ -> 1,
     λ -> 0: the old contents go); tokens whose step is tiny are ignored (γ -> 0) and the
