@@ -7,6 +7,8 @@ Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
     c̃_t  = (I + M_h) c_t   per head                   coupling, re and im alike
     y_t  = σ(W_g · LN(x_t) + b_g) ⊙ W_out [Re c̃_t; Im c̃_t]
 
+(the coupling is computed folded into the projection: W_out (I + M), one weight).
+
 with λ_k = exp(-exp(ν_k) + iθ_k), so 0 < |λ_k| < 1 whatever ν is, and
 γ_k = sqrt(1 - |λ_k|²) keeping the state's variance O(1).
 
@@ -35,6 +37,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.block_fused import LayerNorm, causal_conv, sigmoid_gate
@@ -126,8 +129,6 @@ class EigenstateMixer(nn.Module):
     def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
         """``state``: the eigenstates (B, 2K), and with a convolution the pair
         (eigenstates, the convolution's last inputs (B, conv_width - 1, d))."""
-        B, T, _ = xn.shape
-        K, H = self.cfg.n_eigenstates, self.cfg.n_heads
         eig, tail = (state, None) if self.conv is None or state is None else state
         u = xn
         if self.conv is not None:
@@ -135,10 +136,21 @@ class EigenstateMixer(nn.Module):
         log_lam, beta = self.drive(u)
         c, eig = scan(beta, log_lam, eig,
                       backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
-        cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
-        c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)).reshape(B, T, 2 * K)
-        y = sigmoid_gate(self.gate(xn), self.out_proj(c))
+        y = sigmoid_gate(self.gate(xn), F.linear(c, self.coupled_out_weight()))
         return y, (eig if self.conv is None else (eig, tail))
+
+    def coupled_out_weight(self) -> Tensor:
+        """W_out (I + M_h): the output projection of the coupled states W_out c̃_t, with
+        c̃_t = (I + M_h) c_t per head (re and im alike), folded into one (d, 2K) weight, in
+        the parameters' dtype. The same function as coupling the states and projecting
+        them; at (d × 2K) × K/H multiply-adds per forward instead of 2K × K/H per token,
+        and nothing between the scan and the projection to write, read and differentiate
+        at (B, T, 2K)."""
+        d, K, H = self.cfg.d_model, self.cfg.n_eigenstates, self.cfg.n_heads
+        w = self.out_proj.weight
+        with torch.autocast(w.device.type, enabled=False):  # a weight: at its own precision
+            wv = w.view(d, 2, H, K // H)  # (d, re/im, head, state)
+            return (wv + torch.einsum("dzhr,hrs->dzhs", wv, self.coupling)).reshape(d, 2 * K)
 
 
 class TENLM(LanguageModel):
@@ -176,7 +188,9 @@ class TENLM(LanguageModel):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6 × matmul weights (head included) + 3 × the scan.
 
-        The chunked scan's forward does a dense Q×Q complex matrix-vector product per
+        The heads' coupling is folded into the output projection's weight once per forward
+        (:meth:`EigenstateMixer.coupled_out_weight`): no work per token. The chunked scan's
+        forward does a dense Q×Q complex matrix-vector product per
         chunk and eigenstate (8·Q real FLOPs per state per token) plus O(K) between
         chunks; backward is counted as twice the forward, as for the matmuls.
         """
@@ -184,7 +198,6 @@ class TENLM(LanguageModel):
         seq_len = cfg.seq_len if seq_len is None else seq_len
         matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         matmul += self.embed.weight.numel()  # the tied LM head
-        matmul += sum(2 * b.mixer.coupling.numel() for b in self.blocks)  # re and im
         matmul += sum(b.mixer.conv.conv.weight.numel() for b in self.blocks if b.mixer.conv)
         q = min(cfg.chunk_size, seq_len)
         scan_fwd = cfg.n_layers * (8 * q + 16) * cfg.n_eigenstates
