@@ -176,12 +176,12 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                     NUM_WARPS))
     consts = {"BK": K, "STEP": 0.01, "FLOOR": 1e-24, "ACC": acc}
     out.append(("selective drive", f"{sel}:_drive_kernel",
-                {"z_ptr": _p(act), "p_ptr": _p(act), "nu_ptr": _p(f), "theta_ptr": _p(f),
+                {"pz_ptr": _p(act), "bias_ptr": _p(f), "nu_ptr": _p(f), "theta_ptr": _p(f),
                  "ll_ptr": _p(f), "beta_ptr": _p(f), "n": "i32", "K": "i32"}, consts,
                 NUM_WARPS))
     out.append(("selective drive backward", f"{sel}:_drive_backward_kernel",
-                {"dll_ptr": _p(f), "dbeta_ptr": _p(f), "z_ptr": _p(act), "p_ptr": _p(act),
-                 "nu_ptr": _p(f), "theta_ptr": _p(f), "dz_ptr": _p(act), "dp_ptr": _p(act),
+                {"dll_ptr": _p(f), "dbeta_ptr": _p(f), "pz_ptr": _p(act), "bias_ptr": _p(f),
+                 "nu_ptr": _p(f), "theta_ptr": _p(f), "dpz_ptr": _p(act), "dbias_ptr": _p(f),
                  "dnu_ptr": _p(f), "dtheta_ptr": _p(f), "n": "i32", "K": "i32"}, consts,
                 NUM_WARPS))
     return out

@@ -106,6 +106,12 @@ class EigenstateMixer(nn.Module):
         float64 model stays exact."""
         return step_of(self.delta(xn))
 
+    def steps_from_start(self, xn: Tensor) -> Tensor:
+        """Selective mode's Δ_t (B, T, K) as :meth:`forward` takes them for the layer input
+        xn from a sequence's start (after the convolution, if any). ten.statehealth
+        reports them."""
+        return self.step(xn if self.conv is None else self.conv(xn, None)[0])
+
     def eigenvalues(self, xn: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(log λ as [log|λ| | θ], γ as [γ | γ]): both (2K,) fixed, or (B, T, 2K) in
         selective mode (needs xn). -expm1 keeps 1 - |λ|² accurate as |λ| -> 1."""
@@ -120,11 +126,13 @@ class EigenstateMixer(nn.Module):
 
     def drive(self, u: Tensor) -> tuple[Tensor, Tensor]:
         """(log λ, β = γ ⊙ W_in·u) for the scan: β (B, T, 2K); log λ (2K,) fixed or (B, T, 2K)
-        selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.selective)."""
+        selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.selective)
+        on u's two projections, W_in·u and the step's, computed as one."""
         if self.delta is None:
             log_lam, gamma = self.eigenvalues()
             return log_lam, self.in_proj(u) * gamma
-        return selective_drive(self.delta(u), self.in_proj(u), self.nu, self.theta)
+        w = torch.cat([self.in_proj.weight, self.delta.weight])  # [W_in; W_Δ]: one matmul
+        return selective_drive(F.linear(u, w), self.delta.bias, self.nu, self.theta)
 
     def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
         """``state``: the eigenstates (B, 2K), and with a convolution the pair

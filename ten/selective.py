@@ -2,6 +2,7 @@
 
 Per token and eigenstate (``ten.model``'s docstring has the model):
 
+    [p | z - b_Δ] = [W_in; W_Δ]·u        one matmul for both of u's projections
     Δ = softplus(z) / STEP_UNIT          z = W_Δ·u + b_Δ, the step's pre-activation
     a = exp(ν) · Δ                       -log|λ| over this step
     log λ = [-a | θ·Δ]                   what the scan reads, [re | im]
@@ -10,10 +11,13 @@ Per token and eigenstate (``ten.model``'s docstring has the model):
 
 In torch ops that is a dozen element-wise passes over (B, T, K) and (B, T, 2K) tensors in
 fp32 each way, 19 GB of the flagship's micro-batch (benchmarks/bench_traffic.py); as one
-operator it reads z and p once and writes log λ and β once (the backward reads them and
-the two incoming gradients and writes dz and dp, and ν's and θ's gradients summed per
-program). The operator's torch implementation (every device) is the plain formula above,
-with its backward written out and checked against autograd in float64; CUDA runs
+operator it reads the projection pz = [p | z - b_Δ] once and writes log λ and β once (the
+backward reads them and the two incoming gradients and writes d pz, and b_Δ's, ν's and
+θ's gradients summed per program). One projection for p and z, not two linears reading
+u, leaves autograd one gradient for u, not two to add (a (B, T, d) sum per layer).
+
+The operator's torch implementation (every device) is the plain formula above, with its
+backward written out and checked against autograd in float64; CUDA runs
 ``ten.selective_kernels``.
 """
 
@@ -53,23 +57,37 @@ def _forward_parts(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor):
     return step, rate, write, gamma
 
 
-def _drive_impl(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
-    """(log λ (B, T, 2K), β (B, T, 2K)) from z (B, T, K) and p (B, T, 2K)."""
+def _split(pz: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """(z, p) from the projection pz = [p | z - b_Δ] (B, T, 3K) and b_Δ (K,): the step's
+    pre-activation (at least fp32 once the bias is added) and the drive before its scale."""
+    K = bias.shape[0]
+    return pz[..., 2 * K:] + bias, pz[..., :2 * K]
+
+
+def _drive_impl(pz: Tensor, bias: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+    """(log λ (B, T, 2K), β (B, T, 2K)) from pz = [p | z - b_Δ] (B, T, 3K) and b_Δ."""
+    z, p = _split(pz, bias)
     step, rate, _, gamma = _forward_parts(z, p, nu, theta)
     log_lam = torch.cat([-rate * step, theta * step], dim=-1)
     return log_lam, p * torch.cat([gamma, gamma], dim=-1)
 
 
-def _drive_fake(z, p, nu, theta):
-    dtype = torch.promote_types(torch.promote_types(z.dtype, torch.float32), nu.dtype)
-    return p.new_empty(p.shape, dtype=dtype), p.new_empty(p.shape, dtype=dtype)
+def _out_dtype(pz: Tensor, nu: Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(pz.dtype, torch.float32), nu.dtype)
 
 
-def _drive_backward_impl(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: Tensor,
-                    theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dz, dp, dν, dθ): the chain rule of the formula above, written out."""
+def _drive_fake(pz, bias, nu, theta):
+    shape = (*pz.shape[:-1], 2 * bias.shape[0])
+    return (pz.new_empty(shape, dtype=_out_dtype(pz, nu)),
+            pz.new_empty(shape, dtype=_out_dtype(pz, nu)))
+
+
+def _drive_backward_impl(d_log_lam: Tensor, d_beta: Tensor, pz: Tensor, bias: Tensor,
+                         nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d pz, d b_Δ, dν, dθ): the chain rule of the formula above, written out."""
+    z, p = _split(pz, bias)
     step, rate, write, gamma = _forward_parts(z, p, nu, theta)
-    K = z.shape[-1]
+    K = bias.shape[0]
     d_re, d_im = d_log_lam[..., :K], d_log_lam[..., K:]
     p_re, p_im = p[..., :K].to(gamma.dtype), p[..., K:].to(gamma.dtype)
     d_gamma = d_beta[..., :K] * p_re + d_beta[..., K:] * p_im
@@ -77,17 +95,17 @@ def _drive_backward_impl(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor
     dg_da = torch.where(write > MIN_WRITE, (1.0 - write) / gamma, torch.zeros_like(gamma))
     d_a = -d_re + d_gamma * dg_da  # a = rate · Δ
     d_step = rate * d_a + theta * d_im
-    zf = z.float() if z.element_size() < 4 else z
-    dz = d_step * torch.sigmoid(zf) / STEP_UNIT  # softplus' = sigmoid
+    dz = d_step * torch.sigmoid(z) / STEP_UNIT  # softplus' = sigmoid
     dp = d_beta * torch.cat([gamma, gamma], dim=-1)
-    reduce = tuple(range(z.dim() - 1))
+    reduce = tuple(range(pz.dim() - 1))
     d_nu = (d_a * step).sum(reduce) * rate  # d/d ν = rate · d/d rate
     d_theta = (d_im * step).sum(reduce)
-    return dz.to(z.dtype), dp.to(p.dtype), d_nu.to(nu.dtype), d_theta.to(theta.dtype)
+    return (torch.cat([dp, dz], dim=-1).to(pz.dtype), dz.sum(reduce).to(bias.dtype),
+            d_nu.to(nu.dtype), d_theta.to(theta.dtype))
 
 
-def _drive_backward_fake(d_log_lam, d_beta, z, p, nu, theta):
-    return (torch.empty_like(z), torch.empty_like(p), torch.empty_like(nu),
+def _drive_backward_fake(d_log_lam, d_beta, pz, bias, nu, theta):
+    return (torch.empty_like(pz), torch.empty_like(bias), torch.empty_like(nu),
             torch.empty_like(theta))
 
 
@@ -96,27 +114,34 @@ def _setup(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, d_log_lam, d_beta):
-    z, p, nu, theta = ctx.saved_tensors
+    pz, bias, nu, theta = ctx.saved_tensors
     if d_log_lam is None:
         d_log_lam = torch.zeros_like(d_beta)
     if d_beta is None:
         d_beta = torch.zeros_like(d_log_lam)
-    return _drive_backward(d_log_lam.contiguous(), d_beta.contiguous(), z, p, nu, theta)
+    return _drive_backward(d_log_lam.contiguous(), d_beta.contiguous(), pz, bias, nu, theta)
 
 
 _drive_backward = define(
-    "selective_drive_backward(Tensor d_log_lam, Tensor d_beta, Tensor z, Tensor p, "
+    "selective_drive_backward(Tensor d_log_lam, Tensor d_beta, Tensor pz, Tensor bias, "
     "Tensor nu, Tensor theta) -> (Tensor, Tensor, Tensor, Tensor)", _drive_backward_impl,
     _drive_backward_fake)
-_drive = define("selective_drive(Tensor z, Tensor p, Tensor nu, Tensor theta) "
+_drive = define("selective_drive(Tensor pz, Tensor bias, Tensor nu, Tensor theta) "
                 "-> (Tensor, Tensor)", _drive_impl, _drive_fake, backward=_backward,
                 setup_context=_setup)
 
 
-def selective_drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
-    """(log λ, β) of selective mode, both (B, T, 2K), from the step's pre-activation z
-    (B, T, K), the unscaled drive p (B, T, 2K) and the eigenvalue parameters ν, θ (K,)."""
-    return _drive(z.contiguous(), p.contiguous(), nu, theta)
+def selective_drive(pz: Tensor, bias: Tensor, nu: Tensor,
+                    theta: Tensor) -> tuple[Tensor, Tensor]:
+    """(log λ, β) of selective mode, both (B, T, 2K), from the projection pz = [p | z - b_Δ]
+    (B, T, 3K) of the unscaled drive p and the step's pre-activation z less its bias, the
+    bias b_Δ and the eigenvalue parameters ν, θ (K,)."""
+    K = bias.shape[0]
+    if pz.shape[-1] != 3 * K or nu.shape != (K,) or theta.shape != (K,):
+        raise ValueError(f"selective_drive takes pz (..., 3K) and b_Δ, ν, θ (K,): got pz "
+                         f"{tuple(pz.shape)}, b_Δ {tuple(bias.shape)}, ν {tuple(nu.shape)}, "
+                         f"θ {tuple(theta.shape)}")
+    return _drive(pz.contiguous(), bias, nu, theta)
 
 
 # CUDA runs the Triton kernels (ten.selective_kernels). Registered only where CUDA is: a

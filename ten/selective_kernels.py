@@ -1,12 +1,14 @@
 """Triton kernels for ``ten.selective``'s operator (registered there for CUDA): selective
 mode's eigenvalues and drive, forward and backward, with the operator's signatures.
 
-A program owns BR rows (tokens) and every eigenstate lane (BK ≥ K), so ν and θ are read
-once per program and the backward's ν and θ gradients are summed in registers over its
-rows, written per program, and summed by torch. Arithmetic in ``ACC`` (fp32; fp64 for fp64
-tensors, so a float64 model and the gradient checks stay exact); 1 - exp(-x) and
-log(1 + y) are computed in forms that do not cancel (the step starts at 1 and |λ| near
-0.999, where 2a ~ 0.002).
+A program owns BR rows (tokens) and every eigenstate lane (BK ≥ K), so b_Δ, ν and θ are
+read once per program and the backward's b_Δ, ν and θ gradients are summed in registers
+over its rows, written per program, and summed by torch. A row of the projection pz is
+[p_re | p_im | z - b_Δ] (3K); of log λ, β and their gradients [re | im] (2K).
+
+Arithmetic in ``ACC`` (fp32; fp64 for fp64 tensors, so a float64 model and the gradient
+checks stay exact); 1 - exp(-x) and log(1 + y) are computed in forms that do not cancel
+(the step starts at 1 and |λ| near 0.999, where 2a ~ 0.002).
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ def _one_minus_exp_neg(x):
 
 
 @triton.jit
-def _parts(z_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr,
+def _parts(pz_ptr, bias_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr,
            ACC: tl.constexpr):
-    """Δ, rate, 1 - |λ|² (floored), γ and the mask of a (BR, BK) tile."""
+    """z (the step's pre-activation, bias added), Δ, rate, 1 - |λ|² (floored), γ and the
+    mask of a (BR, BK) tile."""
     mask = (rows[:, None] < n) & (k[None, :] < K)
-    z = tl.load(z_ptr + rows[:, None] * K + k[None, :], mask=mask, other=0.0).to(ACC)
+    z = tl.load(pz_ptr + rows[:, None] * (3 * K) + 2 * K + k[None, :], mask=mask,
+                other=0.0).to(ACC)
+    z += tl.load(bias_ptr + k, mask=k < K, other=0.0).to(ACC)[None, :]
     rate = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(ACC))[None, :]
     step = _softplus(z) / STEP
     write = tl.maximum(_one_minus_exp_neg(2.0 * rate * step), FLOOR)
@@ -61,16 +66,18 @@ def _parts(z_ptr, nu_ptr, rows, k, n, K, STEP: tl.constexpr, FLOOR: tl.constexpr
 
 
 @triton.jit
-def _drive_kernel(z_ptr, p_ptr, nu_ptr, theta_ptr, ll_ptr, beta_ptr, n, K,
+def _drive_kernel(pz_ptr, bias_ptr, nu_ptr, theta_ptr, ll_ptr, beta_ptr, n, K,
                   BK: tl.constexpr, STEP: tl.constexpr, FLOOR: tl.constexpr,
                   ACC: tl.constexpr):
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     k = tl.arange(0, BK)
-    _, step, rate, _, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR, ACC)
+    _, step, rate, _, gamma, mask = _parts(pz_ptr, bias_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR,
+                                           ACC)
     theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(ACC)[None, :]
     re = rows[:, None] * (2 * K) + k[None, :]  # [re | im] offsets in a (.., 2K) row
-    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(ACC)
-    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(ACC)
+    p_re_ptr = pz_ptr + rows[:, None] * (3 * K) + k[None, :]
+    p_re = tl.load(p_re_ptr, mask=mask, other=0.0).to(ACC)
+    p_im = tl.load(p_re_ptr + K, mask=mask, other=0.0).to(ACC)
     tl.store(ll_ptr + re, -rate * step, mask=mask)
     tl.store(ll_ptr + re + K, theta * step, mask=mask)
     tl.store(beta_ptr + re, p_re * gamma, mask=mask)
@@ -78,64 +85,68 @@ def _drive_kernel(z_ptr, p_ptr, nu_ptr, theta_ptr, ll_ptr, beta_ptr, n, K,
 
 
 @triton.jit
-def _drive_backward_kernel(dll_ptr, dbeta_ptr, z_ptr, p_ptr, nu_ptr, theta_ptr, dz_ptr,
-                           dp_ptr, dnu_ptr, dtheta_ptr, n, K, BK: tl.constexpr,
+def _drive_backward_kernel(dll_ptr, dbeta_ptr, pz_ptr, bias_ptr, nu_ptr, theta_ptr, dpz_ptr,
+                           dbias_ptr, dnu_ptr, dtheta_ptr, n, K, BK: tl.constexpr,
                            STEP: tl.constexpr, FLOOR: tl.constexpr, ACC: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
     k = tl.arange(0, BK)
-    z, step, rate, write, gamma, mask = _parts(z_ptr, nu_ptr, rows, k, n, K, STEP, FLOOR,
-                                               ACC)
+    z, step, rate, write, gamma, mask = _parts(pz_ptr, bias_ptr, nu_ptr, rows, k, n, K, STEP,
+                                               FLOOR, ACC)
     theta = tl.load(theta_ptr + k, mask=k < K, other=0.0).to(ACC)[None, :]
     re = rows[:, None] * (2 * K) + k[None, :]
+    pz_row = rows[:, None] * (3 * K) + k[None, :]  # p_re's offsets; p_im +K, z +2K
     d_re = tl.load(dll_ptr + re, mask=mask, other=0.0).to(ACC)
     d_im = tl.load(dll_ptr + re + K, mask=mask, other=0.0).to(ACC)
     db_re = tl.load(dbeta_ptr + re, mask=mask, other=0.0).to(ACC)
     db_im = tl.load(dbeta_ptr + re + K, mask=mask, other=0.0).to(ACC)
-    p_re = tl.load(p_ptr + re, mask=mask, other=0.0).to(ACC)
-    p_im = tl.load(p_ptr + re + K, mask=mask, other=0.0).to(ACC)
+    p_re = tl.load(pz_ptr + pz_row, mask=mask, other=0.0).to(ACC)
+    p_im = tl.load(pz_ptr + pz_row + K, mask=mask, other=0.0).to(ACC)
     d_gamma = db_re * p_re + db_im * p_im
     dg_da = tl.where(write > FLOOR, (1.0 - write) / gamma, 0.0)
     d_a = tl.where(mask, -d_re + d_gamma * dg_da, 0.0)
     d_step = rate * d_a + theta * d_im
     dz = d_step * tl.sigmoid(z) / STEP
-    tl.store(dz_ptr + rows[:, None] * K + k[None, :], dz.to(dz_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(dp_ptr + re, (db_re * gamma).to(dp_ptr.dtype.element_ty), mask=mask)
-    tl.store(dp_ptr + re + K, (db_im * gamma).to(dp_ptr.dtype.element_ty), mask=mask)
+    out_ty = dpz_ptr.dtype.element_ty
+    tl.store(dpz_ptr + pz_row, (db_re * gamma).to(out_ty), mask=mask)
+    tl.store(dpz_ptr + pz_row + K, (db_im * gamma).to(out_ty), mask=mask)
+    tl.store(dpz_ptr + pz_row + 2 * K, dz.to(out_ty), mask=mask)
     out = pid.to(tl.int64) * K + k
     rate_k = tl.exp(tl.load(nu_ptr + k, mask=k < K, other=0.0).to(ACC))
+    tl.store(dbias_ptr + out, tl.sum(tl.where(mask, dz, 0.0), axis=0), mask=k < K)
     tl.store(dnu_ptr + out, tl.sum(d_a * step, axis=0) * rate_k, mask=k < K)  # ν = log rate
     tl.store(dtheta_ptr + out, tl.sum(tl.where(mask, d_im * step, 0.0), axis=0), mask=k < K)
 
 
-def _cut(z: Tensor) -> tuple[int, int, int, int]:
-    K = z.shape[-1]
-    n = z.numel() // K if K else 0
+def _cut(bias: Tensor, pz: Tensor) -> tuple[int, int, int, int]:
+    K = bias.shape[0]
+    n = pz.numel() // (3 * K) if K else 0
     return n, K, triton.cdiv(n, ROWS), triton.next_power_of_2(max(K, 1))
 
 
-def drive(z: Tensor, p: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
-    n, K, programs, bk = _cut(z)
-    dtype = torch.promote_types(torch.promote_types(z.dtype, torch.float32), nu.dtype)
-    log_lam = p.new_empty(p.shape, dtype=dtype)
-    beta = p.new_empty(p.shape, dtype=dtype)
+def drive(pz: Tensor, bias: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+    n, K, programs, bk = _cut(bias, pz)
+    dtype = torch.promote_types(torch.promote_types(pz.dtype, torch.float32), nu.dtype)
+    shape = (*pz.shape[:-1], 2 * K)
+    log_lam = pz.new_empty(shape, dtype=dtype)
+    beta = pz.new_empty(shape, dtype=dtype)
     if n:
-        _drive_kernel[(programs,)](z, p, nu, theta, log_lam, beta, n, K, BK=bk,
-                                   STEP=STEP_UNIT, FLOOR=MIN_WRITE, ACC=acc(z, p, nu, theta),
-                                   num_warps=4)
+        _drive_kernel[(programs,)](pz, bias, nu, theta, log_lam, beta, n, K, BK=bk,
+                                   STEP=STEP_UNIT, FLOOR=MIN_WRITE,
+                                   ACC=acc(pz, bias, nu, theta), num_warps=4)
     return log_lam, beta
 
 
-def drive_backward(d_log_lam: Tensor, d_beta: Tensor, z: Tensor, p: Tensor, nu: Tensor,
+def drive_backward(d_log_lam: Tensor, d_beta: Tensor, pz: Tensor, bias: Tensor, nu: Tensor,
                    theta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    n, K, programs, bk = _cut(z)
-    dz, dp = torch.empty_like(z), torch.empty_like(p)
-    tensors = (d_log_lam, d_beta, z, p, nu, theta)
-    d_nu = z.new_zeros((max(programs, 1), K), dtype=compute_dtype(*tensors))
-    d_theta = torch.zeros_like(d_nu)
+    n, K, programs, bk = _cut(bias, pz)
+    d_pz = torch.empty_like(pz)
+    tensors = (d_log_lam, d_beta, pz, bias, nu, theta)
+    d_bias = pz.new_zeros((max(programs, 1), K), dtype=compute_dtype(*tensors))
+    d_nu, d_theta = torch.zeros_like(d_bias), torch.zeros_like(d_bias)
     if n:
-        _drive_backward_kernel[(programs,)](*tensors, dz, dp, d_nu, d_theta, n, K, BK=bk,
-                                            STEP=STEP_UNIT, FLOOR=MIN_WRITE,
+        _drive_backward_kernel[(programs,)](*tensors, d_pz, d_bias, d_nu, d_theta, n, K,
+                                            BK=bk, STEP=STEP_UNIT, FLOOR=MIN_WRITE,
                                             ACC=acc(*tensors), num_warps=4)
-    return dz, dp, d_nu.sum(0).to(nu.dtype), d_theta.sum(0).to(theta.dtype)
+    return (d_pz, d_bias.sum(0).to(bias.dtype), d_nu.sum(0).to(nu.dtype),
+            d_theta.sum(0).to(theta.dtype))

@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from ten.selective import step_of
-
 QUANTILES = (0.1, 0.5, 0.9)
 MAX_SAMPLES = 1 << 20  # values per quantile: a strided sample of the batch beyond this
 
@@ -34,8 +32,9 @@ def state_health(model: Any, ids: torch.Tensor) -> dict[str, float]:
     if not blocks or not hasattr(blocks[0].mixer, "nu"):
         return {}
     steps: dict[int, torch.Tensor] = {}
-    hooks = [block.mixer.delta.register_forward_hook(
-        lambda module, inputs, z, i=i: steps.__setitem__(i, step_of(z).float()))
+    hooks = [block.mixer.register_forward_hook(  # inputs: (xn, state), from the start here
+        lambda mixer, inputs, out, i=i: steps.__setitem__(
+            i, mixer.steps_from_start(inputs[0]).float()))
         for i, block in enumerate(blocks) if block.mixer.delta is not None]
     was_training = model.training
     model.eval()

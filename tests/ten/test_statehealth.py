@@ -40,3 +40,21 @@ def test_a_fixed_decay_is_reported_as_its_eigenvalues_moduli():
         assert math.isclose(health[f"L0/decay_p{q}"], float(torch.quantile(moduli, q / 100)),
                             rel_tol=1e-5)
     assert "L0/step_p50" not in health  # no step in the fixed mode
+
+
+def test_the_selective_step_is_reported_as_the_steps_the_layer_took():
+    """With the step's weights at 0, Δ_k = softplus(b_k) / STEP_UNIT whatever the tokens:
+    the quantiles over the lanes, whichever way the layer computes its steps."""
+    from ten.selective import STEP_UNIT
+
+    model = tiny(selective=True, conv_width=4)
+    delta = model.blocks[0].mixer.delta
+    with torch.no_grad():
+        delta.weight.zero_()
+        delta.bias.copy_(torch.linspace(-6.0, 2.0, 8))
+    health = state_health(model, torch.randint(0, 100, (2, 16)))
+    lanes = torch.nn.functional.softplus(torch.linspace(-6.0, 2.0, 8)) / STEP_UNIT
+    steps = lanes.repeat(2 * 16)  # every token of the batch takes them
+    for q in (10, 50, 90):
+        assert math.isclose(health[f"L0/step_p{q}"], float(torch.quantile(steps, q / 100)),
+                            rel_tol=1e-5)
