@@ -1,13 +1,15 @@
 """Memory traffic of one flagship micro-batch, traced on a CPU, and the MFU it allows.
 
-Every aten operator of one training micro-batch of the job (forward and backward of the
-objective under its autocast dtype, gradient checkpointing's recompute, the gradient
-clip) runs under ``FakeTensorMode``: shapes, dtypes and strides, no data, so the real
-T = 32768 step traces in seconds on any machine. A ``TorchDispatchMode`` counts, per
-operator that is a kernel on a GPU (views are not): the bytes it reads and writes (each
-input and output once, a broadcast input at its storage's size), its matmul FLOPs, and
-whether it is a dtype cast or a host sync (``.item()``). The optimizer, which runs
-outside torch for 8-bit AdamW, is added by its known traffic per parameter.
+Every aten operator of a training step of the job (forward and backward of the objective
+under its autocast dtype, gradient checkpointing's recompute, the gradients added into
+``.grad`` by every micro-batch after the first, the gradient clip once a step), reported
+per micro-batch (the step's sum over ``grad_accum``), runs under ``FakeTensorMode``:
+shapes, dtypes and strides, no data, so the real T = 32768 step traces in seconds on any
+machine. A ``TorchDispatchMode`` counts, per operator that is a kernel on a GPU (views
+are not): the bytes it reads and writes (each input and output once, a broadcast input
+at its storage's size), its matmul FLOPs, and whether it is a dtype cast or a host sync
+(``.item()``). The optimizer, which runs outside torch for 8-bit AdamW, is added by its
+known traffic per parameter.
 
 From those it prints the floor of a step's time on a datasheet GPU (every kernel at its
 own roofline: max(bytes / bandwidth, FLOPs / peak), kernels not overlapping, launches
@@ -199,8 +201,11 @@ def loss_backend(train: Any) -> str:
 
 
 def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, Any]:
-    """Forward + backward of the job's objective, the gradient clip and the non-finite
-    flags, as ``ten.step.train_step`` runs them, on fake tensors."""
+    """The job's step as ``ten.step.train_step`` runs it, on fake tensors, as its average
+    micro-batch: the first (forward + backward of the objective), one of the other
+    ``grad_accum - 1`` (traced next on the same model: they also add their gradients into
+    ``.grad``), and the step's end once (the gradient clip and the non-finite flags), the
+    sum divided by ``grad_accum``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import ten.loss as loss_mod
@@ -208,12 +213,13 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
     from ten.presets import build_model
 
     backend = loss_backend(train)
-    mode = TrafficMode()
+    first, other, end = TrafficMode(), TrafficMode(), TrafficMode()
     with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
         model = build_model(cfg)
         objective = NextTokenLoss(model, backend)
         ids = torch.zeros(batch, cfg.seq_len + 1, dtype=torch.long)
         inner = loss_mod.linear_cross_entropy
+        mode = first
 
         def labelled(*a, **k):  # the chunked loss does all its work in forward
             mode.region = "loss"
@@ -224,17 +230,35 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
 
         loss_mod.linear_cross_entropy = labelled
         try:
-            with mode:
-                dt = amp_dtype(train)
-                with torch.autocast("cpu", dtype=dt or torch.float32, enabled=dt is not None):
-                    loss = objective(ids[:, :-1], ids[:, 1:])
-                loss.backward()
+            dt = amp_dtype(train)
+            for mode in (first, other):
+                with mode:
+                    with torch.autocast("cpu", dtype=dt or torch.float32,
+                                        enabled=dt is not None):
+                        loss = objective(ids[:, :-1], ids[:, 1:])
+                    loss.backward()
+            with end:
                 params = [p for p in model.parameters()]
                 norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip or math.inf)
                 torch.stack([~torch.isfinite(loss), ~torch.isfinite(norm)]).int()
         finally:
             loss_mod.linear_cross_entropy = inner
-    return mode, model
+    accum = train.grad_accum
+    return average(((first, 1.0), (other, accum - 1.0), (end, 1.0)), accum), model
+
+
+def average(parts: tuple[tuple[TrafficMode, float], ...], n: int) -> TrafficMode:
+    """The traced parts, each counted ``times``, per one of ``n``: a step's tallies as
+    its average micro-batch (kernel counts rounded)."""
+    out = TrafficMode()
+    for part, times in parts:
+        for key, tally in part.tallies.items():
+            out.tallies[key].merge(tally, times / n)
+        for key, tally in part.by_op.items():
+            out.by_op[key].merge(tally, times / n)
+        for key, count in part.syncs.items():
+            out.syncs[key] += count * times / n
+    return out
 
 
 def trace_scan(cfg: Any, batch: int, recomputed: bool) -> Tally:
@@ -323,7 +347,7 @@ def analyse(cfg: Any, train: Any) -> dict[str, Any]:
         "bytes_outside_scan_gb": outside.bytes / GB,
         "kernels": total.kernels + math.ceil(opt.kernels / accum),
         "casts": mode.tallies["cast"].kernels if "cast" in mode.tallies else 0,
-        "host_syncs_per_step": accum * traced_syncs + opt_syncs + (
+        "host_syncs_per_step": round(accum * traced_syncs) + opt_syncs + (
             1 if train.optimizer == "adamw8bit" else 0),  # ten.nonfinite.step_unless
         "model_tflop": model_flops / 1e12,
         "floor_ms": {k: 1e3 * v for k, v in per_step_floor.items()},

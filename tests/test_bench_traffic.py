@@ -64,3 +64,19 @@ def test_an_in_place_operator_reads_and_writes_its_tensor_once_each():
         x.add_(y)  # aten returns x itself: read x, read y, write x
     assert mode.tallies["elementwise"].bytes == 3 * 4000
     assert mode.tallies["elementwise"].kernels == 1
+
+
+def test_a_step_counts_its_clip_once_and_every_later_micro_batchs_gradient_sum():
+    """Per micro-batch as the job's step runs them: each micro-batch after the first adds
+    its gradient into every parameter's ``.grad`` in place; the clip scales every
+    gradient once a step (it was counted with every micro-batch)."""
+    cfg, train = bench_traffic.load(TINY)
+    assert train.grad_accum == 8
+    step, model = bench_traffic.trace_micro_batch(cfg, train, train.batch_size)
+    single, _ = bench_traffic.trace_micro_batch(
+        *bench_traffic.load([*TINY, "train.grad_accum=1"]), train.batch_size)
+    n = len(list(model.parameters()))
+    assert single.by_op["elementwise: add_"].kernels == 0  # nothing to add to yet
+    assert step.by_op["elementwise: add_"].kernels == round(n * 7 / 8)
+    assert single.by_op["elementwise: mul_"].kernels == n  # the clip's scale
+    assert step.by_op["elementwise: mul_"].kernels == round(n / 8)
