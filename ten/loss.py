@@ -126,8 +126,8 @@ def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, 
         if grad_w is not None:  # (V, d), accumulated in fp32
             if dlogits.dtype == grad_w.dtype:
                 grad_w.addmm_(dlogits.t(), h)
-            else:
-                grad_w += (dlogits.t() @ h).to(grad_w.dtype)
+            else:  # the add widens the product as it reads it: no fp32 copy of it
+                grad_w += dlogits.t() @ h
         del logits, dlogits  # before the next chunk's matmul: one chunk's buffer at a time
     return loss_sum, n_valid
 
