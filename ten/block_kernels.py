@@ -373,15 +373,21 @@ def _conv_grid(rows: int, d: int, B: int, per_program: int) -> tuple[int, int, i
     return triton.cdiv(rows, per_program), triton.cdiv(d, CONV_BD), B
 
 
+def _has_tail_rows(tail: Tensor | None, W: int) -> bool:
+    """Whether the kernels read a tail: one given, with rows (a width-1 convolution's has
+    none). Without, the kernels get x's pointer in its place, never read."""
+    return tail is not None and W > 1
+
+
 def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
     B, T, d = x.shape
     W = weight.shape[1]
     y = torch.empty_like(x)
+    tail_rows = _has_tail_rows(tail, W)
     if y.numel():
         _conv_forward_kernel[_conv_grid(T, d, B, CONV_BT)](
-            x, x if tail is None else tail, weight.contiguous(), bias, y, T, d, W=W,
-            TAIL=tail is not None and W > 1, BT=CONV_BT, BD=CONV_BD, ACC=acc(x, weight, bias),
-            num_warps=4)
+            x, tail if tail_rows else x, weight.contiguous(), bias, y, T, d, W=W,
+            TAIL=tail_rows, BT=CONV_BT, BD=CONV_BD, ACC=acc(x, weight, bias), num_warps=4)
     return y
 
 
@@ -398,11 +404,12 @@ def causal_conv_backward(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Ten
     dtype = compute_dtype(dy, x, weight)
     dw = x.new_zeros((B * grid[0], W, d), dtype=dtype)  # each program's share
     db = x.new_zeros((B * grid[0], d), dtype=dtype)
+    tail_rows = _has_tail_rows(tail, W)
     if x.numel():  # (no rows of x: no gradient for the tail either)
         _conv_backward_kernel[grid](
-            dy, x, x if tail is None else tail, weight.contiguous(), dx,
-            dx if tail is None else dtail, dw, db, T, d, W=W,
-            TAIL=tail is not None and W > 1, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
+            dy, x, tail if tail_rows else x, weight.contiguous(), dx,
+            dtail if tail_rows else dx, dw, db, T, d, W=W,
+            TAIL=tail_rows, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
             BD=CONV_BD, ACC=acc(dy, x, weight), num_warps=4)
     # (d, W) with the strides of the operator's fake (torch.compile checks them)
     dweight = weight.new_empty((d, W)).copy_(dw.sum(0).t())

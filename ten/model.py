@@ -198,9 +198,9 @@ class TENLM(LanguageModel):
 
         The heads' coupling is folded into the output projection's weight once per forward
         (:meth:`EigenstateMixer.coupled_out_weight`): no work per token. The chunked scan's
-        forward does a dense Q×Q complex matrix-vector product per
-        chunk and eigenstate (8·Q real FLOPs per state per token) plus O(K) between
-        chunks; backward is counted as twice the forward, as for the matmuls.
+        forward does a dense Q×Q complex matrix-vector product per chunk and eigenstate
+        (8·Q real FLOPs per state per token) plus O(K) between chunks; backward is counted
+        as twice the forward, as for the matmuls.
         """
         cfg = self.config
         seq_len = cfg.seq_len if seq_len is None else seq_len
