@@ -23,10 +23,28 @@ def compiling(test):
 
 
 @pytest.fixture(scope="module")
-def rows():
+def rows(tmp_path_factory):
+    """Every variant compiled once per run: pytest-xdist may send this module's tests to
+    several workers, and each would compile them all (~40 s of the 2 cores each). The
+    first compiles under a lock in the run's shared temporary folder; the others wait and
+    read its rows."""
+    import fcntl
+    import os
+    import pickle
+
     import kernel_check
 
-    return kernel_check.check()
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing to share
+        return kernel_check.check()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, above each worker's
+    with open(shared / "kernel_check.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "kernel_check.pickle"
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        result = kernel_check.check()
+        done.write_bytes(pickle.dumps(result))
+        return result
 
 
 @compiling
