@@ -61,7 +61,8 @@ def _split(pz: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     """(z, p) from the projection pz = [p | z - b_Δ] (B, T, 3K) and b_Δ (K,): the step's
     pre-activation (at least fp32 once the bias is added) and the drive before its scale."""
     K = bias.shape[0]
-    return pz[..., 2 * K:] + bias, pz[..., :2 * K]
+    z = pz[..., 2 * K:] + bias
+    return z if z.element_size() >= 4 else z.float(), pz[..., :2 * K]
 
 
 def _drive_impl(pz: Tensor, bias: Tensor, nu: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
