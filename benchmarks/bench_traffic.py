@@ -231,12 +231,13 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
         loss_mod.linear_cross_entropy = labelled
         try:
             dt = amp_dtype(train)
-            for mode in (first, other):
-                with mode:
-                    with torch.autocast("cpu", dtype=dt or torch.float32,
-                                        enabled=dt is not None):
+            # one autocast region for the step's forwards, backward outside autocast
+            with torch.autocast("cpu", dtype=dt or torch.float32, enabled=dt is not None):
+                for mode in (first, other):
+                    with mode:
                         loss = objective(ids[:, :-1], ids[:, 1:])
-                    loss.backward()
+                        with torch.autocast("cpu", enabled=False):
+                            loss.backward()
             with end:
                 params = [p for p in model.parameters()]
                 norm = torch.nn.utils.clip_grad_norm_(params, train.grad_clip or math.inf)

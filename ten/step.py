@@ -38,16 +38,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     device_type = micro_batches[0].device.type
     total = torch.zeros((), device=micro_batches[0].device)
     n = len(micro_batches)
-    for i, batch in enumerate(micro_batches):
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        sync_ctx = ddp_no_sync() if ddp_no_sync is not None and i < n - 1 \
-            else contextlib.nullcontext()
-        with sync_ctx:
-            with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
-                                enabled=amp_dtype is not None):
+    # One autocast region for the step's forwards: autocast keeps each weight's cast until
+    # the region ends, so the micro-batches after the first cast no weight again (the
+    # weights change only at the optimizer step, after it). Backward runs outside autocast,
+    # as it would after the region.
+    with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
+                        enabled=amp_dtype is not None):
+        for i, batch in enumerate(micro_batches):
+            inputs, targets = batch[:, :-1], batch[:, 1:]
+            sync_ctx = ddp_no_sync() if ddp_no_sync is not None and i < n - 1 \
+                else contextlib.nullcontext()
+            with sync_ctx:
                 loss = model(inputs, targets) / n  # fp32: the loss computes in fp32
-            scaler.scale(loss).backward()
-        total += loss.detach()
+                with torch.autocast(device_type, enabled=False):
+                    scaler.scale(loss).backward()
+            total += loss.detach()
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)

@@ -455,6 +455,46 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_untouched(fused, poison)
     assert not torch.equal(params["out.weight"], model.out.weight)  # updates again
 
 
+def test_a_step_casts_each_weight_once_for_all_its_micro_batches():
+    """Under autocast the step's forwards share one region, so the micro-batches after
+    the first cast no weight again (a flagship step cast every weight 8 times); the update
+    is the one the micro-batches give each in its own region, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    batches = [torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(i))
+               for i in range(3)]
+
+    def fresh():
+        torch.manual_seed(1)
+        model = Tiny()
+        return model, NextTokenLoss(model, "reference"), torch.optim.SGD(model.parameters(), 0.1)
+
+    model, objective, opt = fresh()  # each micro-batch in its own autocast region
+    for batch in batches:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = objective(batch[:, :-1], batch[:, 1:]) / len(batches)
+        loss.backward()
+    opt.step()
+    want = model.state_dict()
+
+    class WeightCasts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.startswith("_to_copy") and args[0].shape == (50, 16) \
+                    and out.dtype == torch.bfloat16:
+                WeightCasts.count += 1
+            return out
+
+    model, objective, opt = fresh()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with WeightCasts():
+        train_step(objective, opt, scaler, batches, torch.bfloat16, 0.0)
+    assert WeightCasts.count == 1  # the output layer's weight, once for three forwards
+    assert all(torch.equal(want[k], v) for k, v in model.state_dict().items())
+
+
 def poison_steps(monkeypatch, steps):
     """Make the trainer's model give a non-finite loss at these (1-based) train steps: its
     final norm's output (the hidden states the loss reads) goes NaN."""
