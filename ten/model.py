@@ -7,7 +7,8 @@ Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
     c̃_t  = (I + M_h) c_t   per head                   coupling, re and im alike
     y_t  = σ(W_g · LN(x_t) + b_g) ⊙ W_out [Re c̃_t; Im c̃_t]
 
-(the coupling is computed folded into the projection: W_out (I + M), one weight).
+(in training the coupling is computed folded into the projection: W_out (I + M), one
+weight; EigenstateMixer.project).
 
 with λ_k = exp(-exp(ν_k) + iθ_k), so 0 < |λ_k| < 1 whatever ν is, and
 γ_k = sqrt(1 - |λ_k|²) keeping the state's variance O(1).
@@ -144,16 +145,27 @@ class EigenstateMixer(nn.Module):
         log_lam, beta = self.drive(u)
         c, eig = scan(beta, log_lam, eig,
                       backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
-        y = sigmoid_gate(self.gate(xn), F.linear(c, self.coupled_out_weight()))
+        y = sigmoid_gate(self.gate(xn), self.project(c))
         return y, (eig if self.conv is None else (eig, tail))
 
+    def project(self, c: Tensor) -> Tensor:
+        """W_out c̃_t for the states c (B, T, 2K), c̃_t = (I + M_h) c_t per head (re and im
+        alike). The coupling costs (d × 2K) × K/H multiply-adds folded into the weight
+        (:meth:`coupled_out_weight`), 2K × K/H per token on the states: folded for a
+        batch of at least d tokens (training: nothing at (B, T, 2K) between the scan and
+        the projection to write, read and differentiate), on the states for fewer
+        (generation's token at a time)."""
+        B, T, _ = c.shape
+        if B * T >= self.cfg.d_model:
+            return F.linear(c, self.coupled_out_weight())
+        K, H = self.cfg.n_eigenstates, self.cfg.n_heads
+        cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
+        coupled = cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)
+        return self.out_proj(coupled.reshape(B, T, 2 * K))
+
     def coupled_out_weight(self) -> Tensor:
-        """W_out (I + M_h): the output projection of the coupled states W_out c̃_t, with
-        c̃_t = (I + M_h) c_t per head (re and im alike), folded into one (d, 2K) weight, in
-        the parameters' dtype. The same function as coupling the states and projecting
-        them; at (d × 2K) × K/H multiply-adds per forward instead of 2K × K/H per token,
-        and nothing between the scan and the projection to write, read and differentiate
-        at (B, T, 2K)."""
+        """W_out (I + M_h): the output projection of the coupled states folded into one
+        (d, 2K) weight, in the parameters' dtype (see :meth:`project`)."""
         d, K, H = self.cfg.d_model, self.cfg.n_eigenstates, self.cfg.n_heads
         w = self.out_proj.weight
         with torch.autocast(w.device.type, enabled=False):  # a weight: at its own precision
@@ -197,7 +209,7 @@ class TENLM(LanguageModel):
         """Training FLOPs per token: 6 × matmul weights (head included) + 3 × the scan.
 
         The heads' coupling is folded into the output projection's weight once per forward
-        (:meth:`EigenstateMixer.coupled_out_weight`): no work per token. The chunked scan's
+        in training (:meth:`EigenstateMixer.project`): no work per token. The chunked scan's
         forward does a dense Q×Q complex matrix-vector product per chunk and eigenstate
         (8·Q real FLOPs per state per token) plus O(K) between chunks; backward is counted
         as twice the forward, as for the matmuls.

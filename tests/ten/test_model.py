@@ -295,18 +295,20 @@ def test_short_conv_sees_the_last_few_tokens_and_zeros_before_the_start():
         TENConfig(conv_width=-1)
 
 
-def test_the_folded_coupling_is_coupling_the_states_then_projecting_them():
-    """y = σ(gate) ⊙ W_out [(I + M_h) c per head, re and im alike], as the model's math
-    reads, computed as one folded weight: the same output and the same gradients for
-    W_out and M (a coupling far from 0, so a wrong fold cannot pass)."""
-    mixer = tiny("ten", n_eigenstates=8, n_heads=2).blocks[0].mixer
+@pytest.mark.parametrize("T", [3, 40], ids=["on-the-states", "folded"])
+def test_the_coupling_is_coupling_the_states_then_projecting_them(T):
+    """y = W_out [(I + M_h) c per head, re and im alike], as the model's math reads, with
+    the same output and gradients for W_out and M whichever way the mixer computes it:
+    on the states for fewer tokens than d (generation), folded into one weight for more
+    (a coupling far from 0, so a wrong fold cannot pass)."""
+    mixer = tiny("ten", n_eigenstates=8, n_heads=2).blocks[0].mixer  # d = 32
     with torch.no_grad():
         mixer.coupling.normal_(0.0, 0.5)
-    c = torch.randn(2, 5, 16, dtype=torch.float64)  # (B, T, 2K): re then im, 2 heads of 4
-    cv = c.view(2, 5, 2, 2, 4)  # re/im, head, state
+    c = torch.randn(1, T, 16, dtype=torch.float64)  # (B, T, 2K): re then im, 2 heads of 4
+    cv = c.view(1, T, 2, 2, 4)  # re/im, head, state
     coupled = torch.einsum("hrs,btzhs->btzhr", torch.eye(4) + mixer.coupling, cv)
-    want = mixer.out_proj(coupled.reshape(2, 5, 16))
-    got = F.linear(c, mixer.coupled_out_weight())
+    want = F.linear(coupled.reshape(1, T, 16), mixer.out_proj.weight)
+    got = mixer.project(c)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     params = (mixer.out_proj.weight, mixer.coupling)
     dy = torch.randn_like(want)
