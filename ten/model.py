@@ -132,8 +132,17 @@ class EigenstateMixer(nn.Module):
         if self.delta is None:
             log_lam, gamma = self.eigenvalues()
             return log_lam, self.in_proj(u) * gamma
-        w = torch.cat([self.in_proj.weight, self.delta.weight])  # [W_in; W_Δ]: one matmul
-        return selective_drive(F.linear(u, w), self.delta.bias, self.nu, self.theta)
+        if self.many_tokens(u):  # [W_in; W_Δ]: one matmul
+            pz = F.linear(u, torch.cat([self.in_proj.weight, self.delta.weight]))
+        else:  # a few tokens: their two projections stacked, not the weights
+            pz = torch.cat([self.in_proj(u), F.linear(u, self.delta.weight)], dim=-1)
+        return selective_drive(pz, self.delta.bias, self.nu, self.theta)
+
+    def many_tokens(self, x: Tensor) -> bool:
+        """Whether x (B, T, ·) holds at least d tokens: then work on a (·, d) weight once
+        (stacking the drive's weights, folding the coupling into W_out) costs no more than
+        the same per token (generation, a token at a time, holds fewer)."""
+        return x.shape[0] * x.shape[1] >= self.cfg.d_model
 
     def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
         """``state``: the eigenstates (B, 2K), and with a convolution the pair
@@ -155,9 +164,9 @@ class EigenstateMixer(nn.Module):
         batch of at least d tokens (training: nothing at (B, T, 2K) between the scan and
         the projection to write, read and differentiate), on the states for fewer
         (generation's token at a time)."""
-        B, T, _ = c.shape
-        if B * T >= self.cfg.d_model:
+        if self.many_tokens(c):
             return F.linear(c, self.coupled_out_weight())
+        B, T, _ = c.shape
         K, H = self.cfg.n_eigenstates, self.cfg.n_heads
         cv = c.view(B, T, 2, H, K // H)  # re/im, heads, states per head
         coupled = cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling)

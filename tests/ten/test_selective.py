@@ -85,12 +85,15 @@ def test_the_drive_names_the_shapes_it_takes():
         selective_drive(pz, bias[:3], nu, theta)
 
 
-def test_one_projection_is_the_two_linears_it_replaces():
-    """The mixer's drive: [W_in; W_Δ]·u as one matmul, then the operator, equals the
-    formula on the two linears' outputs (W_in·u, W_Δ·u + b_Δ), with u's gradient."""
+@pytest.mark.parametrize("T", [3, 5], ids=["few-tokens", "stacked-weights"])
+def test_one_projection_is_the_two_linears_it_replaces(T):
+    """The mixer's drive: [W_in; W_Δ]·u as one matmul (or, for fewer tokens than d, the
+    two projections stacked), then the operator, equals the formula on the two linears'
+    outputs (W_in·u, W_Δ·u + b_Δ), with u's gradient."""
     cfg = ten_config("tiny", d_model=8, n_eigenstates=4, n_heads=1, selective=True)
     mixer = EigenstateMixer(cfg).double()
-    u = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(2, T, 8, dtype=torch.float64, requires_grad=True)
+    assert mixer.many_tokens(u) == (2 * T >= 8)
     got = mixer.drive(u)
     log_lam, gamma = mixer.eigenvalues(u)
     want = (log_lam, mixer.in_proj(u) * gamma)
