@@ -219,7 +219,7 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
         objective = NextTokenLoss(model, backend)
         ids = torch.zeros(batch, cfg.seq_len + 1, dtype=torch.long)
         inner = loss_mod.linear_cross_entropy
-        mode = first
+        mode = first  # the mode `labelled` labels: the loop below rebinds it per micro-batch
 
         def labelled(*a, **k):  # the chunked loss does all its work in forward
             mode.region = "loss"
