@@ -11,7 +11,9 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
     add_layer_norm  x, r -> h = x + r and LN(h): a residual add and the norm after it in
                   one pass (on an H100 the fp32 adds and their backward took 6.4 ms of a
                   72 ms flagship micro-batch); backward adds the stream's own gradient
-    swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write
+    swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write, and
+                  silu(a)·b again over its gradient (swiglu_down: the down projection
+                  reads it, and keeping it from forward cost (B, T, H) per block)
     sigmoid_gate  g, o -> σ(g)·o, the mixer's output gate (torch: a sigmoid and a product
                   forward, two products and the sigmoid's backward after)
     causal_conv   a depthwise convolution over the last W tokens, on (B, T, d) as the
@@ -40,7 +42,8 @@ from torch import Tensor, nn
 
 from ten.ops import define, register_cuda
 
-__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "layer_norm", "sigmoid_gate", "swiglu"]
+__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "layer_norm", "sigmoid_gate",
+           "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
 
@@ -157,7 +160,8 @@ _add_layer_norm = define(
 
 def _swiglu_impl(ab: Tensor) -> Tensor:
     """silu(a)·b of ab = [a | b] (..., 2H) -> (..., H). Here torch's own kernels (in ab's
-    dtype, fp32 arithmetic inside for bf16); on CUDA ten.block_kernels'."""
+    dtype, fp32 arithmetic inside for bf16); on CUDA ten.block_kernels'. Its gradient is
+    :class:`_SwiGLUDown`'s, with the down projection's."""
     a, b = ab.chunk(2, dim=-1)
     return F.silu(a) * b
 
@@ -167,13 +171,17 @@ def _swiglu_fake(ab):
 
 
 def _swiglu_backward_impl(dy: Tensor, ab: Tensor) -> Tensor:
-    """[d a | d b] for y = silu(a)·b: d a = dy·b·silu'(a), d b = dy·silu(a), written
-    into one (..., 2H) buffer (no cat)."""
+    """[d a | d b] for y = silu(a)·b: d a = dy·b·silu'(a), d b = dy·silu(a), written into
+    one (..., 2H) buffer (no cat); and y itself, computed again as forward did, written
+    over dy (the down projection's weight gradient reads y, which forward did not keep;
+    in dy's place, backward holds no more than it did when y was kept)."""
     a, b = ab.chunk(2, dim=-1)
     dab = torch.empty_like(ab)
     da, db = dab.chunk(2, dim=-1)
-    torch.mul(dy, F.silu(a), out=db)
+    silu = F.silu(a)
+    torch.mul(dy, silu, out=db)
     da.copy_(torch.ops.aten.silu_backward(dy * b, a))
+    torch.mul(silu, b, out=dy)
     return dab
 
 
@@ -181,19 +189,34 @@ def _swiglu_backward_fake(dy, ab):
     return torch.empty_like(ab)
 
 
-def _swiglu_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[0])
-
-
-def _swiglu_grad(ctx, dy):
-    (ab,) = ctx.saved_tensors
-    return _swiglu_backward(dy.contiguous(), ab)
-
-
-_swiglu_backward = define("swiglu_backward(Tensor dy, Tensor ab) -> Tensor",
+_swiglu_backward = define("swiglu_backward(Tensor(a!) dy, Tensor ab) -> Tensor",
                           _swiglu_backward_impl, _swiglu_backward_fake)
-_swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake,
-                 backward=_swiglu_grad, setup_context=_swiglu_setup)
+_swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake)
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """z = silu(a)·b @ wᵀ, keeping [a | b] and w for backward but not the (..., H) product
+    y between them: backward gets y again from the SwiGLU backward's pass over a and b,
+    which reads them anyway, written over y's gradient once read (one more write of y,
+    where keeping it held (..., H) per block from forward to backward: 172 MiB of the
+    flagship's 32K-token micro-batch, per block).
+    Not an operator: its three kernels each way stay visible to the traffic and memory
+    tracers (an operator's inside is not)."""
+
+    @staticmethod
+    def forward(ctx, ab: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(ab, w)
+        with torch.autocast(ab.device.type, enabled=False):  # in the inputs' dtype
+            return F.linear(_swiglu(ab), w)
+
+    @staticmethod
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor]:
+        ab, w = ctx.saved_tensors
+        d, h = w.shape
+        dz = dz.reshape(-1, d)
+        dy_then_y = dz @ w
+        dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
+        return dab, dz.t() @ dy_then_y
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
@@ -322,9 +345,12 @@ def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: floa
     return h.view(shape), y.view(shape)
 
 
-def swiglu(ab: Tensor) -> Tensor:
-    """silu(a)·b of ab = [a | b] along the last dimension."""
-    return _swiglu(ab.contiguous())
+def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
+    """The SwiGLU feed-forward block's output: silu(a)·b of ab = [a | b] along the last
+    dimension, projected by ``weight`` (d, H) (the down projection's, cast to ab's dtype:
+    under autocast ab is the up projection's output). Differentiable in both; the product
+    silu(a)·b is not kept for backward (see :class:`_SwiGLUDown`)."""
+    return _SwiGLUDown.apply(ab.contiguous(), weight.to(ab.dtype))
 
 
 def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:

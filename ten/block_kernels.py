@@ -114,6 +114,9 @@ def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: t
     db = g * a * s
     tl.store(dab_ptr + row * 2 * h + cols, da.to(dab_ptr.dtype.element_ty), mask=mask)
     tl.store(dab_ptr + row * 2 * h + h + cols, db.to(dab_ptr.dtype.element_ty), mask=mask)
+    y = a * s * b  # the forward's product, its operations in its order: the same bits
+    # over dy, which this program has read
+    tl.store(dy_ptr + row * h + cols, y.to(dy_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
 def _gate_forward_kernel(g_ptr, o_ptr, y_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.block_fused import swiglu
+from ten.block_fused import swiglu_down
 from ten.model_config import MLP_KINDS
 
 
@@ -25,5 +25,6 @@ class MLP(nn.Module):
             self.down = nn.Linear(hidden, d_model)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
-        h = self.up(x)
-        return self.down(swiglu(h) if self.kind == "swiglu" else F.gelu(h))
+        if self.kind == "swiglu":  # keeps up(x) for backward, not silu(a)·b
+            return swiglu_down(self.up(x), self.down.weight)
+        return self.down(F.gelu(self.up(x)))

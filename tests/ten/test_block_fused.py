@@ -13,7 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-from ten.block_fused import LayerNorm, add_layer_norm, causal_conv, layer_norm, sigmoid_gate, swiglu
+from ten.block_fused import (
+    LayerNorm,
+    add_layer_norm,
+    causal_conv,
+    layer_norm,
+    sigmoid_gate,
+    swiglu_down,
+)
+from ten.mlp import MLP
 
 interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
@@ -91,11 +99,55 @@ def test_add_layer_norm_gradients_pass_gradcheck_in_fp64():
     assert torch.autograd.gradcheck(lambda *a: add_layer_norm(*a, 1e-5), (x, r, w, b))
 
 
-def test_swiglu_equals_silu_times_the_gate_with_gradients():
+def test_swiglu_down_is_the_projection_of_silu_times_the_gate_with_gradients():
     ab = rand(2, 3, 2 * 7, dtype=torch.float64).requires_grad_()
+    w = rand(5, 7, dtype=torch.float64, seed=1).requires_grad_()
     a, b = ab.chunk(2, dim=-1)
-    torch.testing.assert_close(swiglu(ab), F.silu(a) * b)
-    assert torch.autograd.gradcheck(swiglu, (ab,))
+    torch.testing.assert_close(swiglu_down(ab, w), F.linear(F.silu(a) * b, w))
+    assert torch.autograd.gradcheck(swiglu_down, (ab, w))
+
+
+def saved_sizes(fn, *args) -> list[int]:
+    """The element counts of the tensors autograd keeps for fn(*args)'s backward."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sizes
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_swiglu_block_equals_autograds_and_keeps_no_product_for_backward(amp):
+    """The feed-forward block against down(silu(a)·b) in torch ops (what it was): the same
+    output and gradients, in fp32 and under bf16 autocast; and what it keeps for backward
+    holds no (B, T, H) product silu(a)·b, which torch's linear keeps (172 MiB a block at
+    the flagship's 32K tokens)."""
+    torch.manual_seed(0)
+    mlp = MLP(16, 24).to("cpu")
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    dz = torch.randn(2, 5, 16)
+    product = 2 * 5 * 24  # no input, output or weight has as many elements
+
+    def reference(x):
+        a, b = mlp.up(x).chunk(2, dim=-1)
+        return mlp.down(F.silu(a) * b)
+
+    params = (x, mlp.up.weight, mlp.down.weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        want, got = reference(x), mlp(x)
+        assert product in saved_sizes(reference, x)  # the control: the count finds it
+        assert product not in saved_sizes(mlp, x)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if amp else {"rtol": 1e-5, "atol": 1e-6}
+    for g, r in zip(torch.autograd.grad(got, params, dz), torch.autograd.grad(want, params, dz),
+                    strict=True):
+        assert g.dtype == r.dtype
+        torch.testing.assert_close(g, r, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -270,12 +322,18 @@ def test_the_conv_backward_kernel_refuses_widths_beyond_its_accumulators(kernels
 @pytest.mark.parametrize("h", [5, 1100])  # below one block; a block and a ragged one
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
+    """And the backward writes the forward's silu(a)·b over dy, bit for bit: the down
+    projection's weight gradient reads it in place of the one forward did not keep."""
     ab, dy = rand(2, 3, 2 * h).to(dtype), rand(2, 3, h, seed=1).to(dtype)
-    torch.testing.assert_close(kernels.swiglu(ab).cpu(), torch.ops.ten.swiglu.default(ab.cpu()))
-    torch.testing.assert_close(kernels.swiglu_backward(dy, ab).cpu(),
-                               torch.ops.ten.swiglu_backward.default(*cpu(dy, ab)))
-    assert_fake_layout("swiglu", (ab,), kernels.swiglu(ab))
-    assert_fake_layout("swiglu_backward", (dy, ab), kernels.swiglu_backward(dy, ab))
+    y = kernels.swiglu(ab)
+    torch.testing.assert_close(y.cpu(), torch.ops.ten.swiglu.default(ab.cpu()))
+    dy_then_y, want_y = dy.clone(), dy.cpu().clone()
+    dab = kernels.swiglu_backward(dy_then_y, ab)
+    torch.testing.assert_close(dab.cpu(), torch.ops.ten.swiglu_backward.default(want_y, ab.cpu()))
+    torch.testing.assert_close(dy_then_y.cpu(), want_y)  # the operator's y, over its dy
+    assert torch.equal(dy_then_y, y)
+    assert_fake_layout("swiglu", (ab,), y)
+    assert_fake_layout("swiglu_backward", (dy, ab), dab)
 
 
 @pytest.mark.parametrize("n", [5, 3000])  # below one program's block; blocks and a ragged one
@@ -322,12 +380,12 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     want = (*ref, *ref_b, *add, *add_b, torch.ops.ten.sigmoid_gate.default(*cpu(x, r)),
             *torch.ops.ten.sigmoid_gate_backward.default(*cpu(*gate)),
             torch.ops.ten.swiglu.default(ab.cpu()),
-            torch.ops.ten.swiglu_backward.default(*cpu(g, ab)),
+            torch.ops.ten.swiglu_backward.default(g.cpu().clone(), ab.cpu()),
             torch.ops.ten.causal_conv.default(*cpu(cx, ct, cw, cb)),
             *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, cx, ct, cw, cb)))
     have = (*got, *got_b, *got_add, *got_add_b, kernels.sigmoid_gate(x, r),
             *kernels.sigmoid_gate_backward(*gate), kernels.swiglu(ab),
-            kernels.swiglu_backward(g, ab),
+            kernels.swiglu_backward(g.clone(), ab),
             kernels.causal_conv(cx, ct, cw, cb),
             *kernels.causal_conv_backward(cdy, cx, ct, cw, cb))
     for r, o in zip(want, have, strict=True):
