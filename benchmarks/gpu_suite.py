@@ -384,6 +384,7 @@ class Suite:
         """The job's step (its batch and accumulation) with 0 to n_layers of its blocks
         recomputed in backward: tokens/s, MFU and peak memory against ten.memory's
         estimate, what choosing ``checkpoint_blocks`` trades."""
+        from ten.lm import recomputed_blocks
         from ten.memory import estimate_training_memory
         from ten.trainer import resolve_precision
 
@@ -395,8 +396,7 @@ class Suite:
                                            self.train.optimizer)
             rows[str(n)] = {"estimate_gb": est.total / GB,
                             **measure_step(cfg, self.train, self.device, self.sizes)}
-        return {"job_checkpoint_blocks": self.flagship_config().checkpoint_blocks,
-                "by_blocks": rows}
+        return {"job_recomputes": recomputed_blocks(self.flagship_config()), "by_blocks": rows}
 
     def selective(self) -> dict[str, Any]:
         """The presets' selective mode (with its convolution) at the flagship's T, on the

@@ -50,7 +50,7 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
     fl = r["flagship"]
     assert fl["job"] == "l40s-small-32k.yaml"  # the job itself, not a copy of its settings
-    assert fl["config"]["grad_checkpointing"] is True and fl["config"]["scan_backend"] == "auto"
+    assert fl["config"]["grad_checkpointing"] is False and fl["config"]["scan_backend"] == "auto"
     assert fl["train"]["optimizer"] == "adamw"  # smoke: no 8-bit AdamW off CUDA (the job check)
     assert fl["batch_1"]["batch"] == 1 and fl["batch_1"]["tokens_per_s"] > 0
     assert fl["largest"]["batch"] == 2 and fl["largest"]["grad_accum"] == 1
