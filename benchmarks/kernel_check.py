@@ -132,19 +132,24 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
 
     acc = tl.float64 if "fp64" in (f, act) else tl.float32
     blk, sel, out = "ten.block_kernels", "ten.selective_kernels", []
-    for add in (False, True):  # LayerNorm alone; of a residual sum h = x + r it writes
-        name = "add layer norm" if add else "layer norm"
-        out.append((f"{name} forward", f"{blk}:_ln_forward_kernel",
-                    {"x_ptr": _p(f), "r_ptr": _p(act), "h_ptr": _p(f), "w_ptr": _p(f),
-                     "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f), "rstd_ptr": _p(f),
-                     "d": "i32", "eps": "fp32"}, {"BD": D, "ACC": acc, "ADD": add},
-                    NUM_WARPS))
-        out.append((f"{name} backward", f"{blk}:_ln_backward_kernel",
-                    {"dy_ptr": _p(act), "x_ptr": _p(f), "w_ptr": _p(f), "mean_ptr": _p(f),
-                     "rstd_ptr": _p(f), "dh_ptr": _p(f), "dx_ptr": _p(f), "dr_ptr": _p(act),
-                     "dw_ptr": _p(f), "db_ptr": _p(f), "n": "i32", "d": "i32"},
-                    {"ROWS": 16, "BD": D, "ACC": acc, "DH": add, "DR": add and act != f},
-                    NUM_WARPS))
+    # the residual stream in the parameters' dtype, or in the activations' (residual_dtype:
+    # bf16, the flagship's)
+    for s in dict.fromkeys((f, act)):
+        for add in (False, True):  # LayerNorm alone; of a residual sum h = x + r it writes
+            name = ("add layer norm" if add else "layer norm") + \
+                ("" if s == f else f" ({s} stream)")
+            out.append((f"{name} forward", f"{blk}:_ln_forward_kernel",
+                        {"x_ptr": _p(s), "r_ptr": _p(act), "h_ptr": _p(s), "w_ptr": _p(f),
+                         "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f),
+                         "rstd_ptr": _p(f), "d": "i32", "eps": "fp32"},
+                        {"BD": D, "ACC": acc, "ADD": add}, NUM_WARPS))
+            out.append((f"{name} backward", f"{blk}:_ln_backward_kernel",
+                        {"dy_ptr": _p(act), "x_ptr": _p(s), "w_ptr": _p(f), "mean_ptr": _p(f),
+                         "rstd_ptr": _p(f), "dh_ptr": _p(s), "dx_ptr": _p(s),
+                         "dr_ptr": _p(act), "dw_ptr": _p(f), "db_ptr": _p(f), "n": "i32",
+                         "d": "i32"},
+                        {"ROWS": 16, "BD": D, "ACC": acc, "DH": add, "DR": add and act != s},
+                        NUM_WARPS))
     out.append(("swiglu forward", f"{blk}:_swiglu_forward_kernel",
                 {"ab_ptr": _p(act), "y_ptr": _p(act), "h": "i32"}, {"BH": 1024, "ACC": acc},
                 NUM_WARPS))

@@ -53,10 +53,11 @@ def _acc(x: Tensor) -> torch.dtype:
 
 def _layer_norm_impl(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """(y in out_dtype, mean (N,), rstd (N,)) of x (N, d); the statistics in fp32 (fp64
-    for a float64 model). Here torch's own kernel; on CUDA ten.block_kernels'."""
-    y, mean, rstd = torch.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)
-    return y.to(out_dtype), mean.view(-1).to(_acc(x)), rstd.view(-1).to(_acc(x))
+    """(y in out_dtype, mean (N,), rstd (N,)) of x (N, d); computed in fp32 (fp64 for a
+    float64 model) whatever x's dtype, as the kernels do. Here torch's own kernel; on CUDA
+    ten.block_kernels'."""
+    y, mean, rstd = torch.native_layer_norm(x.to(_acc(x)), (x.shape[-1],), weight, bias, eps)
+    return y.to(out_dtype), mean.view(-1), rstd.view(-1)
 
 
 def _layer_norm_fake(x, weight, bias, eps, out_dtype):
@@ -67,12 +68,12 @@ def _layer_norm_fake(x, weight, bias, eps, out_dtype):
 
 def _layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
                          rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx in x's dtype, d weight, d bias)."""
-    n = x.shape[0]
+    """(dx in x's dtype, d weight, d bias), computed as the forward was."""
+    n, acc = x.shape[0], _acc(x)
     dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-        dy.to(x.dtype), x, (x.shape[-1],), mean.view(n, 1).to(x.dtype),
-        rstd.view(n, 1).to(x.dtype), weight, weight, (True, True, True))  # (bias: its shape)
-    return dx, dw, db
+        dy.to(acc), x.to(acc), (x.shape[-1],), mean.view(n, 1).to(acc),
+        rstd.view(n, 1).to(acc), weight, weight, (True, True, True))  # (bias: its shape)
+    return dx.to(x.dtype), dw, db
 
 
 def _layer_norm_backward_fake(dy, x, weight, mean, rstd):

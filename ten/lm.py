@@ -84,8 +84,19 @@ class LanguageModel(nn.Module):
     def hidden_states(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """ids (B, T) → the final-normed hidden states (B, T, d) the head reads, and the
         state: ``forward``'s logits are ``F.linear(h, output_weight)``."""
-        x, pending, new_state = self.run_blocks(self.embed_tokens(ids, state), state)
+        x = self.to_stream(self.embed_tokens(ids, state))
+        x, pending, new_state = self.run_blocks(x, state)
         return self.norm.add(x, pending)[1], new_state
+
+    def to_stream(self, x: Tensor) -> Tensor:
+        """The blocks' input x in the residual stream's dtype: bf16 under bf16 autocast
+        when ``config.residual_dtype`` is bf16 (every sum after it stays bf16: the fused
+        norms add in fp32 and store in their inputs' dtype), else as it is."""
+        dev = x.device.type
+        if self.config.residual_dtype == "bf16" and torch.is_autocast_enabled(dev) and \
+                torch.get_autocast_dtype(dev) == torch.bfloat16:
+            return x.to(torch.bfloat16)
+        return x
 
     @property
     def output_weight(self) -> Tensor:

@@ -21,6 +21,7 @@ from ten.config import Doc, FieldError, Range, check_fields
 MLP_KINDS = ("swiglu", "gelu")
 SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.scan.BACKENDS, and auto
 POSITIONS = ("rope", "learned")  # the transformer's
+RESIDUAL_DTYPES = ("fp32", "bf16")
 
 Count = Annotated[int, Range(ge=1)]
 
@@ -50,6 +51,11 @@ class LMConfig:
     checkpoint_blocks: Annotated[int | None, Range(ge=0), Doc(
         "with grad_checkpointing: only the first N blocks (more than n_layers: all, so a "
         "job keeps it when it shrinks the model); null: all")] = None
+    residual_dtype: Annotated[Literal[RESIDUAL_DTYPES], Doc(
+        "the residual stream between blocks under bf16 autocast: fp32 (each sublayer's "
+        "bf16 output added in fp32), or bf16 (as Megatron-LM and torchtitan train: half the "
+        "stream's memory traffic and its saved copies; BENCHMARKS.md); without bf16 "
+        "autocast the stream is in the model's dtype")] = "fp32"
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,11 @@ if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema ac
     raise ImportError(f"ten.config.PRESET_NAMES {PRESET_NAMES} != ten.presets.PRESETS")
 
 # Model fields that change how the model computes, not what: the chunked scan is exact for
-# any chunk size, the backends agree, and checkpointing recomputes the same activations. A
-# resume may change them (unlike d_model, say).
+# any chunk size, the backends agree, checkpointing recomputes the same activations, and the
+# residual stream's dtype changes only its rounding. A resume may change them (unlike
+# d_model, say).
 EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing",
-                              "checkpoint_blocks"})
+                              "checkpoint_blocks", "residual_dtype"})
 
 # Fields both architectures have: an override of one of these shapes the TEN reference
 # *and* the transformer matched to it.

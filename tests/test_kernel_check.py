@@ -61,7 +61,8 @@ def test_no_kernel_spills_or_starves_an_sm(rows):
     stack frame for huge angles, and the H100 fixed-mode backward with a carried state
     spilled 32 B."""
     fast = [r for r in rows if r.speed_matters]
-    assert len(fast) == 2 * 26  # per arch: 11 scan, the loss, 12 block kernels, the drive's 2
+    assert len(fast) == 2 * 30  # per arch: 11 scan, the loss, 16 block kernels (4 norms of a
+    # bf16 stream), the drive's 2
     assert [(r.name, r.arch, r.problems()) for r in fast if r.problems()] == []
     assert all(r.programs_per_sm >= 4 and r.spills == 0 for r in fast)
 

@@ -135,6 +135,40 @@ def test_bf16_autocast_close_to_fp32(arch):
     assert (ref.argmax(-1) == out.float().argmax(-1)).float().mean() > 0.95
 
 
+def blocks_stream_and_gradients(model, ids, amp):
+    """(the dtype of the stream block 1 takes, logits, every parameter's gradient) of one
+    forward and backward under autocast to ``amp`` (None: no autocast)."""
+    seen = []
+    hook = model.blocks[1].register_forward_pre_hook(lambda _, a: seen.append(a[0].dtype))
+    with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+        logits, _ = model(ids)
+    hook.remove()
+    loss = logits.float().logsumexp(-1).mean()
+    return seen[0], logits.float(), torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+def test_a_bf16_residual_stream_runs_under_bf16_autocast_within_its_rounding(arch):
+    """residual_dtype: bf16 carries the stream between the blocks in bf16 under bf16
+    autocast, with the logits and gradients of the fp32 stream within bf16's rounding;
+    without bf16 autocast (fp32, fp16) the stream is what it was."""
+    torch.manual_seed(0)
+    wide = tiny(arch, selective=True, conv_width=4) if arch == "ten" else tiny(arch)
+    narrow = tiny(arch, residual_dtype="bf16", **({"selective": True, "conv_width": 4}
+                                                  if arch == "ten" else {}))
+    wide, narrow = wide.float(), narrow.float()
+    narrow.load_state_dict(wide.state_dict())
+    ids = torch.randint(0, V, (2, 32))
+    s_wide, l_wide, g_wide = blocks_stream_and_gradients(wide, ids, torch.bfloat16)
+    s_narrow, l_narrow, g_narrow = blocks_stream_and_gradients(narrow, ids, torch.bfloat16)
+    assert (s_wide, s_narrow) == (torch.float32, torch.bfloat16)
+    assert (l_narrow - l_wide).abs().max() < 0.02 * l_wide.abs().max()
+    flat = [torch.cat([g.flatten() for g in gs]) for gs in (g_wide, g_narrow)]
+    assert (flat[1] - flat[0]).norm() < 0.02 * flat[0].norm()
+    for amp in (None, torch.float16):
+        assert blocks_stream_and_gradients(narrow, ids, amp)[0] == torch.float32
+
+
 def test_eigenvalue_magnitudes_at_init_lie_in_range():
     cfg = TENConfig(vocab_size=V, d_model=32, n_layers=3, n_eigenstates=64, n_heads=4)
     model = TENLM(cfg)

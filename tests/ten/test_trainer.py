@@ -176,16 +176,18 @@ def test_a_change_known_before_the_data_is_refused_before_it(data, tmp_path):
 
 
 def test_how_the_model_computes_may_change_on_resume(data, tmp_path):
-    """Chunk size, scan backend and checkpointing are not the model's identity: a relaunch
-    on a smaller GPU may turn checkpointing on or lower the chunk size and resume."""
+    """Chunk size, scan backend, checkpointing and the residual stream's dtype are not the
+    model's identity: a relaunch on a smaller GPU may turn checkpointing on or lower the
+    chunk size and resume (and a checkpoint from before residual_dtype existed resumes)."""
     run = tmp_path / "run"
     trainer(data, run, max_steps=4, identity={"model": {"d_model": 32, "chunk_size": 16,
                                                         "grad_checkpointing": False}}).run()
     notes = []
-    t = Trainer(mcfg(data, grad_checkpointing=True, scan_backend="ref"), data,
-                tcfg(max_steps=8), run,
+    t = Trainer(mcfg(data, grad_checkpointing=True, scan_backend="ref",
+                     residual_dtype="bf16"), data, tcfg(max_steps=8), run,
                 {"model": {"d_model": 32, "chunk_size": 8, "grad_checkpointing": True,
-                           "scan_backend": "ref"}}, {}, log=notes.append)
+                           "scan_backend": "ref", "residual_dtype": "bf16"}}, {},
+                log=notes.append)
     assert t.run().outcome is Outcome.DONE
     assert any("resumed from" in n and "step 4" in n for n in notes)
 

@@ -67,8 +67,9 @@ def test_default_job_fields():
 
 def test_l40s_job_uses_model_override_and_token_budget():
     job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
-    assert job.model.overrides == {"grad_checkpointing": False}
-    assert job.model_settings().grad_checkpointing is False
+    assert job.model.overrides == {"grad_checkpointing": False, "residual_dtype": "bf16"}
+    settings = job.model_settings()
+    assert settings.grad_checkpointing is False and settings.residual_dtype == "bf16"
     # the fused scan on the GPU it is written for: auto picks it on CUDA (ten.scan)
     assert job.model_settings().scan_backend == "auto"
     assert job.model_settings(32000).seq_len == job.data.seq_len == 32768
