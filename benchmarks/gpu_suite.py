@@ -330,6 +330,23 @@ class Suite:
         return compare(1, cfg.seq_len, cfg.d_model, cfg.conv_width or 4, dtype, self.device,
                        self.sizes.steps * 4)
 
+    def loss(self) -> dict[str, Any]:
+        """The loss at the job's shape (a micro-batch's tokens × d_model × vocab, its
+        precision), forward + backward: plain, chunked torch ops, the job's fused kernel, a
+        compiled chunked cross-entropy, Liger's (benchmarks/bench_loss.py)."""
+        import torch
+        from bench_loss import compare
+
+        from ten.trainer import resolve_precision
+
+        cfg = self.flagship_config()
+        amp = resolve_precision(self.train.precision, self.device)
+        rows = self.train.batch_size * cfg.seq_len
+        result = compare(rows, cfg.d_model, cfg.vocab_size, amp or torch.float32, self.device,
+                         self.sizes.steps)
+        _free()
+        return result
+
     def chunk(self) -> dict[str, Any]:
         """The chunked scan's forward + backward at the flagship's T and K per chunk size."""
         T = self.flagship_config().seq_len
@@ -714,16 +731,16 @@ def environment(device: Any) -> dict[str, Any]:
 
 # --- running sections: one process each, a time limit, results written as they come ---------
 
-SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "compile",
+SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "loss", "compile",
             "selective", "recompute", "profile", "optimizer", "monitor", "gpu_tests")
 # The recipe's three device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
-         2: ("scan", "conv", "chunk", "profile", "optimizer", "gpu_tests"),
+         2: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
          3: ("compile", "recompute", "monitor")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
-             "scan": 180, "conv": 60, "compile": 360, "selective": 240, "recompute": 240,
-             "profile": 120, "optimizer": 90,
+             "scan": 180, "conv": 60, "loss": 120, "compile": 360, "selective": 240,
+             "recompute": 240, "profile": 120, "optimizer": 90,
              "monitor": 420, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
@@ -878,6 +895,12 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"Short convolution, forward + backward at T = {conv['T']}: "
                   f"{f(conv['causal_conv_ms'])} ms, torch's {f(conv['torch_ms'])} ms "
                   f"({f(conv['speedup'])}×)."]
+    loss = r.get("loss") or {}
+    if "losses" in loss:
+        from bench_loss import markdown as loss_table
+
+        lines += ["", f"The loss, forward + backward, N {loss['rows']} × d {loss['d']} × V "
+                  f"{loss['vocab']}, {loss['dtype']}:", "", loss_table(loss)]
     opt = r.get("optimizer") or {}
     if "speedup" in opt:
         lines += ["", f"8-bit AdamW, one step over {opt['tensors']} parameter tensors: "
