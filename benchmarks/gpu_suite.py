@@ -315,7 +315,7 @@ class Suite:
             return {"T": T, "oom": True}
         finally:
             _free()
-        return {"T": T, "ms": 1e3 * r["sec"],
+        return {"T": T, "ms": 1e3 * r["sec"], "queued_ms": 1e3 * r["queued_sec"],
                 "peak_mem_gb": None if math.isnan(r["peak_mb"]) else r["peak_mb"] * 2**20 / GB}
 
     def conv(self) -> dict[str, Any]:
@@ -451,12 +451,17 @@ class Suite:
             step.once()
         _sync(self.device)
         cuda = self.device.type == "cuda"
-        acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+        acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with profile(activities=acts) as prof:
             step.once()
             _sync(self.device)
         del step
         _free()
+        events = prof.events()
+        kernel_spans = [(e.time_range.start, e.time_range.end) for e in events
+                        if cuda and e.device_type.name == "CUDA"]
+        syncs = sum(1 for e in events if e.device_type.name == "CPU"
+                    and SYNC_CALL.search(e.name))
         split: dict[str, float] = {}
         kernels = []
         for event in prof.key_averages():
@@ -471,7 +476,7 @@ class Suite:
         kernels.sort(key=lambda k: -k["ms"])
         return {"ms": split, "share": {k: v / total for k, v in split.items()},
                 "kernels": len(kernels), "launches": sum(k["calls"] for k in kernels),
-                "top": kernels[:PROFILE_TOP],
+                "top": kernels[:PROFILE_TOP], "timeline": device_timeline(kernel_spans, syncs),
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 
@@ -612,6 +617,37 @@ def stdlib_corpus(path: Path, max_bytes: int) -> Path:
             if total >= max_bytes:
                 break
     return path
+
+
+# The runtime calls that make the host wait for the device (the step's own closing
+# synchronize is one of them).
+SYNC_CALL = re.compile(r"cuda(Stream|Device|Event)Synchronize|cudaMemcpy(?!Async)")
+
+
+def device_timeline(spans: list[tuple[float, float]], syncs: int,
+                    gap_us: float = 20.0) -> dict[str, Any]:
+    """How busy the device was between its first kernel's start and its last's end
+    (kernel spans in µs, overlaps merged): busy and idle ms, the idle share, the gaps
+    longer than ``gap_us`` and the five longest, and the host's synchronizing calls.
+    Idle time is work the host did not queue in time: launch overhead or a sync."""
+    if not spans:
+        return {"kernels": 0, "syncs": syncs}
+    spans = sorted(spans)
+    busy, gaps = 0.0, []
+    start, end = spans[0]
+    for s0, s1 in spans[1:]:
+        if s0 > end:
+            busy += end - start
+            gaps.append(s0 - end)
+            start = s0
+        end = max(end, s1)
+    busy += end - start
+    span = end - spans[0][0]
+    long_gaps = sorted((g for g in gaps if g > gap_us), reverse=True)
+    return {"kernels": len(spans), "span_ms": span / 1e3, "busy_ms": busy / 1e3,
+            "idle_ms": (span - busy) / 1e3, "idle_share": (span - busy) / span if span else 0.0,
+            f"gaps_over_{gap_us:.0f}us": len(long_gaps),
+            "longest_gaps_ms": [g / 1e3 for g in long_gaps[:5]], "syncs": syncs}
 
 
 def kernel_kind(name: str) -> str:

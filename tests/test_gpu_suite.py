@@ -210,3 +210,20 @@ def test_targets_from_a_gpu_run():
 ])
 def test_kernel_kinds(name, kind):
     assert gpu_suite.kernel_kind(name) == kind
+
+
+def test_device_timeline_merges_overlaps_and_counts_the_gaps():
+    # kernels at 0-10 and 5-20 overlap (busy 20), then a 30 µs gap, 50-60, a 10 µs gap, 70-100
+    t = gpu_suite.device_timeline([(50, 60), (0, 10), (5, 20), (70, 100)], syncs=2)
+    assert t["span_ms"] == pytest.approx(0.1) and t["busy_ms"] == pytest.approx(0.06)
+    assert t["idle_ms"] == pytest.approx(0.04) and t["idle_share"] == pytest.approx(0.4)
+    assert t["gaps_over_20us"] == 1 and t["longest_gaps_ms"] == [pytest.approx(0.03)]
+    assert t["kernels"] == 4 and t["syncs"] == 2
+    assert gpu_suite.device_timeline([], syncs=0) == {"kernels": 0, "syncs": 0}
+
+
+def test_sync_calls_are_the_waiting_ones():
+    waits = ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+             "cudaMemcpy"]
+    queued = ["cudaMemcpyAsync", "cudaLaunchKernel", "cudaStreamWaitEvent", "aten::copy_"]
+    assert [bool(gpu_suite.SYNC_CALL.search(n)) for n in waits + queued] == [True] * 4 + [False] * 4
