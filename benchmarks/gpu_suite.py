@@ -458,25 +458,30 @@ class Suite:
         del step
         _free()
         events = prof.events()
-        kernel_spans = [(e.time_range.start, e.time_range.end) for e in events
-                        if cuda and e.device_type.name == "CUDA"]
+        if cuda:  # the kernels themselves (the CPU ops above them carry their time too)
+            ran = [(e.name, e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type.name == "CUDA"]
+        else:
+            ran = [(e.name, e.time_range.start, e.time_range.start + e.self_cpu_time_total)
+                   for e in events if e.name.startswith("aten::")]
         syncs = sum(1 for e in events if e.device_type.name == "CPU"
                     and SYNC_CALL.search(e.name))
+        by_name: dict[str, list[float]] = {}
+        for name, start, end in ran:
+            by_name.setdefault(name, []).append((end - start) / 1e3)
         split: dict[str, float] = {}
         kernels = []
-        for event in prof.key_averages():
-            us = event.self_device_time_total if cuda else event.self_cpu_time_total
-            if us <= 0 or (not cuda and not event.key.startswith("aten::")):
-                continue
-            kind = kernel_kind(event.key)
-            split[kind] = split.get(kind, 0.0) + us / 1e3
-            kernels.append({"name": event.key[:160], "kind": kind, "ms": us / 1e3,
-                            "calls": event.count})
+        for name, times in by_name.items():
+            kind = kernel_kind(name)
+            split[kind] = split.get(kind, 0.0) + sum(times)
+            kernels.append({"name": name[:160], "kind": kind, "ms": sum(times),
+                            "calls": len(times)})
         total = sum(split.values()) or 1.0
         kernels.sort(key=lambda k: -k["ms"])
         return {"ms": split, "share": {k: v / total for k, v in split.items()},
                 "kernels": len(kernels), "launches": sum(k["calls"] for k in kernels),
-                "top": kernels[:PROFILE_TOP], "timeline": device_timeline(kernel_spans, syncs),
+                "top": kernels[:PROFILE_TOP],
+                "timeline": device_timeline([(a, b) for _, a, b in ran] if cuda else [], syncs),
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 
@@ -629,7 +634,10 @@ def device_timeline(spans: list[tuple[float, float]], syncs: int,
     """How busy the device was between its first kernel's start and its last's end
     (kernel spans in µs, overlaps merged): busy and idle ms, the idle share, the gaps
     longer than ``gap_us`` and the five longest, and the host's synchronizing calls.
-    Idle time is work the host did not queue in time: launch overhead or a sync."""
+    Idle time is work the host did not queue in time: launch overhead or a sync. Under
+    the profiler, which records every CPU op too, the host is slower than in a run:
+    the idle share is an upper bound (the unprofiled step's time, against busy_ms, gives
+    the run's)."""
     if not spans:
         return {"kernels": 0, "syncs": syncs}
     spans = sorted(spans)
