@@ -366,8 +366,47 @@ class Suite:
             if "ms" in chunked and "ms" in fused:
                 row["fused_speedup_at_T"] = chunked["ms"] / fused["ms"]
             row["fused_max_error"] = self._fused_error(sel)
+            row["profiled"] = {b: self._profile_scan(b, T, sel) for b in ("chunked", "fused")}
+            busy = [row["profiled"][b]["device"].get("busy_ms") for b in ("chunked", "fused")]
+            if all(busy):
+                row["fused_speedup_device"] = busy[0] / busy[1]
             rows[mode] = row
         return rows
+
+    def _profile_scan(self, backend: str, T: int, selective: bool) -> dict[str, Any]:
+        """One forward + backward under the profiler: the kernels' timeline (busy_ms is
+        the scan's device time, free of launch overhead), the host's span from its first
+        op to its last, and the host ops that took longest themselves."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from ten.scan import scan
+
+        inputs = [t.detach().clone().requires_grad_() for t in self._scan_inputs(T, selective)]
+
+        def call() -> None:
+            c, last = scan(*inputs, backend=backend)
+            (c.square().sum() + last.sum()).backward()
+            _sync(self.device)
+
+        call()  # compiles, sizes the allocator
+        cuda = self.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CPU,
+                                 *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+            call()
+        events = prof.events()
+        kernels = [(e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type.name == "CUDA"]
+        host = [e for e in events if e.device_type.name == "CPU"]
+        syncs = sum(1 for e in host if SYNC_CALL.search(e.name))
+        by_name: dict[str, float] = {}
+        for e in host:
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.self_cpu_time_total / 1e3
+        _free()
+        return {"T": T, "device": device_timeline(kernels, syncs),
+                "host_ms": (max(e.time_range.end for e in host)
+                            - min(e.time_range.start for e in host)) / 1e3 if host else None,
+                "host_top": sorted(([n[:100], ms] for n, ms in by_name.items()),
+                                   key=lambda x: -x[1])[:8]}
 
     def _fused_error(self, selective: bool) -> dict[str, float]:
         """Largest |fused - ref| over outputs and gradients at ref_T, fp32 (relative to the
