@@ -524,6 +524,65 @@ class Suite:
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 
+    def graphs(self) -> dict[str, Any]:
+        """The job's micro-batch (forward + backward, no optimizer step) launched from
+        Python against replayed as one CUDA graph: what queuing its ~1,000 kernels costs
+        (the profile's timeline shows the device idle between them). Same weights and
+        tokens, so the replayed loss must equal the eager one."""
+        import torch
+
+        from ten.mfu import mfu, peak_flops
+
+        step = Step(self.flagship_config(), self.train, self.device, grad_accum=1)
+        objective, ids, amp, dev = step.objective, step.ids, step.amp, self.device
+
+        def fwd_bwd() -> Any:
+            # autocast's weight cache cannot live across a graph's capture
+            with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None,
+                                cache_enabled=False):
+                loss = objective(ids[:, :-1], ids[:, 1:])
+            loss.backward()  # into the gradients of the warm-up: accumulated in place
+            return loss.detach()
+
+        def per_micro_batch(run: Any) -> float:
+            run()
+            _sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(self.sizes.steps):
+                run()
+            _sync(dev)
+            return (time.perf_counter() - t0) / self.sizes.steps
+
+        tokens = ids.shape[0] * (ids.shape[1] - 1)
+        fpt, peak = step.model.flops_per_token(step.cfg.seq_len), peak_flops(dev)
+
+        def row(sec: float) -> dict[str, Any]:
+            return {"ms": 1e3 * sec, "tokens_per_s": tokens / sec,
+                    "mfu": mfu(fpt, tokens / sec, peak)}
+
+        eager_loss = fwd_bwd()
+        result: dict[str, Any] = {"eager": row(per_micro_batch(fwd_bwd))}
+        if dev.type != "cuda":
+            result["graph"] = None
+            result["why"] = "CUDA graphs need a CUDA device: eager only"
+            return result
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture wants its kernels warm on a side stream
+            for _ in range(2):
+                fwd_bwd()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_loss = fwd_bwd()
+        result["graph"] = row(per_micro_batch(graph.replay))
+        result["loss_equal"] = bool(torch.equal(graph_loss, eager_loss))
+        result["speedup"] = result["eager"]["ms"] / result["graph"]["ms"]
+        result["peak_mem_gb"] = torch.cuda.max_memory_allocated(dev) / GB
+        del graph, step
+        _free()
+        return result
+
     def optimizer(self) -> dict[str, Any]:
         """One optimizer step over the flagship model's parameters (random gradients), the
         wall time per step over several: 8-bit AdamW as bitsandbytes steps it (a host sync
@@ -815,14 +874,14 @@ def environment(device: Any) -> dict[str, Any]:
 # --- running sections: one process each, a time limit, results written as they come ---------
 
 SECTIONS = ("flagship", "memory", "ten_vs_transformer", "chunk", "scan", "conv", "loss", "compile",
-            "selective", "recompute", "profile", "optimizer", "monitor", "gpu_tests")
+            "graphs", "selective", "recompute", "profile", "optimizer", "monitor", "gpu_tests")
 # The recipe's three device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
          2: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
-         3: ("compile", "recompute", "monitor")}
+         3: ("compile", "graphs", "recompute", "monitor")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 300, "chunk": 180,
-             "scan": 180, "conv": 60, "loss": 120, "compile": 360, "selective": 240,
+             "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "optimizer": 90,
              "monitor": 420, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
@@ -984,6 +1043,12 @@ def markdown(r: dict[str, Any]) -> str:
 
         lines += ["", f"The loss, forward + backward, N {loss['rows']} × d {loss['d']} × V "
                   f"{loss['vocab']}, {loss['dtype']}:", "", loss_table(loss)]
+    gr = r.get("graphs") or {}
+    if gr.get("graph"):
+        lines += ["", f"The job's micro-batch as one CUDA graph: {f(gr['graph']['ms'])} ms against "
+                  f"{f(gr['eager']['ms'])} ms launched from Python ({f(gr['speedup'])}×; MFU "
+                  f"{f(gr['graph']['mfu'])} against {f(gr['eager']['mfu'])}; same loss: "
+                  f"{f(gr['loss_equal'])})."]
     opt = r.get("optimizer") or {}
     if "speedup" in opt:
         lines += ["", f"8-bit AdamW, one step over {opt['tensors']} parameter tensors: "
