@@ -82,6 +82,7 @@ class Sizes:
     chunks: tuple[int, ...] = (32, 64, 128, 256)
     ref_T: int = 2048  # the Python-loop oracle is timed (and checked against) here only
     selective_chunk: int = 32
+    loss_rows: int | None = None  # loss: rows timed (None: a micro-batch's tokens)
     warmup: int = 2
     steps: int = 5
     monitor: dict[str, Any] = field(default_factory=lambda: {
@@ -90,7 +91,7 @@ class Sizes:
 
 FULL = Sizes()
 SMOKE = Sizes(batches=(2,), lengths=(32, 64), tokens_per_step=128, chunks=(16, 32),
-              ref_T=32, selective_chunk=16, warmup=1, steps=1,
+              ref_T=32, selective_chunk=16, loss_rows=16, warmup=1, steps=1,
               monitor={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 3, "sample_s": 1.0})
 
 
@@ -341,7 +342,7 @@ class Suite:
 
         cfg = self.flagship_config()
         amp = resolve_precision(self.train.precision, self.device)
-        rows = self.train.batch_size * cfg.seq_len
+        rows = self.sizes.loss_rows or self.train.batch_size * cfg.seq_len
         result = compare(rows, cfg.d_model, cfg.vocab_size, amp or torch.float32, self.device,
                          self.sizes.steps)
         _free()
