@@ -176,6 +176,9 @@ class Step:
                 "sec_per_step": sec, "tokens_per_s": tok_s, "mfu": mfu(fpt, tok_s, peak),
                 "hfu": hfu(fpt, recompute, tok_s, peak),
                 "peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / GB if cuda
+                else None,
+                # what the caching allocator held at most: ten.memory's MARGIN is for this
+                "peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / GB if cuda
                 else None, "warmup_s": first_s, "loss": self.loss_backend}
 
 
@@ -232,6 +235,19 @@ class Suite:
     def flagship_config(self, **kw: Any) -> Any:
         return flagship_model(self.job, **kw)
 
+    def estimate(self, cfg: Any, batch: int) -> Any:
+        """ten.memory's estimate for ``cfg`` as the trainer makes it on this device: its
+        precision, optimizer, and the scan and loss backends that run here."""
+        from ten.loss import resolve_loss_backend
+        from ten.memory import estimate_training_memory
+        from ten.scan import resolve_backend
+        from ten.trainer import resolve_precision
+
+        return estimate_training_memory(
+            cfg, batch, cfg.seq_len, resolve_precision(self.train.precision, self.device),
+            self.train.optimizer, scan_backend=resolve_backend(cfg.scan_backend, self.device),
+            loss_backend=resolve_loss_backend(self.train.loss, self.device)[0])
+
     def flagship(self) -> dict[str, Any]:
         """The job as configured (its batch and accumulation), then larger micro-batches
         without accumulation until one does not fit: the largest that does."""
@@ -251,22 +267,17 @@ class Suite:
 
     def memory(self) -> dict[str, Any]:
         """ten.memory's estimate against the flagship section's measured peak."""
-        from ten.memory import estimate_training_memory
-        from ten.trainer import resolve_precision
-
         flagship = self.so_far.get("flagship") or {}
         if not flagship or "error" in flagship:
             raise RuntimeError("needs the flagship section's results (run it first, in the "
                                "same call)")
-        amp = resolve_precision(self.train.precision, self.device)
         rows = {}
         for key in ("batch_1", "largest"):
             run = flagship.get(key)
             if not run:
                 continue
             cfg = self.flagship_config()
-            est = estimate_training_memory(cfg, run["batch"], cfg.seq_len, amp,
-                                           self.train.optimizer)
+            est = self.estimate(cfg, run["batch"])
             measured = run.get("peak_mem_gb")
             rows[key] = {"batch": run["batch"], "estimate_gb": est.total / GB,
                          "measured_gb": measured,
@@ -442,15 +453,11 @@ class Suite:
         recomputed in backward: tokens/s, MFU and peak memory against ten.memory's
         estimate, what choosing ``checkpoint_blocks`` trades."""
         from ten.lm import recomputed_blocks
-        from ten.memory import estimate_training_memory
-        from ten.trainer import resolve_precision
 
-        amp = resolve_precision(self.train.precision, self.device)
         rows = {}
         for n in range(self.flagship_config().n_layers + 1):
             cfg = self.flagship_config(grad_checkpointing=n > 0, checkpoint_blocks=n)
-            est = estimate_training_memory(cfg, self.train.batch_size, cfg.seq_len, amp,
-                                           self.train.optimizer)
+            est = self.estimate(cfg, self.train.batch_size)
             rows[str(n)] = {"estimate_gb": est.total / GB,
                             **measure_step(cfg, self.train, self.device, self.sizes)}
         return {"job_recomputes": recomputed_blocks(self.flagship_config()), "by_blocks": rows}
@@ -460,11 +467,9 @@ class Suite:
         fused scan and the chunked one at a small chunk, against the fixed mode on the fused
         scan (what selective costs); each with ten.memory's estimate, whether that fits the
         device (None on CPU: nothing to fit), and a measured step where it does."""
-        from ten.memory import device_capacity, estimate_training_memory, fit_problem
-        from ten.trainer import resolve_precision
+        from ten.memory import device_capacity, fit_problem
 
         capacity = device_capacity(self.device)
-        amp = resolve_precision(self.train.precision, self.device)
         rows = {}
         for name, kw in (("fused", {"scan_backend": "fused"}),
                          ("chunked", {"scan_backend": "chunked",
@@ -472,7 +477,7 @@ class Suite:
                          ("fixed_fused", {"scan_backend": "fused", "selective": False,
                                           "conv_width": 0})):
             cfg = self.flagship_config(**{"selective": True, "conv_width": 4, **kw})
-            est = estimate_training_memory(cfg, 1, cfg.seq_len, amp, self.train.optimizer)
+            est = self.estimate(cfg, 1)
             problem = capacity and fit_problem(est, capacity[1], capacity[0], cfg)
             row = {"chunk_size": cfg.chunk_size, "estimate_gb": est.total / GB,
                    "fits": None if capacity is None else not problem, "refusal": problem or None}

@@ -51,7 +51,7 @@ from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
 from ten.probes import repeat_recall
 from ten.progress import eta_seconds, progress_line
-from ten.scan import backend_note
+from ten.scan import backend_note, resolve_backend
 from ten.schedule import lr_multiplier
 from ten.statehealth import state_health
 from ten.step import evaluate, train_step
@@ -223,13 +223,16 @@ class Trainer:
         (DDP-wrapped when distributed), the loader, and the step and tokens resumed at."""
         cfg = self.cfg
         seed_everything(cfg.seed)
-        scan_backend = getattr(self.model_config, "scan_backend", None)
+        scan_backend = getattr(self.model_config, "scan_backend", None)  # TEN's only
         if scan_backend is not None:
             # before any work: a backend that cannot run here raises ScanBackendError
             self._say(backend_note(scan_backend, self.device))
+            scan_backend = resolve_backend(scan_backend, self.device)
         # before any weight is placed: a job the device cannot hold raises DeviceMemoryError
         self._say(check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
-                             self.amp_dtype, cfg.optimizer, self.device))
+                             self.amp_dtype, cfg.optimizer, self.device,
+                             scan_backend=scan_backend or "chunked",
+                             loss_backend=self.loss_backend))
         model = build_model(self.model_config).to(self.device)
         optimizer = build_optimizer(model, cfg, self.device)
         self.state = TrainState(
