@@ -52,7 +52,9 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert fl["job"] == "l40s-small-32k.yaml"  # the job itself, not a copy of its settings
     assert fl["config"]["grad_checkpointing"] is False and fl["config"]["scan_backend"] == "auto"
     assert fl["train"]["optimizer"] == "adamw"  # smoke: no 8-bit AdamW off CUDA (the job check)
-    assert fl["batch_1"]["batch"] == 1 and fl["batch_1"]["tokens_per_s"] > 0
+    job = fl["as_configured"]  # the job's own batch and accumulation (the MFU target's)
+    assert (job["batch"], job["grad_accum"]) == (4, 1) and job["tokens_per_s"] > 0
+    assert fl["batch_1"]["batch"] == 1 and fl["batch_1"]["tokens_per_s"] > 0  # memory target
     assert fl["largest"]["batch"] == 2 and fl["largest"]["grad_accum"] == 1
     assert set(r["ten_vs_transformer"]) == {"32", "64"}
     assert all(row["ratio"] > 0 for row in r["ten_vs_transformer"].values())
@@ -64,7 +66,7 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert r["compile"]["on"]["tokens_per_s"] > 0 and r["compile"]["compile_s"] > 0
     assert r["selective"]["fused"]["tokens_per_s"] > 0 and r["selective"]["fused"]["fits"] is None
     assert r["selective"]["fixed_fused"]["tokens_per_s"] > 0  # what selective costs
-    assert r["memory"]["batch_1"]["estimate_gb"] > 0
+    assert r["memory"]["batch_1"]["estimate_gb"] > 0 and r["memory"]["as_configured"]["batch"] == 4
     rec = r["recompute"]["by_blocks"]  # 0 to n_layers blocks recomputed, each measured
     assert list(rec) == [str(n) for n in range(fl["config"]["n_layers"] + 1)]
     assert all(x["tokens_per_s"] > 0 and x["estimate_gb"] > 0 for x in rec.values())
@@ -141,7 +143,7 @@ def test_parts_cover_every_section_once():
 def test_merge_joins_the_parts_of_one_run(tmp_path):
     env = {"device": "NVIDIA H100 80GB HBM3", "smoke": False, "date": "2026-11-25",
            "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}
-    one = {**env, "flagship": {"batch_1": {"mfu": 0.41}}, "memory": {"error": "x"}}
+    one = {**env, "flagship": {"as_configured": {"mfu": 0.41}}, "memory": {"error": "x"}}
     two = {**env, "scan": {"fixed": {"fused_speedup_at_T": 6.0}}, "memory": {}}
     paths = []
     for i, part in enumerate((one, two), 1):
@@ -185,9 +187,11 @@ def test_pytest_outcome(code, stdout, error):
 
 
 def test_targets_from_a_gpu_run():
-    # the MFU target is the job's own batch (1 x 8), not the largest batch that fits
+    # the MFU target is the job as configured, not the largest batch that fits; the memory
+    # target is batch 1
     run = {"device": "NVIDIA L40S",
-           "flagship": {"batch_1": {"peak_mem_gb": 9.5, "mfu": 0.36}, "largest": {"mfu": 0.5}},
+           "flagship": {"as_configured": {"peak_mem_gb": 33.6, "mfu": 0.36},
+                        "batch_1": {"peak_mem_gb": 9.5, "mfu": 0.30}, "largest": {"mfu": 0.5}},
            "ten_vs_transformer": {"2048": {"ratio": 0.8}, "32768": {"ratio": 3.1}},
            "scan": {"fixed": {"fused_speedup_at_T": 6.0}}}
     t = gpu_suite.check_targets(run)

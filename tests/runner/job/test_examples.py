@@ -78,6 +78,26 @@ def test_l40s_job_uses_model_override_and_token_budget():
     assert job.resources.gpus == 1 and job.resources.spot is True
 
 
+def test_the_l40s_job_fits_an_l40s_by_the_trainers_check():
+    """Micro-batches of 4 (for speed) must still fit the card the job is named for, by the
+    estimate the trainer checks there (the fused scan and loss, 8-bit AdamW, bf16)."""
+    import torch
+
+    from runner.job.library import train_config
+    from ten.memory import MemoryEstimate, estimate_training_memory, fit_problem
+
+    job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
+    cfg, train = job.model_settings(job.data.tokenizer.vocab_size), train_config(job)
+    assert (train.batch_size, train.grad_accum) == (4, 2)  # 262k tokens a step
+    est = estimate_training_memory(cfg, train.batch_size, cfg.seq_len, torch.bfloat16,
+                                   train.optimizer, scan_backend="fused", loss_backend="fused")
+    l40s = 46068 * 2**20  # what nvidia-smi reports of an L40S
+    assert fit_problem(est, l40s, "NVIDIA L40S", cfg) is None, est.describe()
+    assert est.total > 30e9  # 33.6 GB measured on an H100: the check is not vacuous
+    twice = MemoryEstimate(**{**est.__dict__, "activations": 2 * est.activations})
+    assert fit_problem(twice, l40s, "NVIDIA L40S", cfg) is not None  # batch 8 would not fit
+
+
 def test_presets_match_ten_presets():
     import ten.presets
     from runner.job import ARCHS
