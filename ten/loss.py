@@ -39,10 +39,12 @@ IGNORE_INDEX = -100  # as F.cross_entropy; the data never pads, but the loss hon
 # A chunk's logits hold at most max(N·d, 2**24) elements (64 MiB in fp32): never more
 # than the hidden states themselves once those are large, and big enough chunks that the
 # matmuls stay efficient when they are small. The fused kernel keeps one buffer in the
-# matmul's dtype where torch ops keep an fp32 copy and its temporaries: 8x the elements
-# in about the same memory (256 MiB of bf16), so 8x fewer chunks.
+# matmul's dtype where torch ops keep an fp32 copy and its temporaries, and takes 16x the
+# elements (512 MiB of bf16): every chunk adds its V x d weight gradient into the fp32 sum
+# and reads the weight twice, so fewer chunks move less (the flagship's micro-batch of 4:
+# 16 chunks, 8.4 GB and 144 launches less than 32 at 2**27, for 256 MiB more).
 MIN_CHUNK_ELEMENTS = 2**24
-FUSED_CHUNK_ELEMENTS = 2**27
+FUSED_CHUNK_ELEMENTS = 2**28
 
 # (logits (R, V), targets (R,), scale (R,) or None) -> (per-row loss (R,), d/d logits or
 # None): d(Σ_r scale_r · loss_r)/d logits in the logits' dtype when scale is given.
