@@ -26,7 +26,8 @@ def job():
 
 def test_the_job_is_traced_as_it_runs_on_a_gpu(job):
     assert job["scan_backend"] == "fused" and job["loss_traced"] == "fused"  # auto on CUDA
-    assert job["optimizer"] == "adamw8bit" and job["grad_accum"] == 8
+    assert job["optimizer"] == "adamw8bit"
+    assert (job["batch"], job["grad_accum"]) == (4, 2)  # jobs/l40s-small-32k.yaml's
     kinds = job["by_kind"]
     assert kinds["matmul"]["tflop"] > 0 and kinds["loss"]["gb"] > 0
     total = sum(k["gb"] for k in kinds.values())
@@ -71,12 +72,13 @@ def test_a_step_counts_its_clip_once_and_every_later_micro_batchs_gradient_sum()
     its gradient into every parameter's ``.grad`` in place; the clip scales every
     gradient once a step (it was counted with every micro-batch)."""
     cfg, train = bench_traffic.load(TINY)
-    assert train.grad_accum == 8
+    g = train.grad_accum  # the job's
+    assert g > 1
     step, model = bench_traffic.trace_micro_batch(cfg, train, train.batch_size)
     single, _ = bench_traffic.trace_micro_batch(
         *bench_traffic.load([*TINY, "train.grad_accum=1"]), train.batch_size)
     n = len(list(model.parameters()))
     assert single.by_op["elementwise: add_"].kernels == 0  # nothing to add to yet
-    assert step.by_op["elementwise: add_"].kernels == round(n * 7 / 8)
+    assert step.by_op["elementwise: add_"].kernels == round(n * (g - 1) / g)
     assert single.by_op["elementwise: mul_"].kernels == n  # the clip's scale
-    assert step.by_op["elementwise: mul_"].kernels == round(n / 8)
+    assert step.by_op["elementwise: mul_"].kernels == round(n / g)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from saved_tensors import saved_for_backward
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
@@ -133,19 +134,6 @@ def test_swiglu_down_is_the_projection_of_silu_times_the_gate_with_gradients():
     assert torch.autograd.gradcheck(swiglu_down, (ab, w))
 
 
-def saved_sizes(fn, *args) -> list[int]:
-    """The element counts of the tensors autograd keeps for fn(*args)'s backward."""
-    sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*args)
-    return sizes
-
-
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
 def test_the_swiglu_block_equals_autograds_and_keeps_no_product_for_backward(amp):
     """The feed-forward block against down(silu(a)·b) in torch ops (what it was): the same
@@ -165,8 +153,8 @@ def test_the_swiglu_block_equals_autograds_and_keeps_no_product_for_backward(amp
     params = (x, mlp.up.weight, mlp.down.weight)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         want, got = reference(x), mlp(x)
-        assert product in saved_sizes(reference, x)  # the control: the count finds it
-        assert product not in saved_sizes(mlp, x)
+        assert product in saved_for_backward(reference, x).sizes  # the control finds it
+        assert product not in saved_for_backward(mlp, x).sizes
     assert got.dtype == want.dtype
     assert torch.equal(got, want)
     tol = {"rtol": 2e-2, "atol": 2e-2} if amp else {"rtol": 1e-5, "atol": 1e-6}

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from saved_tensors import SavedForBackward
 
 from ten import loss as loss_mod
 from ten.loss import (
@@ -154,23 +155,6 @@ def test_a_model_without_hidden_states_needs_the_reference_backend():
 
 # --- memory -------------------------------------------------------------------------------
 
-class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
-    """Counts the bytes autograd keeps for backward (distinct storages)."""
-
-    def __init__(self):
-        self.storages = {}
-
-        def pack(t):
-            st = t.untyped_storage()
-            self.storages[st.data_ptr()] = st.nbytes()
-            return t
-        super().__init__(pack, lambda t: t)
-
-    @property
-    def total(self):
-        return sum(self.storages.values())
-
-
 def peak_cpu_bytes(fn, tmp_path, name):
     """Peak CPU bytes allocated while ``fn`` runs, from torch's memory profiler timeline;
     None where this torch no longer has it."""
@@ -195,11 +179,11 @@ def test_memory_stays_far_below_the_full_logits(tmp_path):
     logits_bytes = n * v * 4
 
     def run(fn):
-        saved = SavedBytes()
+        saved = SavedForBackward()
         with saved:
             loss = fn(h, w, t)
         loss.backward()
-        return saved.total
+        return saved.total_bytes
 
     chunked = lambda *a: chunked_linear_cross_entropy(*a, chunk_rows=rows)  # noqa: E731
     saved_ref = run(reference_linear_cross_entropy)
