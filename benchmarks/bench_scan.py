@@ -67,8 +67,8 @@ def time_backend(fn, inputs, dtype: str, device: torch.device, repeat: int) -> d
         sync()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
-    # back to back, one sync at the end: what a step pays when the host stays ahead (in
-    # a training step); "sec" is one call's latency, launch overhead included
+    # back to back, one sync at the end: a call's cost when the host stays ahead of the
+    # device, as in a training step ("sec" is one call's latency, launches included)
     t0 = time.perf_counter()
     for _ in range(repeat):
         x.grad = log_lam.grad = state.grad = None

@@ -15,7 +15,8 @@ job runs on its device (the fused ones on a GPU: their operators trace by their 
 any machine; Liger's loss, which has none, as the fused one, which holds a little more).
 On an H100 the flagship job's estimate was within 1–2% of what its steps allocated at
 batch 1, 2, 4 and 8 (9.57 / 17.70 / 33.96 / 66.47 GB against 9.66 / 17.32 / 33.58 /
-66.10); the chunked scan and loss, traced for every job until then, over by 39–46%. Not
+66.10, commit 600a887); the chunked scan and loss, traced for every job until then, over
+by 39–46%. Not
 counted: the CUDA context and cuBLAS workspaces (the fit check leaves ``RESERVE_BYTES``
 for them), and what the caching allocator holds beyond what is allocated (the fit check
 adds ``MARGIN``).

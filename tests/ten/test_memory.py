@@ -151,6 +151,12 @@ def test_check_fits_on_a_device_too_small(monkeypatch):
     monkeypatch.setattr(memory, "device_capacity", lambda d: ("Big GPU", 80 * GiB))
     note = check_fits(SMALL, 4, 4096, None, "adamw", cuda)
     assert note.startswith("memory: an estimated ") and note.endswith("of the 80.0 GiB Big GPU")
+    # the trainer passes the backends the GPU runs: the fused scan and loss hold less
+    fused = check_fits(SMALL, 4, 4096, None, "adamw", cuda, scan_backend="fused",
+                       loss_backend="fused")
+    assert fused != note and fused.startswith("memory: an estimated ")
+    mib = lambda line: float(line.split("an estimated ")[1].split(" MiB")[0])  # noqa: E731
+    assert mib(fused) < mib(note)
     assert check_fits(TransformerConfig(), 4, 256, None, "adamw", cuda) == \
         "memory: not estimated for the transformer baseline"
 
