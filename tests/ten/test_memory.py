@@ -192,20 +192,24 @@ def test_on_a_cpu_a_job_larger_than_the_available_memory_is_refused_before_train
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_estimate_matches_a_real_cuda_step():
     """On the GPU, with the fused scan and loss and bf16: the estimate, traced with the
-    same backends, is what the step allocates within the fit check's margin or so."""
+    same backends, is what the step allocates within the fit check's margin or so. Big
+    enough (~2 GB) that cuBLAS's workspace (tens of MiB, not estimated) is noise; the
+    flagship's estimates were 0.99-1.02x of the H100's peaks."""
     from ten.loss import NextTokenLoss
     from ten.model import TENLM
 
-    cfg = TENConfig(**{**SMALL.__dict__, "scan_backend": "fused"})
-    est = estimate_training_memory(cfg, 4, 4096, torch.bfloat16, scan_backend="fused",
+    cfg = TENConfig(vocab_size=8000, d_model=512, n_layers=2, n_eigenstates=64, n_heads=2,
+                    seq_len=8192, scan_backend="fused")  # selective, with its convolution
+    est = estimate_training_memory(cfg, 4, 8192, torch.bfloat16, scan_backend="fused",
                                    loss_backend="fused")
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     objective = NextTokenLoss(TENLM(cfg).cuda(), "fused")
-    ids = torch.randint(0, 1000, (4, 4096), device="cuda")
+    ids = torch.randint(0, 8000, (4, 8192), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = objective(ids, ids)
     loss.backward()
     peak = torch.cuda.max_memory_allocated() - before
-    assert 0.9 < (est.weights + est.activations + est.gradients) / peak < 1.2, \
+    assert est.activations > 1e9  # the workspace's tens of MiB are noise beside it
+    assert 0.95 < (est.weights + est.activations + est.gradients) / peak < 1.1, \
         (est.describe(), peak)
