@@ -408,15 +408,12 @@ class Suite:
                                  *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
             call()
         events = prof.events()
-        kernels = [(e.time_range.start, e.time_range.end) for e in events
-                   if e.device_type.name == "CUDA"]
         host = [e for e in events if e.device_type.name == "CPU"]
-        syncs = sum(1 for e in host if SYNC_CALL.search(e.name))
         by_name: dict[str, float] = {}
         for e in host:
             by_name[e.name] = by_name.get(e.name, 0.0) + e.self_cpu_time_total / 1e3
         _free()
-        return {"T": T, "device": device_timeline(kernels, syncs),
+        return {"T": T, "device": profiled_timeline(events),
                 "host_ms": (max(e.time_range.end for e in host)
                             - min(e.time_range.start for e in host)) / 1e3 if host else None,
                 "host_top": sorted(([n[:100], ms] for n, ms in by_name.items()),
@@ -512,8 +509,6 @@ class Suite:
         else:
             ran = [(e.name, e.time_range.start, e.time_range.start + e.self_cpu_time_total)
                    for e in events if e.name.startswith("aten::")]
-        syncs = sum(1 for e in events if e.device_type.name == "CPU"
-                    and SYNC_CALL.search(e.name))
         by_name: dict[str, list[float]] = {}
         for name, start, end in ran:
             by_name.setdefault(name, []).append((end - start) / 1e3)
@@ -529,7 +524,7 @@ class Suite:
         return {"ms": split, "share": {k: v / total for k, v in split.items()},
                 "kernels": len(kernels), "launches": sum(k["calls"] for k in kernels),
                 "top": kernels[:PROFILE_TOP],
-                "timeline": device_timeline([(a, b) for _, a, b in ran] if cuda else [], syncs),
+                "timeline": profiled_timeline(events),
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
 
@@ -735,6 +730,15 @@ def stdlib_corpus(path: Path, max_bytes: int) -> Path:
 # The runtime calls that make the host wait for the device (the step's own closing
 # synchronize is one of them).
 SYNC_CALL = re.compile(r"cuda(Stream|Device|Event)Synchronize|cudaMemcpy(?!Async)")
+
+
+def profiled_timeline(events: Any) -> dict[str, Any]:
+    """:func:`device_timeline` of a torch.profiler run's events: its CUDA kernels' spans
+    and its host's synchronizing calls."""
+    spans = [(e.time_range.start, e.time_range.end) for e in events
+             if e.device_type.name == "CUDA"]
+    syncs = sum(1 for e in events if e.device_type.name == "CPU" and SYNC_CALL.search(e.name))
+    return device_timeline(spans, syncs)
 
 
 def device_timeline(spans: list[tuple[float, float]], syncs: int,

@@ -42,6 +42,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake  # (torch imports it anyway)
 
 from ten.model_config import SCAN_BACKENDS
 
@@ -300,12 +301,6 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     return name
 
 
-def _is_fake(t: Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
-
-
 def backend_note(name: str, device: torch.device | str) -> str:
     """One log line saying which backend runs, e.g. 'scan backend: auto -> chunked (no CUDA)'.
 
@@ -330,7 +325,7 @@ def scan(
     Computes in float32 (float64 for float64 inputs) with autocast disabled; the
     outputs come back in that dtype.
     """
-    if not (backend == "fused" and _is_fake(beta)):  # a fake runs nothing: fused traces
+    if not (backend == "fused" and is_fake(beta)):  # a fake runs nothing: fused traces
         backend = resolve_backend(backend, beta.device)  # anywhere (ten.memory, on a CPU)
     if beta.dim() != 3 or beta.shape[-1] % 2:
         raise ValueError(f"beta must be (B, T, 2K), got {tuple(beta.shape)}")
