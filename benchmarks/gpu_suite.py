@@ -123,21 +123,22 @@ class Step:
                  grad_accum: int | None = None, compile: bool | None = None) -> None:
         import torch
 
-        from ten.loss import NextTokenLoss, resolve_loss_backend
+        from ten.execution import resolve_execution
+        from ten.loss import NextTokenLoss
         from ten.presets import build_model
-        from ten.trainer import build_optimizer, resolve_precision
+        from ten.trainer import build_optimizer
 
         torch.manual_seed(0)
         self.device, self.cfg = device, cfg
         self.batch = train.batch_size if batch is None else batch
         self.grad_accum = train.grad_accum if grad_accum is None else grad_accum
-        self.amp = resolve_precision(train.precision, device)
+        run = resolve_execution(cfg, train.precision, train.loss, device)
+        self.amp, self.loss_backend = run.amp_dtype, run.loss
         self.model = build_model(cfg).to(device)
         if train.compile if compile is None else compile:
             self.model.compile_blocks()
         self.optimizer = build_optimizer(self.model, train, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp == torch.float16)
-        self.loss_backend = resolve_loss_backend(train.loss, device)[0]
         self.objective = NextTokenLoss(self.model, self.loss_backend)
         self.ids = torch.randint(0, cfg.vocab_size, (self.batch, cfg.seq_len + 1),
                                  device=device)
@@ -238,15 +239,13 @@ class Suite:
     def estimate(self, cfg: Any, batch: int) -> Any:
         """ten.memory's estimate for ``cfg`` as the trainer makes it on this device: its
         precision, optimizer, and the scan and loss backends that run here."""
-        from ten.loss import resolve_loss_backend
+        from ten.execution import resolve_execution
         from ten.memory import estimate_training_memory
-        from ten.scan import resolve_backend
-        from ten.trainer import resolve_precision
 
-        return estimate_training_memory(
-            cfg, batch, cfg.seq_len, resolve_precision(self.train.precision, self.device),
-            self.train.optimizer, scan_backend=resolve_backend(cfg.scan_backend, self.device),
-            loss_backend=resolve_loss_backend(self.train.loss, self.device)[0])
+        run = resolve_execution(cfg, self.train.precision, self.train.loss, self.device)
+        return estimate_training_memory(cfg, batch, cfg.seq_len, run.amp_dtype,
+                                        self.train.optimizer, scan_backend=run.scan,
+                                        loss_backend=run.loss)
 
     def flagship(self) -> dict[str, Any]:
         """The job as configured (its batch and accumulation: the MFU target's), then
@@ -351,7 +350,7 @@ class Suite:
         import torch
         from bench_loss import compare
 
-        from ten.trainer import resolve_precision
+        from ten.execution import resolve_precision
 
         cfg = self.flagship_config()
         amp = resolve_precision(self.train.precision, self.device)

@@ -24,7 +24,7 @@ Backends:
                  c written once. Needs triton and a CUDA tensor (or, for tests, CPU
                  tensors with TRITON_INTERPRET=1 set before triton is first imported).
     ``auto``     not a backend but a choice: ``fused`` on CUDA when triton imports,
-                 ``chunked`` otherwise; ``resolve_backend``/``backend_note`` say which.
+                 ``chunked`` otherwise; ``resolve_backend``/``resolve_scan`` say which.
 
 Whatever the autocast dtype, the scan runs with autocast off in float32 (float64
 when its inputs are float64): decays raised to powers of hundreds lose everything in
@@ -46,8 +46,8 @@ from torch._subclasses.fake_tensor import is_fake  # (torch imports it anyway)
 
 from ten.model_config import SCAN_BACKENDS
 
-__all__ = ["BACKENDS", "NAMES", "ScanBackendError", "backend_note", "check_backend",
-           "resolve_backend", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
+__all__ = ["BACKENDS", "NAMES", "ScanBackendError", "check_backend", "resolve_backend",
+           "resolve_scan", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
 
 
 class ScanBackendError(ValueError):
@@ -301,15 +301,14 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     return name
 
 
-def backend_note(name: str, device: torch.device | str) -> str:
-    """One log line saying which backend runs, e.g. 'scan backend: auto -> chunked (no CUDA)'.
-
-    Raises like ``resolve_backend`` when the configured backend cannot run here.
-    """
-    resolved = resolve_backend(name, device)
+def resolve_scan(name: str, device: torch.device | str) -> tuple[str, str]:
+    """(the backend that runs for ``name`` on ``device``, one log line saying which), e.g.
+    'scan backend: auto -> chunked (no CUDA)'. Raises like ``resolve_backend``."""
     if name == "auto":
-        return f"scan backend: auto -> {resolved} ({_auto_choice(device)[1]})"
-    return f"scan backend: {resolved}"
+        check_backend(name)
+        backend, why = _auto_choice(device)
+        return backend, f"scan backend: auto -> {backend} ({why})"
+    return resolve_backend(name, device), f"scan backend: {name}"
 
 
 def scan(

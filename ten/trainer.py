@@ -42,8 +42,9 @@ from ten.distributed import (
     init_from_env,
     shutdown,
 )
+from ten.execution import resolve_execution
 from ten.lm import LanguageModel
-from ten.loss import NextTokenLoss, resolve_loss_backend
+from ten.loss import NextTokenLoss
 from ten.memory import check_fits
 from ten.metrics import MetricKind, MetricsWriter
 from ten.mfu import hfu, mfu, peak_flops, peak_note
@@ -51,7 +52,6 @@ from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
 from ten.probes import repeat_recall
 from ten.progress import eta_seconds, progress_line
-from ten.scan import backend_note, resolve_backend
 from ten.schedule import lr_multiplier
 from ten.statehealth import state_health
 from ten.step import evaluate, train_step
@@ -110,16 +110,6 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype (None: plain fp32). auto = bf16 on GPUs that have it, fp16 on
-    older GPUs, fp32 on CPU (bf16 autocast on CPU is slower than fp32)."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
-
-
 def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device):
     groups = model.optimizer_groups(cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
@@ -164,9 +154,8 @@ class Trainer:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+
             torch.backends.cudnn.allow_tf32 = True
-        self.amp_dtype = resolve_precision(cfg.precision, self.device)
         # explicit: an asked-for backend that cannot run raises here, before any work
-        self.loss_backend, self.loss_note = resolve_loss_backend(cfg.loss, self.device)
+        self.execution = resolve_execution(model_config, cfg.precision, cfg.loss, self.device)
         self.tokens_per_step = (cfg.batch_size * data.cfg.seq_len * cfg.grad_accum
                                 * self.dist.world_size)
         if cfg.seq_warmup_start is not None:
@@ -223,16 +212,13 @@ class Trainer:
         (DDP-wrapped when distributed), the loader, and the step and tokens resumed at."""
         cfg = self.cfg
         seed_everything(cfg.seed)
-        scan_backend = getattr(self.model_config, "scan_backend", None)  # TEN's only
-        if scan_backend is not None:
-            # before any work: a backend that cannot run here raises ScanBackendError
-            self._say(backend_note(scan_backend, self.device))
-            scan_backend = resolve_backend(scan_backend, self.device)
+        run = self.execution
+        for note in run.notes:
+            self._say(note)
         # before any weight is placed: a job the device cannot hold raises DeviceMemoryError
         self._say(check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
-                             self.amp_dtype, cfg.optimizer, self.device,
-                             scan_backend=scan_backend or "chunked",
-                             loss_backend=self.loss_backend))
+                             run.amp_dtype, cfg.optimizer, self.device,
+                             scan_backend=run.scan or "chunked", loss_backend=run.loss))
         model = build_model(self.model_config).to(self.device)
         optimizer = build_optimizer(model, cfg, self.device)
         self.state = TrainState(
@@ -241,7 +227,7 @@ class Trainer:
                 optimizer, lambda s: lr_multiplier(s, self.total_steps, cfg.warmup_steps,
                                                    cfg.schedule, cfg.min_lr_ratio)),
             scaler=torch.amp.GradScaler(self.device.type,
-                                        enabled=self.amp_dtype == torch.float16),
+                                        enabled=self.execution.amp_dtype == torch.float16),
             loader=self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
                                           self.dist.world_size,
                                           pin_memory=self.device.type == "cuda"),
@@ -250,7 +236,7 @@ class Trainer:
         loader, step, tokens = self.state.loader, self.state.step, self.state.tokens
         # The objective (model + loss head) is what DDP wraps: DDP sees every parameter
         # used in its own forward; the model keeps returning logits elsewhere.
-        self.objective = NextTokenLoss(self.state.model, self.loss_backend)
+        self.objective = NextTokenLoss(self.state.model, self.execution.loss)
         model = self.objective
         if self.dist.enabled:
             import torch.distributed as dist
@@ -276,7 +262,6 @@ class Trainer:
         """The FLOP counts MFU needs, the start record, and the notes said once."""
         cfg, seq_len = self.cfg, self.data.cfg.seq_len
         self.peak = peak_flops(self.device)
-        self._say(self.loss_note)
         self._say(peak_note(self.device))  # MFU/HFU are None from here on
         self._say(self._what_is_trained(step))
         if cfg.seq_warmup_start is not None and step < cfg.seq_warmup_steps:
@@ -289,7 +274,7 @@ class Trainer:
                 "params": self.state.model.num_params(), "tokens_per_step": self.tokens_per_step,
                 "total_steps": self.total_steps, "world_size": self.dist.world_size,
                 "device": str(self.device), "resumed": step > 0,
-                "loss_backend": self.loss_backend, "peak_flops": self.peak})
+                "loss_backend": self.execution.loss, "peak_flops": self.peak})
         if self.cfg.warmup_steps >= self.total_steps:
             self.log(f"note: warmup_steps={self.cfg.warmup_steps} >= the {self.total_steps}"
                      "-step budget, so the lr never reaches its peak")
@@ -328,8 +313,8 @@ class Trainer:
             t1 = time.perf_counter()
             lr = state.scheduler.get_last_lr()[0]  # the lr this step uses
             loss, norm, flags = train_step(model, state.optimizer, state.scaler, micro,
-                                           self.amp_dtype, cfg.grad_clip, self.no_sync,
-                                           self.any_rank)
+                                           self.execution.amp_dtype, cfg.grad_clip,
+                                           self.no_sync, self.any_rank)
             state.scheduler.step()
             step += 1
             tokens += self.tokens_per_step
@@ -427,14 +412,14 @@ class Trainer:
 
     def _eval(self, step: int) -> float:
         batches = self.data.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
-        loss = evaluate(self.objective, batches, self.device, self.amp_dtype)
+        loss = evaluate(self.objective, batches, self.device, self.execution.amp_dtype)
         ppl = math.exp(min(loss, 50.0))
         if self.metrics:  # the main rank
             rec = {"loss": loss, "perplexity": ppl}
             said = f"eval step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f}"
             if self.cfg.recall_probe:
                 rec["recall_repeat"] = repeat_recall(self.state.model, self.data.cfg.seq_len,
-                                                     self.device, self.amp_dtype)
+                                                     self.device, self.execution.amp_dtype)
                 said += f", recalls {100 * rec['recall_repeat']:.1f}% of a repeat"
             self.metrics.write(MetricKind.EVAL, step, rec)
             self.log(said)
@@ -445,8 +430,8 @@ class Trainer:
     def _log_state(self, step: int) -> None:
         """The state's health per layer (ten.statehealth) on the first held-out batch."""
         batch = next(iter(self.data.val_batches(self.cfg.batch_size, 1)))
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
+        with torch.autocast(self.device.type, dtype=self.execution.amp_dtype or torch.float32,
+                            enabled=self.execution.amp_dtype is not None):
             health = state_health(self.state.model, batch[:, :-1].to(self.device))
         if health:
             self.metrics.write(MetricKind.STATE, step, health)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ten.scan import ScanBackendError, backend_note, resolve_backend, scan
+from ten.scan import ScanBackendError, resolve_backend, resolve_scan, scan
 
 B, K = 2, 6
 
@@ -113,7 +113,8 @@ def test_fused_without_triton_raises_with_the_fix(monkeypatch):
         scan(beta, log_lam, backend="fused")
     assert "\n" not in str(e.value)
     assert resolve_backend("auto", "cuda") == "chunked"
-    assert backend_note("auto", "cuda") == "scan backend: auto -> chunked (triton not installed)"
+    assert resolve_scan("auto", "cuda") == ("chunked",
+                                          "scan backend: auto -> chunked (triton not installed)")
 
 
 def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
@@ -126,7 +127,8 @@ def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
         scan(beta, log_lam, backend="fused")
     assert resolve_backend("fused", "cuda") == "fused"
     assert resolve_backend("auto", "cuda") == "fused"
-    assert backend_note("auto", "cuda") == "scan backend: auto -> fused (CUDA and triton)"
+    assert resolve_scan("auto", "cuda") == ("fused",
+                                          "scan backend: auto -> fused (CUDA and triton)")
 
 
 def test_a_model_lets_the_device_pick_its_scan_by_default():
@@ -137,8 +139,10 @@ def test_a_model_lets_the_device_pick_its_scan_by_default():
 
 def test_auto_picks_chunked_off_cuda_and_says_so():
     assert resolve_backend("auto", torch.device("cpu")) == "chunked"
-    assert backend_note("auto", "cpu") == "scan backend: auto -> chunked (no CUDA)"
-    assert backend_note("chunked", "cpu") == "scan backend: chunked"
+    assert resolve_scan("auto", "cpu") == ("chunked", "scan backend: auto -> chunked (no CUDA)")
+    assert resolve_scan("chunked", "cpu") == ("chunked", "scan backend: chunked")
+    with pytest.raises(ScanBackendError, match="unknown scan backend 'fast'"):
+        resolve_scan("fast", "cpu")
     beta, log_lam, state = _inputs(9, selective=True)
     c_auto, _ = scan(beta, log_lam, state, backend="auto", chunk_size=4)
     c_chk, _ = scan(beta, log_lam, state, backend="chunked", chunk_size=4)

@@ -1,0 +1,55 @@
+"""How a run computes on its device, decided once before any work: the autocast dtype
+and the scan and loss backends, each from the job's setting (``auto`` picks for the
+device; an explicit choice that cannot run here raises with the fix), with the lines
+the run logs about them. The trainer, its memory check and the GPU suite
+(benchmarks/gpu_suite.py) all take this one decision, so what the suite measures is
+what the trainer runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ten.loss import resolve_loss_backend
+from ten.scan import resolve_scan
+
+__all__ = ["Execution", "resolve_execution", "resolve_precision"]
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype (None: plain fp32). auto = bf16 on GPUs that have it, fp16 on
+    older GPUs, fp32 on CPU (bf16 autocast on CPU is slower than fp32)."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The resolved choices: ``amp_dtype`` (None: fp32), ``scan`` (None for a model
+    without one: the transformer), ``loss``, and ``notes``, one log line for each
+    backend."""
+
+    amp_dtype: torch.dtype | None
+    scan: str | None
+    loss: str
+    notes: tuple[str, ...]
+
+
+def resolve_execution(model_config: Any, precision: str, loss: str,
+                      device: torch.device) -> Execution:
+    """The job's ``TrainConfig.precision`` and ``loss`` and its model's ``scan_backend``
+    as they run on ``device``. Raises ScanBackendError or ValueError, naming the setting,
+    when an explicit backend cannot run here."""
+    notes = []
+    scan = getattr(model_config, "scan_backend", None)  # TEN's only
+    if scan is not None:
+        scan, note = resolve_scan(scan, device)
+        notes.append(note)
+    loss, note = resolve_loss_backend(loss, device)
+    notes.append(note)
+    return Execution(resolve_precision(precision, device), scan, loss, tuple(notes))

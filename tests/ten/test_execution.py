@@ -1,0 +1,39 @@
+"""ten.execution: the one decision of a run's precision and scan and loss backends for its
+device, taken before any work (the trainer, its memory check and the GPU suite share it)."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ten.execution import Execution, resolve_execution
+from ten.model_config import TENConfig, TransformerConfig
+from ten.scan import ScanBackendError
+
+CPU = torch.device("cpu")
+
+
+def test_auto_on_a_cpu_is_fp32_chunked_and_says_which():
+    run = resolve_execution(TENConfig(), "auto", "auto", CPU)
+    assert (run.amp_dtype, run.scan, run.loss) == (None, "chunked", "chunked")
+    assert run.notes[0] == "scan backend: auto -> chunked (no CUDA)"
+    assert run.notes[1].startswith("loss: chunked")
+
+
+def test_a_model_without_a_scan_has_none_and_only_the_loss_note():
+    run = resolve_execution(TransformerConfig(), "bf16", "chunked", CPU)
+    assert run == Execution(torch.bfloat16, None, "chunked", run.notes)
+    assert len(run.notes) == 1 and run.notes[0].startswith("loss: chunked")
+
+
+def test_a_fused_scan_that_cannot_run_here_raises_before_any_work(monkeypatch):
+    # triton installed, its kernels built for a GPU: the fused scan cannot take CPU tensors
+    monkeypatch.setitem(sys.modules, "ten.scan_fused", SimpleNamespace(INTERPRETED=False))
+    with pytest.raises(ScanBackendError, match="TENConfig.scan_backend to auto or chunked"):
+        resolve_execution(TENConfig(scan_backend="fused"), "auto", "auto", CPU)
+
+
+def test_an_unknown_loss_backend_is_named():
+    with pytest.raises(ValueError, match="loss backend must be one of"):
+        resolve_execution(TENConfig(), "auto", "fastest", CPU)
