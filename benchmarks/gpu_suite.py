@@ -133,6 +133,7 @@ class Step:
         self.batch = train.batch_size if batch is None else batch
         self.grad_accum = train.grad_accum if grad_accum is None else grad_accum
         run = resolve_execution(cfg, train.precision, train.loss, device)
+        run.set_torch_flags()  # TF32 on a GPU, as the trainer sets
         self.amp, self.loss_backend = run.amp_dtype, run.loss
         self.model = build_model(cfg).to(device)
         if train.compile if compile is None else compile:

@@ -1,9 +1,9 @@
-"""How a run computes on its device, decided once before any work: the autocast dtype
-and the scan and loss backends, each from the job's setting (``auto`` picks for the
-device; an explicit choice that cannot run here raises with the fix), with the lines
-the run logs about them. The trainer, its memory check and the GPU suite
-(benchmarks/gpu_suite.py) all take this one decision, so what the suite measures is
-what the trainer runs."""
+"""How a run computes on its device, decided once before any work: the autocast dtype,
+TF32 for fp32 matmuls on a GPU, and the scan and loss backends, each from the job's
+setting (``auto`` picks for the device; an explicit choice that cannot run here raises
+with the fix), with the lines the run logs about them. The trainer, its memory check and
+the GPU suite (benchmarks/gpu_suite.py) all take this one decision, so what the suite
+measures is what the trainer runs."""
 
 from __future__ import annotations
 
@@ -30,14 +30,22 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 @dataclass(frozen=True)
 class Execution:
-    """The resolved choices: ``amp_dtype`` (None: fp32), ``scan`` (None for a model
-    without one: the transformer), ``loss``, and ``notes``, one log line for each
-    backend."""
+    """The resolved choices: ``amp_dtype`` (None: fp32), ``tf32`` (fp32 matmuls and
+    convolutions as TF32: on CUDA), ``scan`` (None for a model without one: the
+    transformer), ``loss``, and ``notes``, one log line for each backend."""
 
     amp_dtype: torch.dtype | None
+    tf32: bool
     scan: str | None
     loss: str
     notes: tuple[str, ...]
+
+    def set_torch_flags(self) -> None:
+        """torch's process-wide switches this needs; before the first matmul. (Under bf16
+        autocast few matmuls stay fp32: the eigenstate coupling folded into W_out.)"""
+        if self.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
 
 
 def resolve_execution(model_config: Any, precision: str, loss: str,
@@ -52,4 +60,5 @@ def resolve_execution(model_config: Any, precision: str, loss: str,
         notes.append(note)
     loss, note = resolve_loss_backend(loss, device)
     notes.append(note)
-    return Execution(resolve_precision(precision, device), scan, loss, tuple(notes))
+    return Execution(resolve_precision(precision, device), device.type == "cuda", scan, loss,
+                     tuple(notes))

@@ -152,10 +152,9 @@ class Trainer:
         self.dist: DistInfo = init_from_env(self.device.type)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
-            torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+
-            torch.backends.cudnn.allow_tf32 = True
         # explicit: an asked-for backend that cannot run raises here, before any work
         self.execution = resolve_execution(model_config, cfg.precision, cfg.loss, self.device)
+        self.execution.set_torch_flags()
         self.tokens_per_step = (cfg.batch_size * data.cfg.seq_len * cfg.grad_accum
                                 * self.dist.world_size)
         if cfg.seq_warmup_start is not None:

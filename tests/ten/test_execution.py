@@ -16,14 +16,14 @@ CPU = torch.device("cpu")
 
 def test_auto_on_a_cpu_is_fp32_chunked_and_says_which():
     run = resolve_execution(TENConfig(), "auto", "auto", CPU)
-    assert (run.amp_dtype, run.scan, run.loss) == (None, "chunked", "chunked")
+    assert (run.amp_dtype, run.tf32, run.scan, run.loss) == (None, False, "chunked", "chunked")
     assert run.notes[0] == "scan backend: auto -> chunked (no CUDA)"
     assert run.notes[1].startswith("loss: chunked")
 
 
 def test_a_model_without_a_scan_has_none_and_only_the_loss_note():
     run = resolve_execution(TransformerConfig(), "bf16", "chunked", CPU)
-    assert run == Execution(torch.bfloat16, None, "chunked", run.notes)
+    assert run == Execution(torch.bfloat16, False, None, "chunked", run.notes)
     assert len(run.notes) == 1 and run.notes[0].startswith("loss: chunked")
 
 
@@ -37,3 +37,13 @@ def test_a_fused_scan_that_cannot_run_here_raises_before_any_work(monkeypatch):
 def test_an_unknown_loss_backend_is_named():
     with pytest.raises(ValueError, match="loss backend must be one of"):
         resolve_execution(TENConfig(), "auto", "fastest", CPU)
+
+
+def test_on_a_gpu_fp32_matmuls_run_as_tf32_as_every_run_sets(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    run = resolve_execution(TransformerConfig(), "bf16", "chunked", torch.device("cuda"))
+    assert run.tf32  # (resolving sets nothing: a run applies it)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    run.set_torch_flags()
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
