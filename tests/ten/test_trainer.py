@@ -3,6 +3,7 @@ tampered checkpoints, refused unsafe changes, retention, gradient accumulation,
 non-finite steps, the ETA, honest throughput (eval left out, HFU beside MFU), the loss
 backend, and when DDP ranks agree on stopping."""
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -820,3 +821,17 @@ def test_every_evaluation_logs_the_state_per_layer_unless_turned_off(data, tmp_p
     trainer(data, tmp_path / "off", max_steps=6, state_health=False).run()
     kinds = {r["kind"] for r in read_metrics(tmp_path / "off" / "metrics.jsonl")}
     assert "state" not in kinds
+
+
+def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tmp_path,
+                                                                      monkeypatch):
+    """TF32 for fp32 matmuls on a GPU, from ten.execution (the GPU suite's step takes the
+    same): forced here on a CPU, set by the time the trainer exists."""
+    import ten.trainer
+
+    real = ten.trainer.resolve_execution
+    monkeypatch.setattr(ten.trainer, "resolve_execution",
+                        lambda *a: dataclasses.replace(real(*a), tf32=True))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    t = trainer(data, tmp_path / "run")
+    assert t.execution.tf32 and torch.backends.cuda.matmul.allow_tf32
