@@ -65,7 +65,7 @@ NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_str
              "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
              "sym_storage_offset", "size", "stride", "dim", "is_contiguous",
              "_unsafe_view", "_reshape_alias"}
-MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addbmm"}
+MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "_addmm_activation", "addbmm"}
 SYNCS = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_assert_async"}
 
 
@@ -107,7 +107,8 @@ def _bytes(t: Any) -> float:
 def _matmul_flops(name: str, args: tuple, out: Any) -> float:
     if name not in MATMULS or not isinstance(out, torch.Tensor):
         return 0.0
-    a = args[1] if name in ("addmm", "baddbmm", "_addmm_activation", "addbmm") else args[0]
+    a = args[1] if name in ("addmm", "addmm_", "baddbmm", "_addmm_activation", "addbmm") \
+        else args[0]
     return 2.0 * out.numel() * a.shape[-1] * (a.shape[0] if name == "addbmm" else 1)
 
 

@@ -21,7 +21,9 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
                   depthwise kernels and the transposes around them took 12.5 ms of a
                   77 ms flagship micro-batch (benchmarks/gpu_suite.py's profile); the
                   W - 1 inputs before x (zeros at a sequence's start) are read where
-                  they are, not copied in front of x (a (B, T, d) copy per layer)
+                  they are, not copied in front of x (a (B, T, d) copy per layer);
+                  causal_conv_and_linear: with the gate's linear map of the same x, whose
+                  d x adds itself into the convolution's (no third pass to sum them)
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
 numerics unchanged) and a Triton kernel registered for CUDA (``ten.ops.register_cuda``): the
@@ -42,8 +44,8 @@ from torch import Tensor, nn
 
 from ten.ops import define, register_cuda
 
-__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "layer_norm", "sigmoid_gate",
-           "swiglu_down"]
+__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear", "layer_norm",
+           "sigmoid_gate", "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
 
@@ -324,6 +326,31 @@ _causal_conv = define(
     _causal_conv_impl, _causal_conv_fake, backward=_conv_grad, setup_context=_conv_setup)
 
 
+class _ConvAndLinear(torch.autograd.Function):
+    """(causal_conv(x), x @ wᵀ + b): two readers of one x, whose gradients autograd would
+    sum in a pass of its own over (..., d), reading both and writing the sum (the
+    flagship's micro-batch of 4: 8 such adds, 6.4 GB). Here the linear's d x = dg @ w is
+    one GEMM that adds itself into the convolution's d x (beta = 1: a read of it, 2.1 GB).
+    Not an operator: its kernels stay visible to the traffic and memory tracers."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, tail: Tensor | None, conv_w: Tensor, conv_b: Tensor,
+                w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.save_for_backward(x, tail, conv_w, conv_b, w)
+        with torch.autocast(x.device.type, enabled=False):  # in the inputs' dtypes
+            return _causal_conv(x, tail, conv_w, conv_b), F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor, dg: Tensor) -> tuple[Tensor | None, ...]:
+        x, tail, conv_w, conv_b, w = ctx.saved_tensors
+        dx, dtail, dconv_w, dconv_b = _causal_conv_backward(dy.contiguous(), x, tail, conv_w,
+                                                            conv_b)
+        rows = dg.reshape(-1, w.shape[0])
+        dx.view(-1, x.shape[-1]).addmm_(rows, w)
+        return (dx, None if tail is None else dtail, dconv_w, dconv_b,
+                rows.t() @ x.reshape(-1, x.shape[-1]), rows.sum(0))
+
+
 # --- the public functions ---------------------------------------------------------------------
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
@@ -354,6 +381,18 @@ def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
     return _SwiGLUDown.apply(ab.contiguous(), weight.to(ab.dtype))
 
 
+def causal_conv_and_linear(x: Tensor, tail: Tensor | None, conv_weight: Tensor,
+                           conv_bias: Tensor, linear: nn.Linear) -> tuple[Tensor, Tensor]:
+    """(:func:`causal_conv` of x, ``linear(x)``) with x's gradient from both summed in
+    place (see :class:`_ConvAndLinear`): the mixer's convolution and its gate, which
+    read the same normed input. The linear's weight and bias are cast to x's dtype, as
+    autocast casts them for x in its dtype."""
+    tail = _checked_tail(x, tail, conv_weight.shape[-1])
+    return _ConvAndLinear.apply(x.contiguous(), tail,
+                                conv_weight.reshape(conv_weight.shape[0], -1), conv_bias,
+                                linear.weight.to(x.dtype), linear.bias.to(x.dtype))
+
+
 def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:
     """σ(g)·o for g and o of one shape: one kernel each way on CUDA."""
     if g.shape != o.shape:
@@ -368,13 +407,19 @@ def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) ->
     nn.Conv1d's (d, 1, W)) and bias (d,): y (B, T, d) in x's dtype, y[:, t] = bias + Σ_j
     weight[:, j]·xp[:, t + j] for xp = [tail | x] along time, which is never built on CUDA
     (the kernels read x, and the tail, where they are)."""
-    W = weight.shape[-1]
-    if tail is not None:
-        if tail.shape != (x.shape[0], W - 1, x.shape[2]):
-            raise ValueError(f"causal_conv of width {W} continues from a tail of shape "
-                             f"{(x.shape[0], W - 1, x.shape[2])}, got {tuple(tail.shape)}")
-        tail = tail.to(x.dtype).contiguous()
+    tail = _checked_tail(x, tail, weight.shape[-1])
     return _causal_conv(x.contiguous(), tail, weight.reshape(weight.shape[0], -1), bias)
+
+
+def _checked_tail(x: Tensor, tail: Tensor | None, W: int) -> Tensor | None:
+    """The tail a width-W convolution of x continues from, (B, W - 1, d) in x's dtype, or
+    None; ValueError for another shape."""
+    if tail is None:
+        return None
+    if tail.shape != (x.shape[0], W - 1, x.shape[2]):
+        raise ValueError(f"causal_conv of width {W} continues from a tail of shape "
+                         f"{(x.shape[0], W - 1, x.shape[2])}, got {tuple(tail.shape)}")
+    return tail.to(x.dtype).contiguous()
 
 
 class LayerNorm(nn.LayerNorm):

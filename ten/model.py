@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.block_fused import LayerNorm, causal_conv, sigmoid_gate
+from ten.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
 from ten.lm import Block, LanguageModel
 from ten.model_config import TENConfig
 from ten.scan import scan
@@ -63,14 +63,26 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model)  # torch's init
 
     def forward(self, x: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(the convolution of x (B, T, d) after ``tail``, the next tail)."""
+        y = causal_conv(x, tail, self.conv.weight, self.conv.bias)  # on (B, T, d)
+        return y, self._next_tail(x, tail)
+
+    def with_linear(self, x: Tensor, tail: Tensor | None, linear: nn.Linear
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(the convolution of x, ``linear(x)``, the next tail), x's gradient from both
+        summed in place (``causal_conv_and_linear``): the mixer's gate reads x too."""
+        y, g = causal_conv_and_linear(x, tail, self.conv.weight, self.conv.bias, linear)
+        return y, g, self._next_tail(x, tail)
+
+    def _next_tail(self, x: Tensor, tail: Tensor | None) -> Tensor:
+        """The next chunk's tail: the last W - 1 inputs, some of them this tail's if x is
+        shorter."""
         B, T, d = x.shape
         keep = self.width - 1
-        y = causal_conv(x, tail, self.conv.weight, self.conv.bias)  # on (B, T, d)
-        # the next chunk's tail: the last W - 1 inputs, some of them this tail's if T is short
         if T >= keep:
-            return y, x[:, T - keep:]
+            return x[:, T - keep:]
         before = x.new_zeros(B, keep, d) if tail is None else tail.to(x.dtype)
-        return y, torch.cat([before, x], dim=1)[:, T:]
+        return torch.cat([before, x], dim=1)[:, T:]
 
 
 class EigenstateMixer(nn.Module):
@@ -148,13 +160,14 @@ class EigenstateMixer(nn.Module):
         """``state``: the eigenstates (B, 2K), and with a convolution the pair
         (eigenstates, the convolution's last inputs (B, conv_width - 1, d))."""
         eig, tail = (state, None) if self.conv is None or state is None else state
-        u = xn
-        if self.conv is not None:
-            u, tail = self.conv(xn, tail)
+        if self.conv is None:
+            u, g = xn, self.gate(xn)
+        else:  # xn's two readers, the convolution and the gate, in one
+            u, g, tail = self.conv.with_linear(xn, tail, self.gate)
         log_lam, beta = self.drive(u)
         c, eig = scan(beta, log_lam, eig,
                       backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
-        y = sigmoid_gate(self.gate(xn), self.project(c))
+        y = sigmoid_gate(g, self.project(c))
         return y, (eig if self.conv is None else (eig, tail))
 
     def project(self, c: Tensor) -> Tensor:
