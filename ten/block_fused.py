@@ -385,8 +385,8 @@ def causal_conv_and_linear(x: Tensor, tail: Tensor | None, conv_weight: Tensor,
                            conv_bias: Tensor, linear: nn.Linear) -> tuple[Tensor, Tensor]:
     """(:func:`causal_conv` of x, ``linear(x)``) with x's gradient from both summed in
     place (see :class:`_ConvAndLinear`): the mixer's convolution and its gate, which
-    read the same normed input. The linear's weight and bias are cast to x's dtype, as
-    autocast casts them for x in its dtype."""
+    read the same normed input. ``linear`` has a bias, as the gate has; its weight and
+    bias are cast to x's dtype, as autocast casts them for x in its dtype."""
     tail = _checked_tail(x, tail, conv_weight.shape[-1])
     return _ConvAndLinear.apply(x.contiguous(), tail,
                                 conv_weight.reshape(conv_weight.shape[0], -1), conv_bias,
