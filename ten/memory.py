@@ -16,10 +16,9 @@ any machine; Liger's loss, which has none, as the fused one, which holds a littl
 On an H100 the flagship job's estimate was within 1–2% of what its steps allocated at
 batch 1, 2, 4 and 8 (9.57 / 17.70 / 33.96 / 66.47 GB against 9.66 / 17.32 / 33.58 /
 66.10, commit 600a887); the chunked scan and loss, traced for every job until then, over
-by 39–46%. Not
-counted: the CUDA context and cuBLAS workspaces (the fit check leaves ``RESERVE_BYTES``
-for them), and what the caching allocator holds beyond what is allocated (the fit check
-adds ``MARGIN``).
+by 39–46%. Not counted: the CUDA context and cuBLAS workspaces (the fit check leaves
+``RESERVE_BYTES`` for them), and what the caching allocator holds beyond what is allocated
+(the fit check adds ``MARGIN``).
 
 TEN only: the transformer baseline's attention would be traced with the math kernel,
 whose T×T scores FlashAttention never holds.
@@ -78,8 +77,8 @@ def estimate_training_memory(model_config: Any, batch_size: int, seq_len: int,
                              optimizer: str = "adamw", *, scan_backend: str = "chunked",
                              loss_backend: str = "chunked") -> MemoryEstimate:
     """The peak memory of one training micro-batch of a TEN model (see the module doc),
-    with the scan and loss backends that run (``ten.scan.resolve_backend`` and
-    ``ten.loss.resolve_loss_backend`` for the job's device)."""
+    with the scan and loss backends that run (``ten.execution.resolve_execution`` for the
+    job's device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 

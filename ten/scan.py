@@ -305,7 +305,6 @@ def resolve_scan(name: str, device: torch.device | str) -> tuple[str, str]:
     """(the backend that runs for ``name`` on ``device``, one log line saying which), e.g.
     'scan backend: auto -> chunked (no CUDA)'. Raises like ``resolve_backend``."""
     if name == "auto":
-        check_backend(name)
         backend, why = _auto_choice(device)
         return backend, f"scan backend: auto -> {backend} ({why})"
     return resolve_backend(name, device), f"scan backend: {name}"

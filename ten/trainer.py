@@ -226,7 +226,7 @@ class Trainer:
                 optimizer, lambda s: lr_multiplier(s, self.total_steps, cfg.warmup_steps,
                                                    cfg.schedule, cfg.min_lr_ratio)),
             scaler=torch.amp.GradScaler(self.device.type,
-                                        enabled=self.execution.amp_dtype == torch.float16),
+                                        enabled=run.amp_dtype == torch.float16),
             loader=self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
                                           self.dist.world_size,
                                           pin_memory=self.device.type == "cuda"),
