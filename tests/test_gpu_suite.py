@@ -226,6 +226,25 @@ def test_device_timeline_merges_overlaps_and_counts_the_gaps():
     assert gpu_suite.device_timeline([], syncs=0) == {"kernels": 0, "syncs": 0}
 
 
+def test_device_kernels_leave_out_user_annotations():
+    """The optimizer's record_function range lies on the device's timeline over its
+    kernels; counted as one, it added its 10.4 ms span to the H200 profile at bc09682."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, start, end, device=DeviceType.CUDA, annotation=False):
+        return FunctionEvent(id=start, name=name, thread=0, start_us=start, end_us=end,
+                             device_type=device, is_user_annotation=annotation)
+
+    events = [event("Optimizer.step#AdamW8bit.step", 0, 100, annotation=True),
+              event("kOptimizerStatic8bit2StateBlockwise", 10, 30),
+              event("kOptimizerStatic8bit2StateBlockwise", 60, 80),
+              event("aten::add_", 0, 5, device=DeviceType.CPU)]
+    assert [e.time_range.start for e in gpu_suite.device_kernels(events)] == [10, 60]
+    timeline = gpu_suite.profiled_timeline(events)
+    assert timeline["kernels"] == 2 and timeline["busy_ms"] == pytest.approx(0.04)
+
+
 def test_sync_calls_are_the_waiting_ones():
     waits = ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
              "cudaMemcpy"]
