@@ -84,3 +84,15 @@ def small_disk(tmp_path):
     yield make
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def tf32_off():
+    """torch's TF32 switches off for the test and put back after it by assignment. Not
+    ``monkeypatch.setattr``: torch's backend modules answer these through ``__getattr__``,
+    so pytest >= 9.2 finds nothing to restore and deletes them at teardown (an error)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    yield
+    matmul.allow_tf32, cudnn.allow_tf32 = saved

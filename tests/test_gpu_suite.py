@@ -252,7 +252,8 @@ def test_sync_calls_are_the_waiting_ones():
     assert [bool(gpu_suite.SYNC_CALL.search(n)) for n in waits + queued] == [True] * 4 + [False] * 4
 
 
-def test_the_suites_step_applies_the_runs_torch_flags_as_the_trainer_does(monkeypatch):
+def test_the_suites_step_applies_the_runs_torch_flags_as_the_trainer_does(monkeypatch,
+                                                                        tf32_off):
     """TF32 for fp32 matmuls on a GPU: the H100 profile at 600a887 ran the job's one fp32
     GEMM (the coupling's gradient) on FFMA because the suite's step, unlike the trainer,
     never turned it on. Forced here on a CPU through the execution both take."""
@@ -266,7 +267,6 @@ def test_the_suites_step_applies_the_runs_torch_flags_as_the_trainer_does(monkey
     real = ten.execution.resolve_execution
     monkeypatch.setattr(ten.execution, "resolve_execution",
                         lambda *a: dataclasses.replace(real(*a), tf32=True))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     job = gpu_suite.flagship_job(smoke=True)
     gpu_suite.Step(gpu_suite.flagship_model(job), train_config(job), torch.device("cpu"),
                    batch=1)

@@ -39,9 +39,7 @@ def test_an_unknown_loss_backend_is_named():
         resolve_execution(TENConfig(), "auto", "fastest", CPU)
 
 
-def test_on_a_gpu_fp32_matmuls_run_as_tf32_as_every_run_sets(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+def test_on_a_gpu_fp32_matmuls_run_as_tf32_as_every_run_sets(tf32_off):
     run = resolve_execution(TransformerConfig(), "bf16", "chunked", torch.device("cuda"))
     assert run.tf32  # (resolving sets nothing: a run applies it)
     assert not torch.backends.cuda.matmul.allow_tf32

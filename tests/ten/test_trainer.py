@@ -824,7 +824,7 @@ def test_every_evaluation_logs_the_state_per_layer_unless_turned_off(data, tmp_p
 
 
 def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, tf32_off):
     """TF32 for fp32 matmuls on a GPU, from ten.execution (the GPU suite's step takes the
     same): forced here on a CPU, set by the time the trainer exists."""
     import ten.trainer
@@ -832,6 +832,5 @@ def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tm
     real = ten.trainer.resolve_execution
     monkeypatch.setattr(ten.trainer, "resolve_execution",
                         lambda *a: dataclasses.replace(real(*a), tf32=True))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     t = trainer(data, tmp_path / "run")
     assert t.execution.tf32 and torch.backends.cuda.matmul.allow_tf32
