@@ -168,6 +168,10 @@ class JobRun:
         from ten.trainstate import refuse_unsafe_resume
 
         refuse_unsafe_resume(self.run_dir, identity_of(self.job))  # before any tokenizing
+        if self.bucket is not None and self.bucket.behind is not None:
+            self.stop.set_phase("the upload the bucket lacks")  # (this job's, checked above)
+            if not self._in_bucket(self.bucket.behind):
+                return ExitCode.STORAGE
         self.stop.set_phase("data preparation")
         data, mcfg = self._open_data()
         self.stop.set_phase("the model build")
@@ -364,17 +368,23 @@ class JobRun:
         how long that took against its deadline. False when the bucket lacks it."""
         committed_at = self.commits[-1][2] if self.commits else None
         if self.bucket is not None and self.commits:
-            last, sync = self.commits[-1][0], self.bucket.sync
-            with self.stop.deferred(f"the upload of {last.name}"):
-                uploaded = sync.commit_now(last)
-            if not uploaded:
-                why = sync.lease_lost or sync.error or "upload failed"
-                self.log(f"storage error: {last.name} is committed in {self.run_dir} but not "
-                         f"in {self.bucket.store.url}: {why}")
+            if not self._in_bucket(self.commits[-1][0]):
                 return False
             committed_at = time.time()  # in the bucket: what survives the machine
         self.spot.report_deadline(committed_at)
         return True
+
+    def _in_bucket(self, checkpoint: Path) -> bool:
+        """Upload a committed local checkpoint now (a stop waits for it), retrying; False,
+        with the line that says why, when the bucket still lacks it."""
+        sync = self.bucket.sync
+        with self.stop.deferred(f"the upload of {checkpoint.name}"):
+            uploaded = sync.commit_now(checkpoint)
+        if not uploaded:
+            why = sync.lease_lost or sync.error or "upload failed"
+            self.log(f"storage error: {checkpoint.name} is committed in {self.run_dir} but "
+                     f"not in {self.bucket.store.url}: {why}")
+        return uploaded
 
     def _close(self, code: ExitCode) -> None:
         """Close what the run opened, newest first: uploads finish, the heartbeat's last

@@ -29,6 +29,10 @@ class Bucket:
     lease: Any
     sync: CheckpointSync
     data: BucketDataCache
+    # A checkpoint committed on this machine that the bucket lacks (newer than its newest
+    # whole step): an earlier life's last uploads never arrived. The run uploads it before
+    # anything else, or a relaunch could say "done" over a bucket steps behind.
+    behind: Path | None = None
 
     def close(self) -> None:
         self.sync.close()
@@ -42,16 +46,17 @@ def open_bucket(job: Job, run_dir: Path, log: RunLog,
     from runner.storage.datacache import BucketDataCache
     from runner.storage.sync import CheckpointSync
 
-    store, lease = connect_store(job, run_dir, log)
+    store, lease, behind = connect_store(job, run_dir, log)
     sync = CheckpointSync(store, job.name, job.checkpoint.keep_last,
                           job.checkpoint.milestone_every, lease, log,
                           on_lease_lost=on_lease_lost)
-    return Bucket(store, lease, sync, BucketDataCache(store, log, job.scrub))
+    return Bucket(store, lease, sync, BucketDataCache(store, log, job.scrub), behind)
 
 
 def connect_store(job: Job, run_dir: Path, log: RunLog):
     """Open the job's bucket, claim the writer lease, and bring the newest committed
-    checkpoint from the bucket when it is newer than what this machine has."""
+    checkpoint from the bucket when it is newer than what this machine has. Returns the
+    store, the lease, and the local checkpoint the bucket lacks (None when it lacks none)."""
     import socket
 
     from runner.storage import StorageError
@@ -71,8 +76,12 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
     # With nothing here, the bucket decides: restore_latest refuses to start from scratch
     # when it holds committed steps of which none is whole, where a "nothing complete"
     # from latest_committed would have let the run start over and prune them.
-    if local is None or (remote := latest_committed(store, job.name, log)) is not None \
-            and remote > local.step:
+    remote = None if local is None else latest_committed(store, job.name, log)
+    if local is not None and (remote is None or remote < local.step):
+        log(f"{local.path.name} is committed here but not in {store.url} (its newest: "
+            f"{'none' if remote is None else f'step {remote}'}): uploading it first")
+        return store, lease, local.path
+    if local is None or remote > local.step:
         t0 = time.perf_counter()
         try:
             step = restore_latest(store, job.name, run_dir / "checkpoints", report=log,
@@ -82,7 +91,7 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
                                "(delete that folder to start over)") from None
         if step is not None:
             log(f"restored step {step} from {store.url} in {time.perf_counter() - t0:.1f}s")
-    return store, lease
+    return store, lease, None
 
 
 def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:

@@ -331,3 +331,36 @@ def test_signals_during_the_final_upload_do_not_abandon_it(tmp_path, corpus, rcl
     direct = open_store(store.url, endpoint_url=rclone_endpoint)
     assert latest_committed(direct, name) == 12, err
     assert "finishing it first" in err and "may not be in the bucket" not in err
+
+
+def test_a_relaunch_uploads_the_steps_the_bucket_lacks_before_it_says_done(
+        tmp_path, corpus, rclone_endpoint):
+    """Issue 45, fault 1: run A's last upload never reaches the bucket (A exits 4, its
+    step committed only on the disk). The relaunch on the same machine said "done" with
+    exit 0 while the bucket stayed steps behind. Now it uploads that step first: while the
+    bucket still refuses it, exit 4 and no "done"; once the bucket takes it, done."""
+    from faultproxy import FaultProxy
+
+    proxy = FaultProxy(rclone_endpoint).start()
+    try:
+        name = f"behind-{uuid.uuid4().hex[:6]}"
+        job, store, _ = bucket_job(tmp_path, corpus, proxy.endpoint, name, steps=6, every=3)
+        proxy.fail("PUT", "step-00000006/manifest.json", status=403)  # turned read-only
+        code, _, err = run_to_end("run", job, "--no-sample")
+        assert code == ExitCode.STORAGE, err
+        direct = open_store(store.url, endpoint_url=rclone_endpoint)
+        assert latest_committed(direct, name) == 3
+
+        code, _, err = run_to_end("run", job, "--no-sample")  # the bucket still refuses it
+        assert code == ExitCode.STORAGE, err
+        assert "step-00000006 is committed here but not in" in err
+        assert "step-00000006 is committed in" in err and "done:" not in err
+        assert latest_committed(direct, name) == 3
+
+        proxy.clear()  # the outage passes
+        code, _, err = run_to_end("run", job, "--no-sample")
+    finally:
+        proxy.stop()
+    assert code == ExitCode.OK, err
+    assert latest_committed(direct, name) == 6, err
+    assert "done: 6 steps" in err
