@@ -6,11 +6,16 @@
 #       -e AWS_REGION ten-runner run s3://bucket/runs/my-job/submitted/my-job.yaml  # GPU
 #
 # Base: the CUDA "base" image (CUDA runtime, and the NVIDIA_* settings the NVIDIA
-# container toolkit reads). PyPI's torch 2.13.0 Linux wheel is the CUDA 13.0 build (it
-# requires cuda-toolkit 13.0.3, cuDNN, NCCL and Triton 3.7.1 as pip packages), so a
+# container toolkit reads). PyPI's torch 2.11.0 Linux wheel is the CUDA 13.0 build (it
+# requires cuda-toolkit 13.0.2, cuDNN, NCCL and Triton 3.6.0 as pip packages), so a
 # -runtime or -cudnn base would only add ~3 GB of duplicate libraries that every new spot
-# VM has to pull. torch 2.13.0 and bitsandbytes 0.50.2 are the versions
-# benchmarks/gpu_suite.py and the tests have run with.
+# VM has to pull.
+#
+# The stack is the one the GPU suite measured (benchmarks/results/, BENCHMARKS.md): torch
+# 2.11.0 (CUDA 13.0), Triton 3.6.0, bitsandbytes 0.50.2, Liger 0.8.5 on Python 3.12 (Ubuntu
+# 24.04's). tests/test_dockerfile.py fails when these pins and the newest committed GPU
+# results differ: a kernel ships only under a compiler that has run it on a card. (The CPU
+# tests run torch 2.13.0 with Triton 3.7.1's interpreter: README, Set up.)
 #
 # Hosts need an NVIDIA driver >= 580 for CUDA 13.0. For older drivers (README: Older
 # drivers) build for CUDA 12: the base and torch's CUDA build follow CUDA_VERSION
@@ -20,7 +25,8 @@ ARG CUDA_VERSION=13.0.0
 FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04
 
 ARG CUDA_VERSION
-ARG TORCH_VERSION=2.13.0
+ARG TORCH_VERSION=2.11.0
+ARG TRITON_VERSION=3.6.0
 # Empty: PyPI for CUDA 13.0 (its Linux wheel), else https://download.pytorch.org/whl/cuXY.
 ARG TORCH_INDEX=
 ARG BITSANDBYTES_VERSION=0.50.2
@@ -53,7 +59,7 @@ RUN cuda="$(echo "${CUDA_VERSION}" | cut -d. -f1,2 | tr -d .)" \
     && default_index="https://download.pytorch.org/whl/cu${cuda}" \
     && if [ "${cuda}" = 130 ]; then default_index=https://pypi.org/simple; fi \
     && python3 -m venv "$VIRTUAL_ENV" \
-    && pip install --no-cache-dir "torch==${TORCH_VERSION}" \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" \
         --index-url "${TORCH_INDEX:-${default_index}}" \
     && python -c 'import sys, torch; sys.exit(torch.version.cuda != sys.argv[1])' \
         "$(echo "${CUDA_VERSION}" | cut -d. -f1,2)"
@@ -61,12 +67,13 @@ RUN cuda="$(echo "${CUDA_VERSION}" | cut -d. -f1,2 | tr -d .)" \
 # The dependencies and the GPU extra (Liger's fused loss), from pyproject.toml alone (a
 # code change does not rebuild this layer), and pytest for the GPU tests the image
 # carries. The constraints keep the CUDA torch above (a dependency can never swap it for
-# another) and pin the GPU libraries.
+# another) and pin Triton and the GPU libraries.
 WORKDIR /app
 COPY pyproject.toml ./
 RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["gpu"]))' > /tmp/requirements.txt \
-    && printf '%s\n' "torch==${TORCH_VERSION}" "bitsandbytes==${BITSANDBYTES_VERSION}" \
-        "liger-kernel==${LIGER_VERSION}" > /tmp/constraints.txt \
+    && printf '%s\n' "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" \
+        "bitsandbytes==${BITSANDBYTES_VERSION}" "liger-kernel==${LIGER_VERSION}" \
+        > /tmp/constraints.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt "pytest==${PYTEST_VERSION}" \
         -c /tmp/constraints.txt \
     && rm /tmp/requirements.txt /tmp/constraints.txt

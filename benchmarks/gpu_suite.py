@@ -878,6 +878,17 @@ def source_commit() -> str | None:
     return stamp.read_text().strip() or None if stamp.is_file() else None
 
 
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a package the image pins (tests/test_dockerfile.py
+    compares them), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def environment(device: Any) -> dict[str, Any]:
     import torch
 
@@ -889,6 +900,7 @@ def environment(device: Any) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"device": name, "torch": torch.__version__, "triton": triton_version,
             "cuda": torch.version.cuda, "python": sys.version.split()[0],
+            **{lib: installed_version(lib) for lib in ("bitsandbytes", "liger-kernel")},
             "commit": source_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 

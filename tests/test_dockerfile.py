@@ -92,11 +92,11 @@ def test_cuda_base_and_torch_wheel_match():
     assert "CUDA_VERSION" in arg and arg["TORCH_INDEX"] == ""  # empty: derived from CUDA
     assert re.fullmatch(r"\d+\.\d+\.\d+", arg["TORCH_VERSION"]), "pin torch exactly"
     torch_run = instructions()[index_of(lambda k, a: k == "RUN" and "torch==" in a)][1]
-    assert '"torch==${TORCH_VERSION}"' in torch_run
+    assert '"torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}"' in torch_run
     assert '--index-url "${TORCH_INDEX:-${default_index}}"' in torch_run
     assert "torch.version.cuda != sys.argv[1]" in torch_run
     # The index each CUDA version gets: PyPI's wheel is the CUDA 13.0 build (torch
-    # 2.13.0), the PyTorch index has one per CUDA version. Run the RUN's own lines.
+    # 2.11.0), the PyTorch index has one per CUDA version. Run the RUN's own lines.
     derive = torch_run.split(" && python3 -m venv")[0] + ' && echo "$default_index"'
     for cuda, index in (("13.0.0", "https://pypi.org/simple"),
                         ("12.8.1", "https://download.pytorch.org/whl/cu128"),
@@ -104,7 +104,7 @@ def test_cuda_base_and_torch_wheel_match():
         out = subprocess.run(["bash", "-c", derive], capture_output=True, text=True,
                              env={**os.environ, "CUDA_VERSION": cuda}, timeout=30)
         assert out.stdout.strip() == index, (cuda, out.stdout, out.stderr)
-    assert default.group(1, 2) == ("13", "0")  # the wheel PyPI has for torch 2.13.0
+    assert default.group(1, 2) == ("13", "0")  # the wheel PyPI has for torch 2.11.0
     # The project supports the Python of that Ubuntu release.
     from packaging.specifiers import SpecifierSet
 
@@ -147,6 +147,44 @@ def test_the_dependency_layer_installs_what_pyproject_declares():
         assert f'"{name}==${{{var}}}"' in run
         assert re.fullmatch(r"\d+\.\d+\.\d+", arg[var]), var
         assert arg[var] in declared[name], (name, arg[var])
+    assert '"triton==${TRITON_VERSION}"' in run  # torch's own compiler, never another
+
+
+def newest_gpu_results() -> tuple[Path, dict]:
+    """The newest GPU suite results committed (by the date they record, then the file
+    name): what the image's stack must be."""
+    found = []
+    for path in (ROOT / "benchmarks" / "results").glob("nvidia-*.json"):
+        result = json.loads(path.read_text())
+        if "torch" in result and "triton" in result:
+            found.append((result["date"], path.name, path, result))
+    assert found, "no GPU results under benchmarks/results"
+    return max(found)[2:]
+
+
+def test_the_images_stack_is_the_one_the_gpu_suite_measured():
+    """Issue 43: a user's `docker run` executes the kernels under the torch and Triton the
+    newest committed GPU results were measured with, on that Python and CUDA; the GPU
+    libraries the device carries (device-requirements.txt) are the image's too."""
+    path, measured = newest_gpu_results()
+    arg = args_of("ARG")
+    torch_version, _, cuda_build = measured["torch"].partition("+")
+    assert (arg["TORCH_VERSION"], arg["TRITON_VERSION"]) == (torch_version,
+                                                             measured["triton"]), path.name
+    default_cuda = re.search(r"^ARG CUDA_VERSION=(\d+\.\d+)", DOCKERFILE.read_text(), re.M)[1]
+    assert default_cuda == measured["cuda"] and cuda_build == f"cu{measured['cuda']}".replace(
+        ".", ""), path.name
+    ubuntu = re.fullmatch(r".*-ubuntu(\d\d\.\d\d)", only("FROM"))[1]
+    assert measured["python"].rsplit(".", 1)[0] == UBUNTU_PYTHON[ubuntu], path.name
+    carried = {}
+    for line in (ROOT / "benchmarks" / "device-requirements.txt").read_text().splitlines():
+        name, eq, version = line.partition("==")
+        if eq:
+            carried[name.strip()] = version.strip()
+    for name, var in (("bitsandbytes", "BITSANDBYTES_VERSION"), ("liger-kernel", "LIGER_VERSION")):
+        assert carried[name] == arg[var], (name, carried[name], arg[var])
+        if name in measured:  # recorded by the suite since issue 43
+            assert measured[name] == arg[var], (path.name, name)
 
 
 def test_entrypoint_is_tini_then_the_console_script():
