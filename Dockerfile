@@ -21,8 +21,12 @@
 # drivers) build for CUDA 12: the base and torch's CUDA build follow CUDA_VERSION
 # (torch then comes from the PyTorch index of that CUDA, e.g. cu128):
 #   docker build --build-arg CUDA_VERSION=12.8.1 -t ten-runner:cu128 .
+#
+# BASE_IMAGE replaces the base for a build where no registry is reachable: the project's
+# image check (tests/image/) builds on a Debian made from the archive with debootstrap.
 ARG CUDA_VERSION=13.0.0
-FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04
+ARG BASE_IMAGE=nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04
+FROM ${BASE_IMAGE}
 
 ARG CUDA_VERSION
 ARG TORCH_VERSION=2.11.0

@@ -48,16 +48,27 @@ def _healthcheck_pointer(tmp_path_factory):
         yield
 
 
+def pytest_addoption(parser):
+    parser.addoption("--image", action="store_true",
+                     help="also build the Dockerfile and run its image (tests/image: root, "
+                          "buildah, debootstrap, ~6 GB and minutes; .ci/run does)")
+
+
 @pytest.hookimpl(trylast=True)  # after tests/e2e/conftest.py has marked its tests slow
 def pytest_collection_modifyitems(config, items):
-    """Without CUDA the gpu tests are skipped. The slow tests go first, each group in its
-    own order: spread over the cores (``-n auto``), the minute-long ones start early and
-    the short ones fill the gaps at the end, instead of one long test running alone
-    after everything else."""
+    """Without CUDA the gpu tests are skipped, and without ``--image`` the image tests.
+    The slow tests go first, each group in its own order: spread over the cores (``-n
+    auto``), the minute-long ones start early and the short ones fill the gaps at the
+    end, instead of one long test running alone after everything else."""
+    skips = {}
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA device")
-        for item in items:
-            if "gpu" in item.keywords:
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
+    if not config.getoption("--image"):
+        skips["image"] = pytest.mark.skip(reason="builds and runs the image: with --image "
+                                                 "(CI runs it as a step of .ci/run)")
+    for item in items:
+        for marker, skip in skips.items():
+            if marker in item.keywords:
                 item.add_marker(skip)
     items.sort(key=lambda item: "slow" not in item.keywords)
 

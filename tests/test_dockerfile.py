@@ -79,12 +79,23 @@ def test_hadolint_is_clean():
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 
 
+def default_base() -> re.Match:
+    """The base image a plain build uses (BASE_IMAGE's default, before FROM), matched for
+    its Ubuntu release."""
+    assert only("FROM") == "${BASE_IMAGE}", "FROM takes the BASE_IMAGE build argument"
+    first = DOCKERFILE.read_text().split("\nFROM ")[0]
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", first, re.M)
+    assert base, "ARG BASE_IMAGE=... before FROM"
+    m = re.fullmatch(r"nvidia/cuda:\$\{CUDA_VERSION\}-base-ubuntu(\d\d\.\d\d)", base[1])
+    assert m, f"the default base must take its CUDA from CUDA_VERSION, got {base[1]!r}"
+    return m
+
+
 def test_cuda_base_and_torch_wheel_match():
     """One build argument, CUDA_VERSION, picks the base image and torch's CUDA build
-    (README: Older drivers), and the build fails if the installed torch is another."""
-    base = only("FROM")
-    m = re.fullmatch(r"nvidia/cuda:\$\{CUDA_VERSION\}-base-ubuntu(\d\d\.\d\d)", base)
-    assert m, f"FROM must take its CUDA from the CUDA_VERSION build argument, got {base!r}"
+    (README: Older drivers), and the build fails if the installed torch is another.
+    BASE_IMAGE replaces the base only where no registry is reachable (tests/image)."""
+    m = default_base()
     first = DOCKERFILE.read_text().split("\nFROM ")[0]
     default = re.search(r"^ARG CUDA_VERSION=(\d+)\.(\d+)\.(\d+)$", first, re.M)
     assert default, "ARG CUDA_VERSION=X.Y.Z before FROM"
@@ -174,8 +185,7 @@ def test_the_images_stack_is_the_one_the_gpu_suite_measured():
     default_cuda = re.search(r"^ARG CUDA_VERSION=(\d+\.\d+)", DOCKERFILE.read_text(), re.M)[1]
     assert default_cuda == measured["cuda"] and cuda_build == f"cu{measured['cuda']}".replace(
         ".", ""), path.name
-    ubuntu = re.fullmatch(r".*-ubuntu(\d\d\.\d\d)", only("FROM"))[1]
-    assert measured["python"].rsplit(".", 1)[0] == UBUNTU_PYTHON[ubuntu], path.name
+    assert measured["python"].rsplit(".", 1)[0] == UBUNTU_PYTHON[default_base()[1]], path.name
     carried = {}
     for line in (ROOT / "benchmarks" / "device-requirements.txt").read_text().splitlines():
         name, eq, version = line.partition("==")
