@@ -56,8 +56,16 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert (job["batch"], job["grad_accum"]) == (4, 1) and job["tokens_per_s"] > 0
     assert fl["batch_1"]["batch"] == 1 and fl["batch_1"]["tokens_per_s"] > 0  # memory target
     assert fl["largest"]["batch"] == 2 and fl["largest"]["grad_accum"] == 1
-    assert set(r["ten_vs_transformer"]) == {"32", "64"}
-    assert all(row["ratio"] > 0 for row in r["ten_vs_transformer"].values())
+    tvt = dict(r["ten_vs_transformer"])
+    base = tvt.pop("baseline")  # the fair baseline (issue 43): what it was
+    assert set(tvt) == {"32", "64"} and all(row["ratio"] > 0 for row in tvt.values())
+    assert base["mlp_hidden"] % 64 == 0 and base["repeats"] == 3  # (matched within 1% at
+    assert base["params"] > 0 and base["ten_params"] > 0  # GPU sizes: tests/ten/test_presets)
+    assert set(base["attention_backend"]) == {"32", "64"}
+    assert all(base["attention_backend"][T] in gpu_suite.ATTENTION_BACKENDS for T in tvt)
+    for row in tvt.values():  # the median of three windows, their spread kept
+        assert len(row["transformer"]["tokens_per_s_runs"]) == 3
+        assert row["transformer"]["spread"] >= 0 and len(row["ten"]["tokens_per_s_runs"]) == 3
     assert set(r["chunk"]["fixed"]) == {"16", "32"} and r["chunk"]["selective"]["16"]["ms"] > 0
     for mode in ("fixed", "selective"):
         scan = r["scan"][mode]
