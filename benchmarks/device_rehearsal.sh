@@ -7,7 +7,8 @@
 #    ours: Triton 3.6.0 (the image's), torch 2.13.0 CPU (the image has torch 2.11 CUDA and
 #    CPython 3.12; this machine installs only the 2.13.0 CPU wheel, for CPython 3.11),
 #    numpy, click, pyyaml, sentencepiece, tensorboard, tqdm, matplotlib, nvidia-ml-py,
-#    pytest. No pydantic, boto3, bitsandbytes, datasets, liger-kernel, moto. Kept in
+#    pytest, python-dateutil. No pydantic, boto3, bitsandbytes, datasets, liger-kernel,
+#    moto, rclone (the bundle brings what the device lacks). Kept in
 #    $REHEARSAL_VENV (default /tmp/ten-device-venv) and reused.
 # 2. The bundle, built by device_bundle.sh as for the device (its CPython 3.12 size is
 #    what travels), and again for this venv's Python.
@@ -26,7 +27,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$venv/bin/pip" install --quiet torch==2.13.0
     "$venv/bin/pip" install --quiet --no-deps triton==3.6.0  # the image's, over torch's pin
     "$venv/bin/pip" install --quiet numpy click pyyaml sentencepiece tensorboard tqdm \
-        matplotlib nvidia-ml-py pytest packaging
+        matplotlib nvidia-ml-py pytest packaging urllib3 python-dateutil
 fi
 for pkg in pydantic boto3 bitsandbytes datasets liger_kernel moto ten runner; do
     if (cd / && PYTHONPATH= "$venv/bin/python" -c "import $pkg" 2>/dev/null); then
@@ -39,7 +40,7 @@ bash benchmarks/device_bundle.sh 3.12 "$work/site312"  # what travels (size chec
 bash benchmarks/device_bundle.sh "$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" "$work/site"
 
 status=0
-for part in 1 2 3; do
+for part in 1 2 3 4; do
     mkdir -p "$work/out$part"
     start=$SECONDS
     if ! PATH="$venv/bin:$PATH" PYTHONPATH= TEN_DEVSITE="$work/site" OUT="$work/out$part" \

@@ -15,13 +15,17 @@ if [[ ! -d "$site" ]]; then
     exit 2
 fi
 export TEN_DEVSITE="$site"
+# The e2e section's S3 server (benchmarks/gpu_e2e.py unpacks it).
+if [[ -f "$site/rclone.xz" ]]; then
+    export TEN_E2E_RCLONE="$site/rclone.xz"
+fi
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # One line naming what is missing, before any minute is spent.
 python3 - <<'PY'
 import importlib, sys
 missing = []
 for name in ("torch", "triton", "pydantic", "bitsandbytes", "yaml", "click", "sentencepiece",
-             "pynvml", "ten.trainer", "runner.cli"):
+             "pynvml", "boto3", "ten.trainer", "runner.cli", "runner.storage.s3"):
     try:
         importlib.import_module(name)
     except Exception as e:  # ImportError, or a library failing to load

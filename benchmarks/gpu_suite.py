@@ -19,14 +19,15 @@ a time limit, and ``<out>/<device>-<date>[-part<N>].json`` is rewritten the mome
 section ends, so a run killed half-way keeps every finished section; a section that
 cannot run (a package missing, a crash, pytest unable to collect, out of time) is
 recorded as ``{"error": ...}``, never as an empty success, and the exit code is then 1.
-Also written: ``<stem>.md`` (the table) and ``<stem>-report.png`` (``ten-runner report``
-of the monitored run).
+Also written: ``<stem>.md`` (the table) and ``<stem>-e2e-report.png`` (``ten-runner
+report`` of the e2e section's run).
 
 What is measured is the flagship job itself: ``jobs/l40s-small-32k.yaml`` loaded as a
 user's run would load it (model, precision, optimizer, loss, compile, batch, gradient
 accumulation, scan backend), the trainer's own ``train_step`` on random tokens; the
-transformer matched to it; the scan backends; ``ten.memory``'s estimate; and a real
-``ten-runner run`` of that job file (data, steps and storage overridden) with the health
+transformer matched to it; the scan backends; ``ten.memory``'s estimate; and the job run
+whole, ``ten-runner run`` of that job file (data, steps and storage overridden: the
+``e2e`` section, benchmarks/gpu_e2e.py) with a bucket, stops and resumes, the health
 gate, the NVML sampler and the heartbeat. ``--smoke`` shrinks the model and lengths and
 runs on CPU (the fused scan under Triton's interpreter), so CI proves the suite works
 before a GPU ever sees it; its numbers mean nothing. Targets are reported, not enforced.
@@ -87,15 +88,20 @@ class Sizes:
     steps: int = 5
     repeats: int = 3  # TEN vs transformer: timed windows of ``steps``, the median reported
     baseline_compile: bool = True  # TEN vs transformer: try the baseline compiled too
-    monitor: dict[str, Any] = field(default_factory=lambda: {
-        "corpus_bytes": 40_000_000, "vocab": 8000, "steps": 30, "sample_s": 1.0})
+    # e2e: the job's own data workers; SIGTERM at stop_at, kill -9 at kill_at (after the
+    # checkpoint at 2 x every is committed), the whole run `steps`
+    e2e: dict[str, Any] = field(default_factory=lambda: {
+        "corpus_bytes": 40_000_000, "vocab": 8000, "steps": 40, "every": 10, "stop_at": 15,
+        "kill_at": 27, "sample_s": 1.0, "eval_tokens": 65536, "sets": ()})
 
 
 FULL = Sizes()
 SMOKE = Sizes(batches=(1, 2), lengths=(32, 64), tokens_per_step=128, chunks=(16, 32),
               ref_T=32, selective_chunk=16, loss_rows=16, warmup=1, steps=1,
               baseline_compile=False,  # minutes of CPU compiling; the compile section has it
-              monitor={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 3, "sample_s": 1.0})
+              e2e={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 12, "every": 4,
+                   "stop_at": 5, "kill_at": 9, "sample_s": 1.0, "eval_tokens": 256,
+                   "sets": ("data.num_workers=0",)})
 
 
 def sizes_of(smoke: bool) -> Sizes:
@@ -702,56 +708,26 @@ class Suite:
         rows["speedup"] = rows["bitsandbytes"]["ms"] / rows["ten_adamw8bit"]["ms"]
         return rows
 
-    def monitor(self) -> dict[str, Any]:
-        """``ten-runner run`` of the flagship job file itself (data, steps and storage
-        overridden) with the health gate, the NVML sampler and the heartbeat on; then its
-        gate verdict, GPU samples, diagnosis and ``ten-runner report``'s image."""
-        from runner.monitor.diagnose import diagnose
-        from ten.metrics import read_metrics
+    def e2e(self) -> dict[str, Any]:
+        """The flagship job run whole as a user runs it: bucket, SIGTERM and kill -9 with
+        resumes, NVML, report, eval; its goodput against this suite's step
+        (benchmarks/gpu_e2e.py)."""
+        import gpu_e2e
 
-        m = self.sizes.monitor
-        with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
+        from runner.job.library import train_config
+
+        e = self.sizes.e2e
+        sets = (*(SMOKE_SETS if self.smoke else ()), *e["sets"])
+
+        def step_rate(job: Any) -> float:
+            r = measure_step(flagship_model(job), train_config(job), self.device, self.sizes)
+            return r.get("tokens_per_s")
+
+        with tempfile.TemporaryDirectory(prefix="gpu-suite-e2e-") as tmp:
             tmp = Path(tmp)
-            corpus = stdlib_corpus(tmp / "corpus.jsonl", m["corpus_bytes"])
-            sets = [*(SMOKE_SETS if self.smoke else ()), "name=gpu-suite-monitor",
-                    f"data.dataset={corpus}", "data.mode=pretokenized",
-                    f"data.tokenizer.vocab_size={m['vocab']}", f"data.cache_dir={tmp / 'cache'}",
-                    "data.num_workers=0", f"train.max_steps={m['steps']}",
-                    "train.warmup_steps=2", f"train.eval_every={m['steps']}",
-                    "train.eval_batches=2", "train.log_every=1",
-                    f"checkpoint.every_steps={m['steps']}", "checkpoint.keep_last=1",
-                    "checkpoint.milestone_every=null", f"storage.url={tmp / 'runs'}",
-                    "storage.endpoint_url=null", f"monitor.gpu_sample_s={m['sample_s']}",
-                    "monitor.heartbeat_s=2", "monitor.health_gate=true", "resources.spot=false"]
-            args = [sys.executable, "-m", "runner.cli", "run", str(FLAGSHIP_JOB), "--no-sample"]
-            for s in sets:
-                args += ["--set", s]
-            t0 = time.time()
-            proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT,
-                                  env=child_env(), timeout=600)
-            run_dir = tmp / "runs" / "gpu-suite-monitor"
-            log = (run_dir / "run.log").read_text() if (run_dir / "run.log").exists() else ""
-            samples = read_metrics(run_dir / "gpu.jsonl")  # any JSONL, torn lines skipped
-            metrics = read_metrics(run_dir / "metrics.jsonl")
-            report = subprocess.run([sys.executable, "-m", "runner.cli", "report",
-                                     str(run_dir), "--out", str(tmp / "report")],
-                                    capture_output=True, text=True, cwd=ROOT,
-                                    env=child_env(), timeout=120)
-            png = next((tmp / "report").glob("*.png"), None)
-            image = None
-            if png is not None:
-                image = self.out / f"{self.stem}-report.png"
-                image.write_bytes(png.read_bytes())
-        if proc.returncode != 0:
-            raise RuntimeError(f"ten-runner run exited {proc.returncode}: "
-                               f"{(proc.stderr.strip() or proc.stdout.strip())[-600:]}")
-        gate = [line for line in log.splitlines()
-                if re.search(r"health gate|bf16 matmul|no GPU|unhealthy|scan backend", line)]
-        return {"exit_code": proc.returncode, "seconds": time.time() - t0,
-                "gate": gate, "samples": len(samples), "sampler": summarize_samples(samples),
-                "diagnosis": [d.to_dict() for d in diagnose(metrics, samples, time.time())],
-                "report_png": image.name if image else None,
-                "report_error": report.stderr[-300:] if report.returncode else None}
+            corpus = stdlib_corpus(tmp / "corpus.jsonl", e["corpus_bytes"])
+            return gpu_e2e.run(e, sets, corpus, tmp, self.out, self.stem, step_rate,
+                               child_env())
 
     def gpu_tests(self) -> dict[str, Any]:
         """The tests marked ``gpu`` (skipped without CUDA) and ``cuda_kernels`` (the Triton
@@ -870,29 +846,6 @@ def kernel_kind(name: str) -> str:
     return "elementwise"
 
 
-def summarize_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The NVML readings of a run, reduced: mean/max utilisation, memory, power, clocks,
-    every throttle reason seen."""
-    if not samples:
-        return {}
-
-    def values(key: str) -> list[float]:
-        return [s[key] for s in samples if isinstance(s.get(key), (int, float))]
-
-    out: dict[str, Any] = {"name": samples[-1].get("name")}
-    for key in ("util", "mem_util", "power_w", "temp_c", "sm_clock_mhz"):
-        v = values(key)
-        if v:
-            out[key] = {"mean": statistics.fmean(v), "max": max(v)}
-    used = values("mem_used")
-    if used:
-        out["mem_used_gb_max"] = max(used) / GB
-    out["power_limit_w"] = samples[-1].get("power_limit_w")
-    out["sm_clock_max_mhz"] = samples[-1].get("sm_clock_max_mhz")
-    out["throttle"] = sorted({r for s in samples for r in (s.get("throttle") or [])})
-    return out
-
-
 def check_targets(results: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets against this run's numbers (None where not measured)."""
     device = results.get("device") or ""
@@ -988,20 +941,22 @@ def environment(device: Any) -> dict[str, Any]:
 
 # --- running sections: one process each, a time limit, results written as they come ---------
 
-# In the order a call runs them: what the open targets need first (one call of a session's
-# 15 minutes ran all but the last two on an H100).
-SECTIONS = ("flagship", "graphs", "profile", "scan", "gpu_tests", "memory", "loss", "compile",
-            "ten_vs_transformer", "optimizer", "conv", "chunk", "selective", "recompute",
-            "monitor")
-# The recipe's three device calls; each fits a 10-minute command with room to spare.
-PARTS = {1: ("flagship", "memory", "ten_vs_transformer", "selective"),
-         2: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
-         3: ("compile", "graphs", "recompute", "monitor")}
+# In the order a call runs them: what the open targets need first (issue 43: the job run
+# whole, the flagship, the fair baseline). One call of 540 s ran all but the last two of
+# the earlier sections on an H100; e2e adds ~4 minutes.
+SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile", "scan",
+            "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk", "selective",
+            "recompute")
+# The recipe's device calls; each fits a 10-minute command with room to spare.
+PARTS = {1: ("e2e", "flagship", "memory"),
+         2: ("ten_vs_transformer", "selective"),
+         3: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
+         4: ("compile", "graphs", "recompute")}
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "optimizer": 90,
-             "monitor": 420, "gpu_tests": 240}
+             "e2e": 480, "gpu_tests": 240}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 

@@ -82,10 +82,16 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
     opt = r["optimizer"]  # bitsandbytes' 8-bit AdamW step against ten.adamw8bit's, timed
     assert opt["tensors"] > 1 and opt["speedup"] > 0 and opt["torch_adamw"]["ms"] > 0
-    mon = r["monitor"]
-    assert mon["exit_code"] == 0 and any("health gate" in line for line in mon["gate"])
-    assert any("scan backend: auto -> chunked" in line for line in mon["gate"])
-    assert (out / mon["report_png"]).read_bytes()[:4] == b"\x89PNG"
+    e2e = r["e2e"]  # the job run whole: a bucket here (boto3 and rclone are installed)
+    assert e2e["store"].startswith("s3 (rclone serve s3 at http://127.0.0.1:")
+    assert e2e["exit_codes"] == [75, -9, 0] and e2e["resumed_ok"]  # SIGTERM, kill -9, end
+    assert e2e["losses_equal"] and e2e["losses_compared"] == e2e["steps"]
+    assert e2e["tokens_per_s"] > 0 and e2e["step_tokens_per_s"] > 0 and e2e["goodput"] > 0
+    assert e2e["first_step_s_cold"] > 0 and e2e["first_step_s_warm"] > 0
+    assert e2e["checkpoint_commit_s"] > 0 and e2e["upload_s"] is not None
+    assert any("scan backend: auto -> chunked" in line for line in e2e["gate"])
+    assert e2e["heartbeat_state"] == "done" and e2e["eval"]["loss"] > 0
+    assert (out / e2e["report"]["png"]).read_bytes()[:4] == b"\x89PNG"
     tests = r["gpu_tests"]  # collected without boto3 or moto; skipped on CPU
     assert tests["exit_code"] == 0 and tests["skipped"] > 0 and "failed" not in tests
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
