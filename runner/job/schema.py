@@ -293,6 +293,10 @@ def system_directory(path: str) -> str | None:
     return norm if norm in _SYSTEM_FOLDERS else None
 
 
+# A word and a colon before any slash, as a URL's scheme: not a Windows drive (one letter).
+_LOOKS_LIKE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
+
+
 class StorageSection(Section):
     """Where runs, checkpoints and shared data go: a local folder or a bucket."""
 
@@ -324,6 +328,12 @@ class StorageSection(Section):
         elif scheme not in ("", "file"):
             raise job_error(f"unsupported scheme {scheme + '://'!r}",
                             hint="use a local path, file:// or s3://", show_value=False)
+        elif looks := _LOOKS_LIKE_URL.match(url):  # s3:/bucket would train into ./s3:
+            word = looks[1]
+            hint = (f"did you mean {word}://{url[len(word) + 1:].lstrip('/')}?"
+                    if word.lower() in ("s3", "file") else "use a local path, file:// or s3://")
+            raise job_error(f"{url!r} looks like a URL but is not one (a scheme takes '://')",
+                            hint=f"{hint}; a local folder named so: ./{url}", show_value=False)
         elif system := system_directory(url.split("://", 1)[-1]):
             raise job_error(f"is {system}: runs would be written among the system's files",
                             hint="use a folder of their own, e.g. ./runs or /data/runs",

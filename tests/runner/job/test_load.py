@@ -119,6 +119,13 @@ BAD = [
      [(5, "storage.url: needs a bucket: s3://bucket/prefix (hint: credentials go in the")]),
     ("other-scheme", MINIMAL + "storage: {url: 'gs://bucket'}\n",
      [(5, "storage.url: unsupported scheme 'gs://'")]),
+    # issue 44: one slash trained into a local folder named "s3:", lost with the machine
+    ("s3-one-slash", MINIMAL + "storage: {url: 's3:/my-bucket/runs'}\n",
+     [(5, "storage.url: 's3:/my-bucket/runs' looks like a URL but is not one (a scheme takes "
+          "'://') (hint: did you mean s3://my-bucket/runs?; a local folder named so: "
+          "./s3:/my-bucket/runs)")]),
+    ("scheme-no-slash", MINIMAL + "storage: {url: 'gs:bucket/runs'}\n",
+     [(5, "storage.url: 'gs:bucket/runs' looks like a URL but is not one")]),
     ("python-tag", MINIMAL + "x: !!python/object/apply:os.system ['echo hi']\n",
      [(5, "is not allowed (plain lists and mappings only)")]),
     ("python-tag-scalar", MINIMAL + "x: !!python/name:os.system\n",
