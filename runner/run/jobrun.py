@@ -165,9 +165,6 @@ class JobRun:
         unfit = self._start()
         if unfit is not None:
             return unfit
-        from ten.trainstate import refuse_unsafe_resume
-
-        refuse_unsafe_resume(self.run_dir, identity_of(self.job))  # before any tokenizing
         if self.bucket is not None and self.bucket.behind is not None:
             self.stop.set_phase("the upload the bucket lacks")  # (this job's, checked above)
             if not self._in_bucket(self.bucket.behind):
@@ -185,7 +182,8 @@ class JobRun:
 
     def _start(self) -> ExitCode | None:
         """Everything before the data: the health gate (its exit code when the host is
-        unfit), the bucket restore, the ranks' agreement on a checkpoint, the monitor."""
+        unfit), the bucket restore, the ranks' agreement on a checkpoint, the check that
+        the job may resume what is there, the monitor."""
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
@@ -209,6 +207,11 @@ class JobRun:
             self.bucket = open_bucket(job, self.run_dir, log, on_lease_lost=self.stop.request)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
+        from ten.trainstate import refuse_unsafe_resume
+
+        # Before any tokenizing, and before the heartbeat: a refused job leaves the run's
+        # status (and its last beat) as the run it refused to resume left them.
+        refuse_unsafe_resume(self.run_dir, identity_of(job))
         if self.is_main:
             self._start_monitor(self.bucket.store if self.bucket is not None else None)
         if self.bucket is not None:  # after the heartbeat: closed before its last beat, so

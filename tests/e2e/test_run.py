@@ -197,15 +197,19 @@ def test_a_compile_failure_is_one_line_naming_train_compile(tmp_path, corpus):
 
 def test_unsafe_resume_is_refused_with_the_differences(tmp_path, corpus):
     """Refused before the data is prepared again: a new seq_len would tokenize the
-    corpus into new shards first."""
+    corpus into new shards first. And before the heartbeat (issue 44, item 8): the run
+    it refused keeps its status, not "failed"."""
     job = write_job(tmp_path, corpus, steps=4)
     assert run_to_end("run", job, "--no-sample")[0] == 0
     shards = sorted((corpus / "cache" / "shards").iterdir())
+    status = tmp_path / "store" / "t" / "status.json"
+    before = status.read_bytes()
     code, _, err = run_to_end("run", job, "--set", "model.d_model=48", "--set",
                               "train.max_steps=8", "--set", "data.seq_len=40")
     assert code == ExitCode.CONFIG
     assert "unsafe changes" in err and "d_model: 32 -> 48" in err and "seq_len: 32 -> 40" in err
     assert sorted((corpus / "cache" / "shards").iterdir()) == shards  # nothing prepared
+    assert status.read_bytes() == before and json.loads(before)["state"] == "done"
 
 
 def test_ddp_two_processes_agree_with_one(tmp_path, corpus):
