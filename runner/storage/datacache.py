@@ -60,7 +60,23 @@ def open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
 
     t0 = time.perf_counter()
     data = open_data(data_config(job), cache=cache)
+    for folder in filter(None, (data.prepared_dir, data.tokenizer.path.parent)):
+        scrub_json_files(Path(folder), job.scrub)
     where = data.prepared_dir or "streaming"
     log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
         f"{where}")
     return data
+
+
+def scrub_json_files(folder: Path, scrub: Any) -> None:
+    """ten.data's manifests name the dataset as the job resolved it (its prepare command,
+    the source's name): rewritten with the job's ``${VAR}`` references back in place of
+    secret values, so the cache on this disk keeps none (the bucket's copy is scrubbed
+    on upload too). The readers use fingerprints, never these names."""
+    from ten.fileio import atomic_write
+
+    for path in folder.glob("*.json"):
+        text = path.read_text(encoding="utf-8")
+        clean = scrub(text)
+        if clean != text:
+            atomic_write(path, clean.encode())
