@@ -146,15 +146,14 @@ def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_j
     """The report for a folder ``export-model`` wrote, or a run (``run``: job,
     endpoint_url, step, as :func:`runner.trained.sample.trained_model` takes them)."""
     from runner.trained.export import load_exported
-    from runner.trained.sample import trained_model
-    from ten.data import Tokenizer
+    from runner.trained.sample import run_tokenizer, trained_model
 
     if (Path(target) / "model.safetensors").is_file():
         model, tokenizer = load_exported(Path(target))
         name = Path(target).name
     else:
         run_dir, job, found, model = trained_model(target, **run)
-        tokenizer, name = Tokenizer(run_dir / "tokenizer.model"), f"{job} step {found.step}"
+        tokenizer, name = run_tokenizer(run_dir, found), f"{job} step {found.step}"
     length = seq_len or model.config.seq_len
     if per_document:
         scores = [score_documents(model, tokenizer, read_documents(data), length, max_tokens)]

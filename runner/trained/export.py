@@ -44,13 +44,14 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     line) for a run that cannot be exported or an ``out`` that already exists."""
     from runner.errors import UserError
     from runner.trained.hf_model.layouts import layout_of
-    from runner.trained.sample import trained_model
+    from runner.trained.sample import run_tokenizer, trained_model
     from ten.trainstate import read_config
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists and is not empty; choose a new --out folder")
     run_dir, name, found, model = trained_model(where, job, endpoint_url, step)
+    run_tokenizer(run_dir, found)  # damaged or another: refused before anything is written
     saved = read_config(found.path)
     try:
         layout = layout_of(saved["model_class"], model.config)

@@ -41,12 +41,35 @@ def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature:
     """Text generated from the newest valid checkpoint of a run: a run directory, a local
     store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or the store URL and
     ``job``), whose newest committed checkpoint and tokenizer are downloaded first."""
-    from ten.data import Tokenizer
-
     run_dir, name, found, model = trained_model(where, job, endpoint_url)
-    text = generate_text(model, Tokenizer(run_dir / "tokenizer.model"), prompt,
-                         max_new_tokens, temperature, top_k, seed)
+    text = generate_text(model, run_tokenizer(run_dir, found), prompt, max_new_tokens,
+                         temperature, top_k, seed)
     return f"[{name} step {found.step}] {text}"
+
+
+def run_tokenizer(run_dir: Path, found: Any) -> Any:
+    """The run's tokenizer.model, checked to be the one the checkpoint ``found`` was
+    trained with (the fingerprint its identity records): the same ids decode to other
+    words under any other. UserError (exit 3, one line naming the file) when it is
+    damaged or another tokenizer."""
+    from runner.errors import UserError
+    from runner.exit_codes import ExitCode
+    from ten.data import DataError, Tokenizer
+    from ten.trainstate import read_config
+
+    path = run_dir / "tokenizer.model"
+    try:
+        tokenizer = Tokenizer(path)
+    except DataError:
+        raise UserError(f"{path} is not a sentencepiece model: the run's tokenizer is "
+                        "damaged; bring back the one it was trained with (the bucket's "
+                        "copy, or the prepared data's)", ExitCode.DATA) from None
+    trained_with = (read_config(found.path)["identity"].get("data") or {}).get("tokenizer")
+    if trained_with is not None and tokenizer.fingerprint != trained_with:
+        raise UserError(f"{path} is not the tokenizer step {found.step} was trained with "
+                        f"(fingerprint {tokenizer.fingerprint}, the checkpoint's "
+                        f"{trained_with}); bring back that one", ExitCode.DATA)
+    return tokenizer
 
 
 def trained_checkpoint(where: str | Path, job: str | None = None,

@@ -286,3 +286,36 @@ def test_lm_evaluation_harness_scores_the_folder_as_ten_runner_eval_does(folder,
     assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte"], rel=1e-5)
     assert theirs["byte_perplexity,none"] == pytest.approx(2 ** ours["bits_per_byte"],
                                                            rel=1e-5)
+
+
+@pytest.mark.parametrize("swap", ["damaged", "another"])
+def test_readers_refuse_a_tokenizer_the_checkpoint_was_not_trained_with(run, tmp_path, corpus,
+                                                                        swap):
+    """Issue 45, faults 2 and 3: another valid sentencepiece model in the run exported
+    and scored (its ids decode to other words) and crashed `sample`; a damaged one was a
+    traceback naming a setting these commands do not have. Each reader now checks the
+    file against the fingerprint the checkpoint records: one line, exit 3, nothing
+    written."""
+    import shutil
+
+    import sentencepiece as spm
+
+    copy = tmp_path / "t"
+    shutil.copytree(run, copy)
+    model = copy / "tokenizer.model"
+    if swap == "damaged":
+        model.write_bytes(b"not a sentencepiece model" * 10)
+    else:
+        spm.SentencePieceTrainer.train(input=str(corpus / "docs.jsonl"), vocab_size=60,
+                                       hard_vocab_limit=False, eos_id=2, minloglevel=2,
+                                       model_prefix=str(tmp_path / "other"))
+        shutil.copyfile(tmp_path / "other.model", model)
+    why = "is not a sentencepiece model" if swap == "damaged" else "is not the tokenizer step"
+    text = tmp_path / "text.txt"
+    text.write_text("a checkpoint in the bucket " * 50)
+    for args in (["sample", str(copy)], ["eval", str(copy), "--data", str(text)],
+                 ["export-model", str(copy), "--out", str(tmp_path / "out")]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == ExitCode.DATA, (args, result.output)
+        assert result.output.count("\n") == 1 and f"{model} {why}" in result.output, args
+    assert not (tmp_path / "out").exists()
