@@ -166,7 +166,7 @@ class JobRun:
         if unfit is not None:
             return unfit
         if self.bucket is not None and self.bucket.behind is not None:
-            self.stop.set_phase("the upload the bucket lacks")  # (this job's, checked above)
+            self.stop.set_phase("the upload the bucket lacks")  # this job's: _start checked
             if not self._in_bucket(self.bucket.behind):
                 return ExitCode.STORAGE
         self.stop.set_phase("data preparation")

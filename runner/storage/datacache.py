@@ -60,8 +60,8 @@ def open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
 
     t0 = time.perf_counter()
     data = open_data(data_config(job), cache=cache)
-    for folder in filter(None, (data.prepared_dir, data.tokenizer.path.parent)):
-        scrub_json_files(Path(folder), job.scrub)
+    if data.prepared_dir is not None:  # the cache's own folder (never a user's)
+        scrub_json_files(Path(data.prepared_dir), job.scrub)
     where = data.prepared_dir or "streaming"
     log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
         f"{where}")
