@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -123,7 +124,7 @@ def main() -> None:
         cold.append(first_step(volume))
         warm.append(first_step(volume))
     result = {
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU",
         "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
         "build_s": round(build_s, 1), "cold_build": args.cold,
         "image_gb": round(sum(size for _, size in layers) / GB, 3),

@@ -76,9 +76,10 @@ def store_for(root: Path) -> Iterator[Store]:
     """An S3 server over ``root`` for the runs' checkpoints, or a local store where this
     machine cannot serve one (no boto3 for the runner, or no rclone)."""
     root.mkdir(parents=True, exist_ok=True)
-    binary = rclone_binary(root) if importlib.util.find_spec("boto3") else None
+    has_boto3 = importlib.util.find_spec("boto3") is not None
+    binary = rclone_binary(root) if has_boto3 else None
     if binary is None:
-        why = "no boto3" if importlib.util.find_spec("boto3") is None else "no rclone"
+        why = "no rclone" if has_boto3 else "no boto3"
         yield Store(f"local ({why} here)", (f"storage.url={root / 'runs'}",
                                            "storage.endpoint_url=null"), {})
         return
@@ -92,7 +93,7 @@ def store_for(root: Path) -> Iterator[Store]:
                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        while not listening(port):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"rclone serve s3 did not start (exit {server.poll()})")
             time.sleep(0.1)
@@ -104,6 +105,11 @@ def store_for(root: Path) -> Iterator[Store]:
     finally:
         server.kill()
         server.wait()
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Runs:
@@ -126,12 +132,13 @@ class Runs:
         args = [sys.executable, "-m", "runner.cli", "run", str(FLAGSHIP_JOB), "--no-sample"]
         for s in self.job_sets(name):
             args += ["--set", s]
-        log = open(self.tmp / f"{name}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**self.env, **self.store.env,
-                                     "TRITON_CACHE_DIR": str(triton_cache)},
-                                start_new_session=True)  # kill -9 takes its workers too
-        proc.log_path = Path(log.name)  # type: ignore[attr-defined]
+        log_path = self.tmp / f"{name}-{time.monotonic_ns()}.log"
+        with open(log_path, "w") as log:  # the child keeps its own copy of the handle
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env={**self.env, **self.store.env,
+                                         "TRITON_CACHE_DIR": str(triton_cache)},
+                                    start_new_session=True)  # kill -9 takes its workers too
+        proc.log_path = log_path  # type: ignore[attr-defined]
         return proc
 
     def wait_for_step(self, name: str, proc: subprocess.Popen, step: int,
@@ -282,9 +289,10 @@ def compare_losses(reference: list[dict[str, Any]], spot: list[dict[str, Any]],
 def checkpoint_times(run_dir: Path, log: str) -> dict[str, Any]:
     """The median commit to the local disk (the heartbeat's checkpoint events) and the
     median upload to the bucket (the uploader's lines; None with a local store)."""
-    events = [json.loads(line) for line in
-              (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    commits = [e["seconds"] for e in events if e["kind"] == "checkpoint" and e.get("seconds")]
+    from ten.metrics import read_metrics
+
+    commits = [e["seconds"] for e in read_metrics(run_dir / "events.jsonl")
+               if e["kind"] == "checkpoint" and e.get("seconds")]
     uploads = [float(s) for s in re.findall(r"committed to \S+ in ([\d.]+)s", log)]
     return {"checkpoint_commit_s": statistics.median(commits) if commits else None,
             "upload_s": statistics.median(uploads) if uploads else None,

@@ -32,11 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from runner.provision.cloudinit import IMAGE_UID  # the Dockerfile's USER (test_dockerfile)
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "localhost/ten-check-base:bookworm"
 IMAGE = "localhost/ten-runner:check"
 MIRROR = "http://deb.debian.org/debian"
-IMAGE_UID = 10001  # the Dockerfile's USER (tests/test_dockerfile.py holds them equal)
 LOCK = Path(tempfile.gettempdir()) / "ten-image-check.lock"
 
 
