@@ -21,10 +21,11 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from ten.schedule import SCHEDULES
+
 PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.PRESETS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
-SCHEDULES = ("cosine", "onecycle", "constant")
 LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.loss's backends
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -142,7 +143,13 @@ class TrainConfig:
         "step; null: none")] = None
     seq_warmup_steps: Annotated[int, Range(ge=0), Doc(
         "steps of the sequence-length warm-up (shared equally by its lengths)")] = 0
-    schedule: Annotated[Literal[SCHEDULES], Doc("the lr schedule after warm-up")] = "cosine"
+    schedule: Annotated[Literal[SCHEDULES], Doc(
+        "the lr schedule after warm-up: cosine, onecycle, constant, or wsd (level, then a "
+        "decay over the last decay_fraction of the steps; a budget extended before the "
+        "decay is as if it had been set from the start). A budget changed at a resume "
+        "continues from the lr the run had, never jumping")] = "cosine"
+    decay_fraction: Annotated[float, Range(gt=0.0, le=1.0), Doc(
+        "wsd: the share of the steps after warm-up spent decaying")] = 0.2
     weight_decay: Annotated[float, Range(ge=0.0), Doc(
         "AdamW's decoupled weight decay; not applied to norms, biases, embeddings, "
         "eigenvalues")] = 0.1

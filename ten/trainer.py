@@ -52,7 +52,7 @@ from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
 from ten.probes import repeat_recall
 from ten.progress import eta_seconds, progress_line
-from ten.schedule import lr_multiplier
+from ten.schedule import Schedule
 from ten.statehealth import state_health
 from ten.step import evaluate, train_step
 from ten.stop import Stop
@@ -222,9 +222,8 @@ class Trainer:
         optimizer = build_optimizer(model, cfg, self.device)
         self.state = TrainState(
             model=model, optimizer=optimizer,
-            scheduler=torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda s: lr_multiplier(s, self.total_steps, cfg.warmup_steps,
-                                                   cfg.schedule, cfg.min_lr_ratio)),
+            schedule=Schedule(cfg.schedule, self.total_steps, cfg.warmup_steps,
+                              cfg.min_lr_ratio, cfg.decay_fraction),
             scaler=torch.amp.GradScaler(self.device.type,
                                         enabled=run.amp_dtype == torch.float16),
             loader=self.data.train_loader(cfg.batch_size, cfg.num_workers, self.dist.rank,
@@ -233,6 +232,9 @@ class Trainer:
             nonfinite=NonFiniteCounter(self.device))
         self.checkpoints.resume(self.state)
         loader, step, tokens = self.state.loader, self.state.step, self.state.tokens
+        anchor = self.state.schedule.anchor
+        if anchor is not None and anchor.step == step and step < self.total_steps:
+            self._say(self._schedule_changed(anchor.multiplier))
         # The objective (model + loss head) is what DDP wraps: DDP sees every parameter
         # used in its own forward; the model keeps returning logits elsewhere.
         self.objective = NextTokenLoss(self.state.model, self.execution.loss)
@@ -256,6 +258,16 @@ class Trainer:
             self._say("compile: every block with torch.compile (TrainConfig.compile)")
         model.train()
         return model, loader, step, tokens
+
+    def _schedule_changed(self, multiplier: float) -> str:
+        """Said when a resume changed the budget or schedule (ten.schedule.Schedule)."""
+        cfg, schedule = self.cfg, self.state.schedule
+        hint = ("" if cfg.schedule == "wsd" else "; train.schedule: wsd keeps the peak lr "
+                "until a final decay, so a budget extended before it goes on at the peak")
+        return (f"lr: the budget or schedule changed at this resume, so the lr goes on from "
+                f"{cfg.lr * multiplier:.3g}, where step {self.state.step} left it, to "
+                f"{cfg.lr * schedule.min_ratio:.3g} at step {self.total_steps} "
+                f"({cfg.schedule}), never jumping back up{hint}")
 
     def _start_record(self, step: int) -> None:
         """The FLOP counts MFU needs, the start record, and the notes said once."""
@@ -310,7 +322,7 @@ class Trainer:
                                               cfg.seq_warmup_start, cfg.seq_warmup_steps)
             micro = [seqwarmup.split_rows(b, self.length) for b in micro]
             t1 = time.perf_counter()
-            lr = state.scheduler.get_last_lr()[0]  # the lr this step uses
+            lr = state.lr  # the lr this step uses
             loss, norm, flags = train_step(model, state.optimizer, state.scaler, micro,
                                            self.execution.amp_dtype, cfg.grad_clip,
                                            self.no_sync, self.any_rank)

@@ -27,6 +27,7 @@ from ten.distributed import barrier
 from ten.lm import LanguageModel
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats
 from ten.presets import EXECUTION_FIELDS, build_model, config_of
+from ten.schedule import Schedule
 
 
 class ResumeError(Exception):
@@ -209,16 +210,29 @@ class TrainState:
     """What survives a restart: the weights, the optimizer and its schedule, the loss
     scaler, the data position, the RNGs, the non-finite streak, and how far training got
     (``step``, ``tokens``). The loop trains it; :class:`CheckpointManager` saves and
-    restores it through :meth:`state_dict` / :meth:`load_state_dict`."""
+    restores it through :meth:`state_dict` / :meth:`load_state_dict`. ``scheduler``
+    (a LambdaLR over ``schedule``) is made here, so a resume that anchors the schedule
+    changes what it computes."""
 
     model: LanguageModel
     optimizer: Any
-    scheduler: Any
+    schedule: Schedule
     scaler: Any
     loader: Any
     nonfinite: NonFiniteCounter
     step: int = 0
     tokens: int = 0
+    scheduler: Any = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.optimizer is not None:
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda step: self.schedule(step))
+
+    @property
+    def lr(self) -> float:
+        """The lr the next step uses."""
+        return self.optimizer.param_groups[0]["lr"]
 
     def state_dict(self, *, world_size: int, nonfinite_streak: int) -> dict[str, Any]:
         """The checkpoint's files by name: tensors and plain containers only."""
@@ -227,6 +241,7 @@ class TrainState:
             "optimizer.pt": self.optimizer.state_dict(),
             "trainer.pt": {"step": self.step, "tokens": self.tokens,
                            "scheduler": self.scheduler.state_dict(),
+                           "schedule_anchor": self.schedule.saved(),
                            "scaler": self.scaler.state_dict(), "rng": rng_state(),
                            "data": self.loader.state_dict(), "world_size": world_size,
                            "nonfinite_streak": nonfinite_streak},
@@ -248,12 +263,27 @@ class TrainState:
         self.step, self.tokens = trainer["step"], trainer["tokens"]
 
     def _load_trainer(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        self._load_schedule(state)
         self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         self.loader.load_state_dict(state["data"])  # a mismatched cursor raises DataError
         self.nonfinite = NonFiniteCounter(self.nonfinite.streak.device,
                                           int(state.get("nonfinite_streak", 0)))
+
+    def _load_schedule(self, state: dict[str, Any]) -> None:
+        """The saved schedule position, continued under this run's settings: a changed
+        budget or schedule goes on from the multiplier the run had (ten.schedule); a
+        changed peak lr takes effect at once (the saved scheduler would keep the old)."""
+        peak = self.scheduler.base_lrs[0]  # this run's TrainConfig.lr
+        self.scheduler.load_state_dict(state["scheduler"])
+        saved_peak = self.scheduler.base_lrs[0]
+        was = self.scheduler.get_last_lr()[0] / saved_peak
+        self.schedule = self.schedule.with_saved(state.get("schedule_anchor")).continued(
+            int(state["step"]), was)
+        if peak != saved_peak:
+            self.scheduler.base_lrs = [peak] * len(self.optimizer.param_groups)
+            for group in self.optimizer.param_groups:
+                group["initial_lr"], group["lr"] = peak, peak * was
 
 
 class CheckpointManager:

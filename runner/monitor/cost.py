@@ -10,14 +10,16 @@ events (no clock, no I/O).
   train records that reached step R > S).
 * Goodput: useful tokens (the furthest the run got, excluding redone work) per paid
   GPU-second (machine-second for a CPU run); $ per 1B useful tokens.
-* Interruptions: a resume after a session that the user stopped (Ctrl-C: a "stop" event
-  in state "stopped" or with reason SIGINT; ``ten-runner cancel``: state "cancelled") is
-  not a preemption; exit code 75 is shared by all three, so only the heartbeat's stop
-  event tells them apart.
+* Interruptions, counted by cause (:func:`resume_cause`): a resume after a session that
+  the user stopped (Ctrl-C: a "stop" event in state "stopped" or with reason SIGINT;
+  ``ten-runner cancel``: state "cancelled"), that had finished (a budget extended) or that
+  failed is not a preemption; exit code 75 is shared by the user's stops and a spot
+  reclaim, so only the heartbeat's stop event tells them apart.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from runner.monitor.events import EventKind
@@ -126,13 +128,15 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     lost_tokens = sum(int(e.get("lost_tokens") or 0) for e in resumes)
     notices = [e for e in events if e.get("kind") == EventKind.PREEMPTION_NOTICE]
     user_stops = [e for e in events if _user_stopped(e)]
-    resumes = [r for r in resumes if not resumed_after_user_stop(r, events)]
+    causes = [resume_cause(r, events) for r in resumes]
     cost = None if price_per_hour is None else price_per_hour * paid_s / 3600.0
     gp = goodput(useful, gpu_s)
     return {
         "sessions": len(spans),
-        "preemptions": max(len(notices), len(resumes)),
+        "preemptions": max(len(notices), causes.count(ResumeCause.PREEMPTED)),
         "user_stops": len(user_stops),
+        "extensions": causes.count(ResumeCause.EXTENDED),
+        "failures_resumed": causes.count(ResumeCause.FAILED),
         "paid_seconds": paid_s,
         "compute": compute,
         # GPU-hours for a GPU run, machine-hours for a CPU run ("compute" says which)
@@ -148,20 +152,35 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     }
 
 
-def resumed_after_user_stop(resume: dict[str, Any], events: list[dict[str, Any]]) -> bool:
-    """Did the session before ``resume`` end with the user's stop? (Its "stop" event,
-    between the previous session's start and the resume's own; a session killed
-    without one, e.g. kill -9, reads as preempted.)"""
+class ResumeCause(str, enum.Enum):
+    """Why the session before a resume ended: its last "stop" event (none: killed)."""
+
+    PREEMPTED = "preempted"  # a spot reclaim, SIGTERM, kill -9: no stop of the user's
+    USER = "user"  # Ctrl-C or ten-runner cancel
+    EXTENDED = "extended"  # it had finished: the run was given a larger budget
+    FAILED = "failed"  # it failed (a bucket refused, a crash) and was run again
+
+
+def resume_cause(resume: dict[str, Any], events: list[dict[str, Any]]) -> ResumeCause:
+    """How the session before ``resume`` ended: its "stop" event, between the previous
+    session's start and the resume's own; a session killed without one (kill -9, a lost
+    machine) reads as preempted."""
     t = resume.get("time")
     if t is None:
-        return False
+        return ResumeCause.PREEMPTED
     starts = sorted(e["time"] for e in events if e.get("kind") == EventKind.START
                     and e.get("time") is not None and e["time"] <= t)
     this_start = starts[-1] if starts else t
     prev_start = starts[-2] if len(starts) > 1 else float("-inf")
     stops = [e for e in events if e.get("kind") == EventKind.STOP and e.get("time") is not None
              and prev_start <= e["time"] <= this_start]
-    return bool(stops) and _user_stopped(max(stops, key=lambda e: e["time"]))
+    if not stops:
+        return ResumeCause.PREEMPTED
+    last = max(stops, key=lambda e: e["time"])
+    if _user_stopped(last):
+        return ResumeCause.USER
+    return {"done": ResumeCause.EXTENDED,
+            "failed": ResumeCause.FAILED}.get(last.get("state"), ResumeCause.PREEMPTED)
 
 
 def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -175,8 +194,11 @@ def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("sessions (starts)", str(summary["sessions"])),
         ("preemptions", str(summary["preemptions"])),
     ]
-    if summary.get("user_stops"):
-        rows.append(("stopped by the user", str(summary["user_stops"])))
+    for key, label in (("user_stops", "stopped by the user"),
+                       ("extensions", "resumed with a larger budget"),
+                       ("failures_resumed", "resumed after a failure")):
+        if summary.get(key):
+            rows.append((label, str(summary[key])))
     return rows + [
         ("GPU-hours paid" if gpu else "machine-hours paid (CPU)",
          f"{summary['gpu_hours']:.2f}"),

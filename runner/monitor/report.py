@@ -261,14 +261,17 @@ def preemption_marks(events: list[dict[str, Any]],
                      metrics: list[dict[str, Any]]) -> list[tuple[float, str]]:
     """(time, label) for each resume (with its lost work) and preemption notice; a
     resume after the user stopped the run (Ctrl-C) is labelled as such."""
-    from runner.monitor.cost import lost_from_metrics, resumed_after_user_stop
+    from runner.monitor.cost import ResumeCause, lost_from_metrics, resume_cause
 
+    why_by_cause = {ResumeCause.USER: " after a user stop",
+                    ResumeCause.EXTENDED: " with a larger budget",
+                    ResumeCause.FAILED: " after a failure", ResumeCause.PREEMPTED: ""}
     marks = []
     resumes = [e for e in events if e.get("kind") == EventKind.RESUME] \
         or lost_from_metrics(metrics)
     for e in resumes:
         if e.get("time") is not None:
-            why = " after a user stop" if resumed_after_user_stop(e, events) else ""
+            why = why_by_cause[resume_cause(e, events)]
             marks.append((e["time"], f"resume @{e.get('from_step')}{why}: lost "
                                       f"{e.get('lost_steps') or 0} steps"))
     for e in events:

@@ -26,6 +26,7 @@ from ten.metrics import read_metrics
 from ten.nonfinite import NonFiniteCounter
 from ten.presets import model_config
 from ten.progress import eta_seconds, progress_line
+from ten.schedule import lr_multiplier
 from ten.step import train_step
 from ten.trainer import Outcome, Trainer
 from ten.trainstate import (
@@ -555,7 +556,7 @@ def test_non_finite_weights_are_never_committed(data, tmp_path):
     model = Tiny()
     with torch.no_grad():
         model.out.bias[3] = math.inf
-    state = TrainState(model=model, optimizer=None, scheduler=None, scaler=None, loader=None,
+    state = TrainState(model=model, optimizer=None, schedule=None, scaler=None, loader=None,
                        nonfinite=NonFiniteCounter(torch.device("cpu")), step=4)
     with pytest.raises(DivergedError,
                        match="weights are not finite at step 4.*lower TrainConfig.lr"):
@@ -834,3 +835,83 @@ def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tm
                         lambda *a: dataclasses.replace(real(*a), tf32=True))
     t = trainer(data, tmp_path / "run")
     assert t.execution.tf32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def lrs(run_dir):
+    by_step = {}
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        if r["kind"] == "train":
+            by_step[r["step"]] = r["lr"]
+    return by_step
+
+
+def test_extending_a_finished_budget_goes_on_from_its_lr_without_a_jump(data, tmp_path):
+    """200 steps done, then max_steps 300 took the lr from 1e-4 back to 4.9e-4 (issue 44):
+    now the lr goes on from where the finished schedule left it, and the log says so."""
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=12, eval_every=0).run()
+    before = lrs(run)
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=20, eval_every=0), run, {"model": "m"},
+                {"train": {"max_steps": 20}}, log=notes.append)
+    assert t.run().outcome is Outcome.DONE
+    after = lrs(run)
+    assert after[13] <= before[12]
+    ordered = [after[s] for s in range(13, 21)]
+    assert ordered == sorted(ordered, reverse=True)
+    assert math.isclose(after[20], 3e-3 * 0.1, rel_tol=1e-6)  # min_lr_ratio at the new end
+    said = [n for n in notes if n.startswith("lr: the budget or schedule changed")]
+    assert len(said) == 1 and "at step 20 (cosine), never jumping back up" in said[0]
+
+
+def test_a_budget_extended_mid_decay_decays_from_there_to_the_new_end(data, tmp_path):
+    run = tmp_path / "run"
+    stopped = Trainer(mcfg(data), SignalAt(data, 6), tcfg(eval_every=0), run, {"model": "m"},
+                      {"train": {}}, log=lambda s: None)
+    assert stopped.run().outcome is Outcome.PREEMPTED
+    before = lrs(run)
+    trainer(data, run, max_steps=24, eval_every=0).run()
+    after = lrs(run)
+    ordered = [before[7]] + [after[s] for s in range(8, 25)]
+    assert ordered == sorted(ordered, reverse=True)
+    # step 8 has the lr the 12-step schedule gave it; from there down to the new end
+    assert math.isclose(after[8], 3e-3 * lr_multiplier(7, 12, 2, "cosine", 0.1), rel_tol=1e-9)
+    assert 3e-4 < after[24] < 3e-4 * 1.05  # the last step's lr, one step before the minimum
+    # the anchor is saved: a second resume with the same budget keeps the same lrs
+    again = tmp_path / "again"
+    stopped = Trainer(mcfg(data), SignalAt(data, 6), tcfg(eval_every=0), again,
+                      {"model": "m"}, {"train": {}}, log=lambda s: None)
+    stopped.run()
+    t = Trainer(mcfg(data), SignalAt(data, 6), tcfg(max_steps=24, eval_every=0), again,
+                {"model": "m"}, {"train": {}}, log=lambda s: None)
+    assert t.run().outcome is Outcome.PREEMPTED
+    trainer(data, again, max_steps=24, eval_every=0).run()
+    assert lrs(again) == after
+
+
+def test_a_wsd_budget_extended_before_its_decay_is_the_longer_run(data, tmp_path):
+    """warmup-stable-decay: stopped in the level part and extended, the run's losses and
+    weights equal those of a run given the longer budget from the start."""
+    wsd = dict(schedule="wsd", eval_every=0, warmup_steps=2)
+    trainer(data, tmp_path / "long", max_steps=20, **wsd).run()
+    run = tmp_path / "run"
+    stopped = Trainer(mcfg(data), SignalAt(data, 6), tcfg(**wsd), run, {"model": "m"},
+                      {"train": {}}, log=lambda s: None)
+    assert stopped.run().outcome is Outcome.PREEMPTED
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=20, **wsd), run, {"model": "m"},
+                {"train": {}}, log=notes.append)
+    assert t.run().outcome is Outcome.DONE
+    assert not [n for n in notes if n.startswith("lr:")]
+    assert losses(run) == losses(tmp_path / "long") and lrs(run) == lrs(tmp_path / "long")
+    (_, wa), (_, wb) = final_weights(run), final_weights(tmp_path / "long")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_peak_lr_changed_at_a_resume_takes_effect(data, tmp_path):
+    """The saved scheduler kept the old peak, so `--set train.lr=…` at a resume was listed
+    as a changed setting and then ignored."""
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=8, eval_every=0, schedule="constant").run()
+    trainer(data, run, max_steps=12, eval_every=0, schedule="constant", lr=1e-3).run()
+    assert lrs(run)[8] == 3e-3 and all(lrs(run)[s] == 1e-3 for s in range(9, 13))

@@ -126,3 +126,24 @@ def test_a_kill_after_an_earlier_ctrl_c_is_still_a_preemption():
               {"kind": "resume", "time": T0 + 905, "from_step": 30, "lost_steps": 5}]
     s = cost_summary([], events, None)
     assert (s["preemptions"], s["user_stops"], s["lost_steps"]) == (1, 1, 5)
+
+
+def test_stops_are_counted_by_their_cause():
+    """A finished run given a larger budget was counted 'preemptions 1' (issue 44); so was
+    a relaunch after a failure. Each cause has its own count and row."""
+    def history(state, exit_code):
+        return [{"kind": "start", "time": T0},
+                {"kind": "stop", "time": T0 + 100, "state": state, "exit_code": exit_code},
+                {"kind": "start", "time": T0 + 200},
+                {"kind": "resume", "time": T0 + 205, "from_step": 200, "lost_steps": 0}]
+
+    extended = cost_summary([], history("done", 0), None)
+    assert (extended["preemptions"], extended["extensions"]) == (0, 1)
+    assert dict(format_cost(extended))["resumed with a larger budget"] == "1"
+    failed = cost_summary([], history("failed", 4), None)
+    assert (failed["preemptions"], failed["failures_resumed"]) == (0, 1)
+    assert dict(format_cost(failed))["resumed after a failure"] == "1"
+    preempted = cost_summary([], history("preempted", 75), None)
+    assert (preempted["preemptions"], preempted["extensions"],
+            preempted["failures_resumed"]) == (1, 0, 0)
+    assert "resumed with a larger budget" not in dict(format_cost(preempted))
