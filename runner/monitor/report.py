@@ -1,12 +1,14 @@
 """``ten-runner report JOB``: one PNG and one self-contained HTML page per run.
 
 The first panel is loss and held-out loss by step, each session (a start of the trainer)
-its own line, so a resume that replays lost steps is drawn as such, not as a zigzag. The
+its own line, so a resume that replays lost steps is drawn as such, not as a zigzag; the
+second, the learning rate by step (where a changed budget bends the schedule). The
 panels below share a wall-clock axis (minutes or hours since the first start) so
 preemptions line up across them: loss and held-out loss; tokens/s and MFU; data-wait and
 checkpoint share of wall time; GPU utilisation, memory and power (no panel when no GPU
-was sampled). Red lines mark preemptions/resumes with the work they lost (a resume after
-the user's Ctrl-C says so). The HTML embeds the PNG (base64) and the cost summary:
+was sampled); their lines break where a session began. Red lines mark preemptions and
+resumes with the work they lost (a resume after the user's Ctrl-C, a larger budget or a
+failure says so). The HTML embeds the PNG (base64) and the cost summary:
 GPU-hours paid (machine-hours for a CPU run), goodput, $ per 1B tokens.
 
 The run is a run directory, a store and a job, or a bucket run (s3://bucket/prefix/JOB).
@@ -20,6 +22,7 @@ import base64
 import html
 import itertools
 import math
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,9 @@ from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.source import open_run
 from runner.storage.mirror import GPU, METRICS, STATUS
 from ten.metrics import MetricKind
+
+TITLE_CHARS = 110  # a title line's width that fits the figure (11 in at 10 pt)
+EVENT_ROWS = 200  # the page lists the newest events
 
 
 def load_run(store_or_path: str, job: str | None = None,
@@ -94,22 +100,27 @@ def headline(metrics: list[dict[str, Any]], resolved: dict[str, Any] | None) -> 
     return "; ".join(parts) or "no model or evaluation recorded"
 
 
-def _series(records: list[dict[str, Any]], kind: MetricKind | None, key: str, t0: float,
-           scale: float = 1.0, unit_s: float = 3600.0) -> tuple[list[float], list[float]]:
+def wall_series(records: list[dict[str, Any]], kind: MetricKind | None, key: str,
+                t0: float, scale: float = 1.0, unit_s: float = 3600.0,
+                breaks: list[float] = ()) -> tuple[list[float], list[float]]:
     """(time since t0 in ``unit_s``, value) of ``key`` in records of ``kind`` (kind
-    None: any), with a NaN breaking the line wherever the run was down (a gap over 5x
-    the usual spacing and over 5 minutes), so nothing is drawn for time nobody
-    trained."""
+    None: any), with a NaN breaking the line wherever the run was down: at each of
+    ``breaks`` (the unix times sessions started, so a kill -9 and a quick rerun is no
+    straight line across), and at a gap over 5x the usual spacing and over 5 minutes;
+    nothing is drawn for time nobody trained."""
     pts = sorted(((r["time"] - t0) / unit_s, float(r[key]) * scale) for r in records
                  if (kind is None or r.get("kind") == kind) and r.get(key) is not None
                  and r.get("time") is not None)
     gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(pts))
     limit = max(5 * gaps[len(gaps) // 2], 300 / unit_s) if gaps else math.inf
+    starts = [(b - t0) / unit_s for b in breaks]
     xs: list[float] = []
     ys: list[float] = []
     for i, (x, y) in enumerate(pts):
-        if i and x - pts[i - 1][0] > limit:
-            xs.append((x + pts[i - 1][0]) / 2)
+        before = pts[i - 1][0] if i else None
+        if before is not None and (x - before > limit
+                                   or any(before < b <= x for b in starts)):
+            xs.append((x + before) / 2)
             ys.append(math.nan)
         xs.append(x)
         ys.append(y)
@@ -144,6 +155,12 @@ def _mark_preemptions(axes: Any, marks: list[tuple[float, str]], t0: float,
                          rotation=90, va="top", ha="right", fontsize=8, color="red")
 
 
+def figure_title(title: str, t0: float) -> str:
+    """The title wrapped to lines the figure's width holds, then the start time."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
+    return "\n".join([*textwrap.wrap(title, TITLE_CHARS), when])
+
+
 def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
                gpu: list[dict[str, Any]], path: Path, title: str = "") -> dict[str, int]:
     """Draw the panels into ``path``; returns the number of points per series drawn
@@ -157,17 +174,20 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     t0 = min(times) if times else 0.0
     span = (max(times) - t0) if times else 0.0
     unit_s, unit = (60.0, "minutes") if span < 7200 else (3600.0, "hours")
-    drawn: dict[str, int] = {"panels": 5 if gpu else 4}  # no empty GPU panel on a CPU run
-    fig, panels = plt.subplots(drawn["panels"], 1, figsize=(11, 3.25 * drawn["panels"] + 0.5))
-    fig.suptitle(f"{title}\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}",
-                 fontsize=10)
+    drawn: dict[str, int] = {"panels": 6 if gpu else 5}  # no empty GPU panel on a CPU run
+    fig, panels = plt.subplots(drawn["panels"], 1, figsize=(11, 3.25 * drawn["panels"] + 0.5),
+                               layout="constrained")  # room for a title of any height
+    fig.suptitle(figure_title(title, t0), fontsize=10)
     _by_step(panels[0], metrics, drawn)
-    axes = panels[1:]  # on the wall clock
+    _lr_by_step(panels[1], metrics, drawn)
+    axes = panels[2:]  # on the wall clock
     for a in axes[1:]:
         a.sharex(axes[0])
+    starts = [r["time"] for r in metrics
+              if r.get("kind") == MetricKind.START and r.get("time") is not None]
 
-    def series(*args, **kw):  # on this figure's time unit
-        return _series(*args, unit_s=unit_s, **kw)
+    def series(*args, **kw):  # on this figure's time unit, broken where a session began
+        return wall_series(*args, unit_s=unit_s, breaks=starts, **kw)
 
     def plot(ax, xs, ys, name, **kw):
         drawn[name] = sum(1 for y in ys if not math.isnan(y))
@@ -212,7 +232,6 @@ def render_png(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     marks = preemption_marks(events, metrics)
     drawn["preemptions"] = len(marks)
     _mark_preemptions(axes, marks, t0, unit_s)
-    fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return drawn
@@ -232,28 +251,47 @@ def sessions(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def _by_step(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int]) -> None:
     """Loss and held-out loss against the step, one line per session; a dotted line
     where a session resumed (its first step), so replayed steps show as a new line."""
-    drawn["sessions"] = drawn["train loss by step"] = drawn["eval loss by step"] = 0
+    drawn["sessions"] = 0
+    _per_session(ax, metrics, drawn, (
+        (MetricKind.TRAIN, "loss", "train loss by step", {"color": "tab:blue"}),
+        (MetricKind.EVAL, "loss", "eval loss by step",
+         {"color": "tab:orange", "marker": "o", "linestyle": "--"})))
     resumed: list[tuple[float, str]] = []
-    for i, session in enumerate(sessions(metrics)):
-        for kind, name, style in ((MetricKind.TRAIN, "train loss by step",
-                                   {"color": "tab:blue"}),
-                                  (MetricKind.EVAL, "eval loss by step",
-                                   {"color": "tab:orange", "marker": "o", "linestyle": "--"})):
-            pts = [(r["step"], r["loss"]) for r in session if r.get("kind") == kind
-                   and r.get("step") is not None and r.get("loss") is not None]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), label=None if i else name.split(" by")[0],
-                        **style)
-                drawn[name] += len(pts)
+    for session in sessions(metrics):
         start = session[0]
         if start.get("kind") == MetricKind.START:
             drawn["sessions"] += 1
             if start.get("resumed") and start.get("step") is not None:
                 resumed.append((start["step"], f"resumed @{start['step']}"))
     _mark_preemptions([ax], resumed, 0.0, 1.0)  # at the step itself
-    ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    if drawn["train loss by step"] or drawn["eval loss by step"]:
+
+
+def _lr_by_step(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int]) -> None:
+    """The learning rate each logged step used, one line per session: a budget or
+    schedule changed at a resume shows where it bends."""
+    _per_session(ax, metrics, drawn, (
+        (MetricKind.TRAIN, "lr", "lr by step", {"color": "tab:gray"}),))
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+
+
+def _per_session(ax: Any, metrics: list[dict[str, Any]], drawn: dict[str, int],
+                 lines: tuple[tuple[MetricKind, str, str, dict[str, Any]], ...]) -> None:
+    """``key`` of records of ``kind`` against the step, one line per session; each
+    series is named in the legend once, by its first line drawn."""
+    for kind, key, name, style in lines:
+        drawn[name] = 0
+        for session in sessions(metrics):
+            pts = [(r["step"], r[key]) for r in session if r.get("kind") == kind
+                   and r.get("step") is not None and r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True),
+                        label=None if drawn[name] else name.split(" by")[0], **style)
+                drawn[name] += len(pts)
+    ax.set_xlabel("step")
+    if any(drawn[name] for _, _, name, _ in lines):
         ax.legend(loc="upper right")
 
 
@@ -291,7 +329,8 @@ def render_html(run: dict[str, Any], summary: dict[str, Any], png: Path) -> str:
     events = "".join(
         f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['time']))}</td>"
         f"<td>{html.escape(str(e.get('kind')))}</td><td>{html.escape(_fields(e))}</td></tr>"
-        for e in run["events"][-200:] if e.get("time") is not None)
+        for e in sorted((e for e in run["events"] if isinstance(e.get("time"), (int, float))),
+                        key=lambda e: e["time"])[-EVENT_ROWS:])
     state = html.escape(str(status.get("state", "unknown")))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(run['job'])} report</title>
@@ -309,7 +348,13 @@ th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left}}</style></head>
 
 
 def _fields(e: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "time"))
+    """An event's details as ``key=value``, numbers to three decimals at most."""
+    def show(v: Any) -> str:
+        if isinstance(v, float) and math.isfinite(v):
+            return f"{v:,.3f}".rstrip("0").rstrip(".")
+        return str(v)
+
+    return ", ".join(f"{k}={show(v)}" for k, v in e.items() if k not in ("kind", "time"))
 
 
 def _legend(ax, twin) -> None:

@@ -4,11 +4,13 @@ table, from a run directory and from a store."""
 import base64
 import itertools
 import json
+import math
 
 import pytest
 from monitor_tables import gpu_run, preempted_twice
 
 from runner.errors import UserError
+from runner.monitor.cost import cost_summary
 from runner.monitor.report import preemption_marks, render_png, sessions, write_report
 from runner.storage import open_store
 
@@ -37,7 +39,8 @@ def test_png_has_the_expected_series(tmp_path):
     metrics, events, gpu = recorded_run()
     drawn = render_png(metrics, events, gpu, tmp_path / "r.png", title="preempted-twice")
     n_train = sum(r["kind"] == "train" for r in metrics)
-    assert drawn == {"panels": 5, "train loss by step": n_train, "eval loss by step": 10,
+    assert drawn == {"panels": 6, "train loss by step": n_train, "eval loss by step": 10,
+                     "lr by step": n_train,
                      "sessions": 3, "train loss": n_train, "eval loss": 10,
                      "tokens/s": n_train, "MFU %": n_train, "data wait %": n_train,
                      "checkpoint %": n_train, "GPU util %": 300, "GPU memory %": 300,
@@ -51,7 +54,7 @@ def test_png_has_the_expected_series(tmp_path):
 def test_a_run_without_gpu_samples_has_no_empty_gpu_panel(tmp_path):
     metrics, events, _ = recorded_run(with_gpu=False)
     drawn = render_png(metrics, events, [], tmp_path / "cpu.png")
-    assert drawn["panels"] == 4 and drawn["GPU util %"] == 0 and drawn["train loss"] > 0
+    assert drawn["panels"] == 5 and drawn["GPU util %"] == 0 and drawn["train loss"] > 0
 
 
 def test_the_step_panel_draws_each_session_from_where_it_resumed():
@@ -139,3 +142,57 @@ def test_report_of_a_cpu_run_stopped_with_ctrl_c(tmp_path):
     assert "<th>stopped by the user</th><td>1</td>" in html
     assert [label for _, label in preemption_marks(events, first + second)] == \
         ["resume @100 after a user stop: lost 0 steps"]
+
+
+def test_eval_loss_is_in_the_step_panels_legend_when_the_first_session_had_none():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from runner.monitor.report import _by_step
+
+    first = [{"kind": "start", "step": 0, "time": 0.0},
+             {"kind": "train", "step": 10, "time": 1.0, "loss": 5.0}]
+    second = [{"kind": "start", "step": 10, "time": 5.0, "resumed": True},
+              {"kind": "train", "step": 20, "time": 6.0, "loss": 4.0},
+              {"kind": "eval", "step": 20, "time": 7.0, "loss": 4.5}]
+    fig, ax = plt.subplots()
+    _by_step(ax, first + second, {})
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train loss", "eval loss"]
+    plt.close(fig)
+
+
+def test_wall_clock_lines_break_where_a_session_began():
+    """kill -9 and a rerun 20 s later: the loss line was drawn straight across the gap."""
+    from runner.monitor.report import wall_series
+
+    records = [{"kind": "train", "time": t, "loss": 1.0} for t in (0, 10, 20, 30, 50, 60)]
+    xs, ys = wall_series(records, "train", "loss", 0.0, unit_s=1.0, breaks=[0.0, 45.0])
+    assert [math.isnan(y) for y in ys] == [False] * 4 + [True] + [False] * 2
+    assert xs[4] == 40.0
+
+
+def test_a_long_title_is_wrapped_to_the_figures_width():
+    from runner.monitor.report import TITLE_CHARS, figure_title
+
+    title = "pydocs-txt: " + "; ".join(["ten/small_32k", "39.2M parameters",
+                                        "data /home/someone/corpora/python-docs/*.txt (full)",
+                                        "held-out loss 2.0712, perplexity 7.93, recall 3.1% "
+                                        "at step 200"])
+    lines = figure_title(title, 0.0).splitlines()
+    assert len(lines) == 3 and all(len(line) <= TITLE_CHARS for line in lines)
+    assert lines[-1] == "1970-01-01 00:00 UTC" and " ".join(lines[:-1]) == title
+
+
+def test_the_pages_events_are_in_time_order_with_rounded_numbers(tmp_path):
+    from runner.monitor.report import render_html
+
+    png = tmp_path / "r.png"
+    png.write_bytes(PNG_MAGIC)
+    events = [{"kind": "checkpoint", "time": 200.0, "step": 8, "seconds": 0.25768904999995357},
+              {"kind": "start", "time": 100.0, "host": "h"}]
+    page = render_html({"job": "j", "label": "runs/j", "metrics": [], "events": events},
+                       cost_summary([], events, None), png)
+    assert page.index(">start<") < page.index(">checkpoint<")
+    assert "seconds=0.258" in page and "0.2576" not in page
