@@ -202,23 +202,41 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
                    "(created if needed; HF_TOKEN from the environment).")
 @click.option("--private", is_flag=True, help="With --push-to-hub: a new repository is "
               "private.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out (in "
+              "one rename; any other folder is refused).")
 def export_model(run: str, out: str, step: int | None, job_name: str | None,
-                 endpoint_url: str | None, repo: str | None, private: bool) -> None:
+                 endpoint_url: str | None, repo: str | None, private: bool,
+                 overwrite: bool) -> None:
     """Write RUN's model as a folder other tools load: safetensors weights, the config,
     the model and tokenizer code for Hugging Face transformers (trust_remote_code=True),
     the run's tokenizer and a model card. The transformer baseline is written as a
-    standard StableLM (no model code). RUN is as for `sample`."""
+    standard StableLM (no model code). RUN is as for `sample`.
+
+    Exit codes: 0 exported, 2 a run or --out that cannot be used, 3 a damaged or foreign
+    tokenizer, 4 a full or read-only disk, 75 stopped by a signal (nothing exported)."""
     from runner.trained.export import export_model as export
     from runner.trained.export import hub_token, push_to_hub
+    from ten.stop import Interrupted, Stop
 
     token = None if repo is None else hub_token(repo)  # before anything is spent
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
-    path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url)
-    trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
-    click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
-               f"{str(path)!r}{trust})")
-    if repo is not None:
-        click.echo(f"pushed to {push_to_hub(path, repo, token, private=private)}")
+    stop = Stop(exit_code=ExitCode.PREEMPTED)
+    stop.install()
+    path = None
+    try:
+        path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url,
+                      overwrite=overwrite, stop=stop)
+        trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
+        click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
+                   f"{str(path)!r}{trust})")
+        if repo is not None:
+            click.echo(f"pushed to {push_to_hub(path, repo, token, private=private)}")
+    except Interrupted as stopped:
+        stop.handled()
+        done = (f"{path} is complete; the push to {repo} did not finish" if path
+                else f"nothing was written to {out}; run it again")
+        raise UserError(f"stopped by {stopped.name}: {done}",
+                        exit_code=ExitCode.PREEMPTED) from None
 
 
 @cli.command("eval")

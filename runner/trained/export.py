@@ -19,11 +19,13 @@ in the folder); how each model class maps onto transformers is
 (``ten_config``, ``ten_model_class``) so ``ten-runner eval FOLDER`` rebuilds it exactly.
 
 It is written in a temporary folder beside ``out`` and renamed into place: an existing
-folder is never overwritten, and a failed export leaves nothing behind.
+folder is never overwritten (``overwrite`` replaces an earlier export, in one rename), and
+a failed or stopped export leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,17 +41,20 @@ TOKENIZER_CODE = "tokenization_ten.py"
 
 
 def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
-                 step: int | None = None, endpoint_url: str | None = None) -> Path:
+                 step: int | None = None, endpoint_url: str | None = None,
+                 overwrite: bool = False, stop: Any = None) -> Path:
     """Write the folder for a run (see the module doc); returns its path. UserError (one
-    line) for a run that cannot be exported or an ``out`` that already exists."""
+    line) for a run that cannot be exported, an ``out`` that already exists (unless
+    ``overwrite`` and it holds an earlier export), or a full or read-only disk (exit 4).
+    ``stop`` (a ten.stop.Stop): a stop signal while writing raises its Interrupted with
+    nothing left behind; one during the final rename is noted and the export finishes."""
     from runner.errors import UserError
     from runner.trained.hf_model.layouts import layout_of
     from runner.trained.sample import run_tokenizer, trained_model
     from ten.trainstate import read_config
 
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists and is not empty; choose a new --out folder")
+    _check_out(out, overwrite)
     run_dir, name, found, model = trained_model(where, job, endpoint_url, step)
     run_tokenizer(run_dir, found)  # damaged or another: refused before anything is written
     saved = read_config(found.path)
@@ -58,16 +63,56 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     except ValueError as e:
         raise UserError(f"{name} cannot be exported: {e}") from None
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
     try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         _write_folder(tmp, layout, model, run_dir, name, found, saved)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(tmp, out)
+        with stop.deferred("the export's rename") if stop else contextlib.nullcontext():
+            if out.exists():  # empty, or an earlier export (checked above)
+                os.replace(out, old)
+            os.replace(tmp, out)
+    except OSError as e:
+        _disk_error(e, out)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    from runner.errors import UserError
+
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not overwrite:
+        raise UserError(f"{out} already exists and is not empty; choose a new --out folder, "
+                        "or pass --overwrite to replace an earlier export there")
+    if not is_export(out):
+        raise UserError(f"{out} is not a folder export-model wrote (no config.json naming "
+                        "ten_config); --overwrite replaces only an earlier export")
+
+
+def is_export(folder: Path) -> bool:
+    """``folder`` holds what export-model wrote (its config.json names ten_config)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "ten_config" in config
+
+
+def _disk_error(e: OSError, out: Path) -> None:
+    """A full, read-only or forbidden disk: one line naming ``out`` and its free space,
+    exit 4 (nothing was exported); any other OSError is left to its caller."""
+    from runner.errors import UserError
+    from runner.exit_codes import ExitCode
+    from ten.fileio import ENVIRONMENT_ERRNOS, describe_os_error
+
+    if e.errno in ENVIRONMENT_ERRNOS:
+        raise UserError(f"{describe_os_error(e, out)}; nothing was exported: free space "
+                        "there or choose another --out", exit_code=ExitCode.STORAGE) from None
 
 
 def hub_token(repo: str, environ: Mapping[str, str] | None = None) -> str:
@@ -119,13 +164,15 @@ def push_to_hub(folder: Path, repo: str, token: str, *, private: bool = False,
 
 def _write_folder(folder: Path, layout: Any, model: Any, run_dir: Path, name: str,
                   found: Any, saved: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from ten.data import Tokenizer
 
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     weights = layout.to_hf(model.config, model.state_dict())
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # serialized here and written by Python, so a full disk is an OSError (ENOSPC), not
+    # safetensors' own error type
+    (folder / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
     for file in (*layout.code, TOKENIZER_CODE):
         shutil.copyfile(HF_SOURCE / file, folder / file)
     shutil.copyfile(run_dir / "tokenizer.model", folder / "tokenizer.model")

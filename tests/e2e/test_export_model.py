@@ -134,7 +134,72 @@ def test_an_existing_folder_is_never_overwritten(run, folder):
     result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(folder)])
     assert result.exit_code == ExitCode.CONFIG
     assert result.output.count("\n") == 1 and "already exists and is not empty" in result.output
+    assert "--overwrite" in result.output
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(run, tmp_path):
+    out = tmp_path / "hf"
+    assert CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out),
+                                    "--step", "6"]).exit_code == 0
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out),
+                                      "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert "exported at step 12" in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(mine),
+                                      "--overwrite"])
+    assert result.exit_code == ExitCode.CONFIG and "not a folder export-model wrote" in \
+        result.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_a_full_disk_is_one_line_exit_4_and_leaves_nothing(run, small_disk):
+    """Was a safetensors traceback, exit 1 (issue 45)."""
+    disk = small_disk(64)  # the weights alone need more
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(disk / "hf")])
+    assert result.exit_code == ExitCode.STORAGE, result.output
+    assert result.output.count("\n") == 1, result.output
+    assert "No space left on device" in result.output and "free on" in result.output
+    assert str(disk / "hf") in result.output and "Traceback" not in result.output
+    assert list(disk.iterdir()) == []
+
+
+def test_a_stop_while_writing_exports_nothing_and_one_in_the_rename_finishes(
+        run, tmp_path, monkeypatch):
+    """SIGTERM after the last write exited -15 with the folder in place, and a rerun was
+    refused (issue 45): a stop while writing leaves nothing (75); one during the rename
+    is noted and the export completes (0)."""
+    import signal
+
+    from runner.trained import export as export_mod
+
+    real_write, real_replace = export_mod._write_folder, os.replace
+
+    def write_then_stop(folder, *a):
+        real_write(folder, *a)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(export_mod, "_write_folder", write_then_stop)
+    out = tmp_path / "stopped"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out)])
+    assert result.exit_code == ExitCode.PREEMPTED, result.output
+    assert "stopped by SIGTERM: nothing was written" in result.output
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(export_mod, "_write_folder", real_write)
+
+    def stop_then_replace(src, dst):
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(export_mod.os, "replace", stop_then_replace)
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out)])
+    monkeypatch.setattr(export_mod.os, "replace", real_replace)
+    assert result.exit_code == 0, result.output
+    assert "exported to" in result.output and (out / "model.safetensors").is_file()
 
 
 def test_eval_scores_any_text_at_three_lengths_the_same_for_run_and_folder(run, folder,
