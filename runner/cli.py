@@ -71,10 +71,11 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
                     click.echo(line, err=True)
             continue
         warnings = [] if no_path_checks else _credentials_missing(job)
+        model = job.model_text(job.data.tokenizer.vocab_size)
         results.append({"file": path, "ok": True, "errors": [], "warnings": warnings,
-                        "summary": job.summary()})
+                        "summary": job.summary(), "model": model})
         if not as_json:
-            click.echo(f"ok: {path} ({job.summary()})")
+            click.echo(f"ok: {path} ({job.summary()})\n  {model}")
             for line in warnings:
                 click.echo(f"warning: {path}: {line}", err=True)
     if as_json:

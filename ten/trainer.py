@@ -262,7 +262,7 @@ class Trainer:
     def _schedule_changed(self, multiplier: float) -> str:
         """Said when a resume changed the budget or schedule (ten.schedule.Schedule)."""
         cfg, schedule = self.cfg, self.state.schedule
-        hint = ("" if cfg.schedule == "wsd" else "; train.schedule: wsd keeps the peak lr "
+        hint = ("" if cfg.schedule == "wsd" else "; TrainConfig.schedule wsd keeps the peak lr "
                 "until a final decay, so a budget extended before it goes on at the peak")
         return (f"lr: the budget or schedule changed at this resume, so the lr goes on from "
                 f"{cfg.lr * multiplier:.3g}, where step {self.state.step} left it, to "

@@ -7,6 +7,7 @@ level; the model and dataset checks import it when they run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -31,6 +32,8 @@ from runner.job.yamlfile import MAX_BYTES, YamlProblem, parse, parse_scalar
 
 Path_ = tuple[str | int, ...]
 EXAMPLE = "jobs/tiny-cpu.yaml"
+# A model's shape in the line that says which model a job trains (Job.model_text).
+SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_eigenstates", "seq_len", "vocab_size")
 # Keys of which a job gives at most one: a --set of one replaces the other when the file
 # gave it (the command line wins), instead of reporting "not both".
 EXCLUSIVE: tuple[tuple[Path_, Path_], ...] = (
@@ -93,6 +96,21 @@ class Job(JobSchema):
             fixed["vocab_size"] = vocab_size
         return model_config(self.model.arch, self.model.preset,
                             **{**self.model.overrides, **fixed})
+
+    def model_text(self, vocab_size: int | None = None) -> str:
+        """The model this job trains, in a line: arch/preset, its shape, and each value
+        the job set over the preset's (which setting won); scrubbed. Imports torch."""
+        from ten.presets import model_config
+
+        preset = dataclasses.asdict(model_config(self.model.arch, self.model.preset))
+        chosen = dataclasses.asdict(self.model_settings(vocab_size))
+        shape = ", ".join(f"{k} {chosen[k]:,}" for k in SHAPE_FIELDS if k in chosen)
+        origin = {"seq_len": "data.seq_len", "vocab_size": "data.tokenizer.vocab_size",
+                  **{k: f"model.{k}" for k in self.model.overrides}}
+        won = sorted(f"{origin.get(k, k)} {v} (preset {preset[k]})"
+                     for k, v in chosen.items() if v != preset[k])
+        return self.scrub(f"model {self.model.arch}/{self.model.preset}: {shape}"
+                          + (f"; the job sets {', '.join(won)}" if won else ""))
 
     def __repr__(self) -> str:  # the default repr would show resolved secrets
         name = self.redacted_dict()["name"]

@@ -187,6 +187,7 @@ class JobRun:
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
+        log(job.model_text(job.data.tokenizer.vocab_size))
         if job.train.deterministic:  # before the gate's matmul makes the first cuBLAS handle
             from ten.trainer import make_deterministic
 

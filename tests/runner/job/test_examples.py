@@ -124,7 +124,7 @@ def test_schema_command_prints_json_schema():
     assert set(schema["required"]) == {"name", "model", "data", "train"}
     train = schema["$defs"]["TrainSection"]
     assert train["additionalProperties"] is False
-    assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant"]
+    assert train["properties"]["schedule"]["enum"] == ["cosine", "onecycle", "constant", "wsd"]
     model = schema["$defs"]["ModelSection"]
     assert "pos" in model["then"]["properties"] and "pos" not in model["else"]["properties"]
 

@@ -66,7 +66,7 @@ BAD = [
     ("bad-enum", MINIMAL.replace("builtin:botocore-docs}", "builtin:botocore-docs, mode: fast}"),
      [(3, "data.mode: expected one of pretokenized, streaming, download, got 'fast'")]),
     ("enum-suggestion", MINIMAL.replace("max_steps: 10", "max_steps: 10, schedule: cosin"),
-     [(4, "train.schedule: expected one of cosine, onecycle, constant, got 'cosin' "
+     [(4, "train.schedule: expected one of cosine, onecycle, constant, wsd, got 'cosin' "
           "(did you mean 'cosine'?)")]),
     ("unsafe-name-shell", MINIMAL.replace("name: t", 'name: "a; rm -rf /"'),
      [(1, "name: must be 1-63 characters of a-z, 0-9 and '-'")]),
@@ -258,3 +258,16 @@ def test_bad_set(setting, message):
     result = validate(str(path), "--set", setting)
     errors = assert_one_line_per_error(result, str(path))
     assert any(e.startswith(message) for e in errors), errors
+
+
+def test_validate_says_which_model_is_trained_and_which_settings_beat_the_preset(tmp_path):
+    """`--set model.preset=large` on a file with d_model 128 trained a 24-layer model of
+    width 128, and nothing said so (issue 44)."""
+    job = tmp_path / "job.yaml"
+    job.write_text((ROOT / "jobs/tiny-cpu.yaml").read_text().replace(
+        "model: {arch: ten, preset: tiny}", "model: {arch: ten, preset: tiny, d_model: 128}"))
+    result = validate(str(job), "--set", "model.preset=large")
+    assert result.exit_code == 0, result.output
+    line = result.stdout.splitlines()[1]
+    assert line.startswith("  model ten/large: n_layers 24, d_model 128, ")
+    assert "the job sets " in line and "model.d_model 128 (preset 2048)" in line
