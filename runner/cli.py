@@ -15,6 +15,7 @@ import click
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.target import resolve_target, submitted_record
+from runner.trained.evaluate import MAX_TOKENS
 from ten.model_config import ARCHS
 
 
@@ -227,6 +228,10 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
     try:
         path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url,
                       overwrite=overwrite, stop=stop)
+        if stop.received is not None:  # during the rename: the folder is complete
+            stop.handled()
+            if repo is not None:
+                raise Interrupted(stop.received)
         trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
         click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
                    f"{str(path)!r}{trust})")
@@ -246,7 +251,7 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
               help="Text to score: a plain text file, or JSONL with a \"text\" field.")
 @click.option("--seq-len", default=None, type=click.IntRange(1),
               help="The 1x window (default: the model's training length).")
-@click.option("--max-tokens", default=65536, show_default=True, type=click.IntRange(1),
+@click.option("--max-tokens", default=MAX_TOKENS, show_default=True, type=click.IntRange(1),
               help="Predicted tokens scored per length, at most.")
 @click.option("--step", default=None, type=click.IntRange(0),
               help="A run's checkpoint step (default: the newest committed).")

@@ -26,6 +26,9 @@ from typing import Any
 
 from runner.errors import UserError
 
+# Predicted tokens scored per length by default (``--max-tokens``).
+MAX_TOKENS = 65536
+
 
 class TooShort(UserError):
     """The text cannot fill one window of the length asked for."""
@@ -36,6 +39,7 @@ class Score:
     length: int | None  # tokens per window; None: whole documents
     tokens: int  # predicted tokens counted
     bytes: int  # bytes of text they spell
+    available: int  # predicted tokens the text holds at this length (max_tokens cuts it)
     loss: float  # nats per predicted token
     perplexity: float
     bits_per_byte: float
@@ -88,8 +92,8 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
     import torch.nn.functional as F
 
     stream = torch.as_tensor(tokenizer.encode_documents(documents).astype("int64"))
-    windows = (len(stream) - 1) // length
-    windows = min(windows, max(1, max_tokens // length))
+    available = (len(stream) - 1) // length
+    windows = min(available, max(1, max_tokens // length))
     if windows < 1:
         raise TooShort(f"the text is {len(stream)} tokens: too short for one window of "
                        f"{length}; give more text or a shorter --seq-len")
@@ -103,7 +107,8 @@ def score(model: Any, tokenizer: Any, documents: list[str], length: int,
             logits, _ = model(inputs[i:i + batch_size])
             nll += F.cross_entropy(logits.float().flatten(0, 1),
                                    targets[i:i + batch_size].flatten(), reduction="sum").item()
-    return _score(length, nll, targets.numel(), int(sizes[targets].sum()))
+    return _score(length, nll, targets.numel(), int(sizes[targets].sum()),
+                  available * length)
 
 
 def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int,
@@ -113,10 +118,11 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
     import torch
     import torch.nn.functional as F
 
-    nll, tokens, nbytes = 0.0, 0, 0
+    nll, tokens, nbytes, available = 0.0, 0, 0, 0
     with torch.no_grad():
         for text in documents:
             ids = tokenizer.encode(text)
+            available += len(ids)
             if not ids or tokens >= max_tokens:
                 continue
             inputs, targets = torch.tensor([[tokenizer.eos_id, *ids[:-1]]]), torch.tensor(ids)
@@ -128,17 +134,17 @@ def score_documents(model: Any, tokenizer: Any, documents: list[str], chunk: int
             tokens, nbytes = tokens + len(ids), nbytes + len(text.encode("utf-8"))
     if not tokens:
         raise UserError("no document holds a token to score")
-    return _score(None, nll, tokens, nbytes)
+    return _score(None, nll, tokens, nbytes, available)
 
 
-def _score(length: int | None, nll: float, tokens: int, nbytes: int) -> Score:
+def _score(length: int | None, nll: float, tokens: int, nbytes: int, available: int) -> Score:
     """The summed loss ``nll`` (nats) over ``tokens`` predicted tokens spelling
-    ``nbytes`` bytes, as a Score."""
+    ``nbytes`` bytes, of ``available`` the text holds, as a Score."""
     from runner.trained.sample import ppl
 
     loss = nll / tokens
-    return Score(length=length, tokens=tokens, bytes=nbytes, loss=loss, perplexity=ppl(loss),
-                 bits_per_byte=nll / math.log(2) / max(nbytes, 1))
+    return Score(length=length, tokens=tokens, bytes=nbytes, available=available, loss=loss,
+                 perplexity=ppl(loss), bits_per_byte=nll / math.log(2) / max(nbytes, 1))
 
 
 def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_json: bool,
@@ -164,7 +170,7 @@ def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_j
 
 
 def evaluate_text(model: Any, tokenizer: Any, path: Path, seq_len: int,
-                  multiples: tuple[int, ...] = (1, 4, 16), max_tokens: int = 65536
+                  multiples: tuple[int, ...] = (1, 4, 16), max_tokens: int = MAX_TOKENS
                   ) -> tuple[list[Score], list[int]]:
     """A score per length the text fills a window of, and the lengths it does not; the
     first length must be filled (TooShort otherwise)."""
@@ -178,6 +184,14 @@ def evaluate_text(model: Any, tokenizer: Any, path: Path, seq_len: int,
                 raise
             unfilled.append(seq_len * m)
     return scores, unfilled
+
+
+def _how_much(s: Score) -> str:
+    """What a score counted, and that it is the text's start when --max-tokens cut it."""
+    if s.tokens >= s.available:
+        return f"{s.tokens:,} tokens, {s.bytes:,} bytes: all of the text"
+    return (f"the first {s.tokens:,} of {s.available:,} tokens, {s.bytes:,} bytes; "
+            "--max-tokens scores more")
 
 
 def report(scores: list[Score], name: str, path: Path, as_json: bool,
@@ -194,8 +208,7 @@ def report(scores: list[Score], name: str, path: Path, as_json: bool,
     lines = [f"{name} on {path}:"]
     lines += [f"  {'whole documents' if s.length is None else f'length {s.length:>6}'}: "
               f"loss {s.loss:.4f}, perplexity {s.perplexity:.2f}, bits per byte "
-              f"{s.bits_per_byte:.4f} ({s.tokens:,} tokens, {s.bytes:,} bytes)"
-              for s in scores]
+              f"{s.bits_per_byte:.4f} ({_how_much(s)})" for s in scores]
     lines += [f"  length {length:>6}: the text is too short for one window (give more "
               "text)" for length in unfilled]
     lines.append("perplexity depends on the tokenizer; bits per byte compares models "

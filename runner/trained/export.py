@@ -177,12 +177,13 @@ def _write_folder(folder: Path, layout: Any, model: Any, run_dir: Path, name: st
         shutil.copyfile(HF_SOURCE / file, folder / file)
     shutil.copyfile(run_dir / "tokenizer.model", folder / "tokenizer.model")
     specials = _special_tokens(tokenizer)
-    _json(folder / "config.json", hf_config(layout, model.config, tokenizer))
+    config = hf_config(layout, model.config, tokenizer)
+    _json(folder / "config.json", config)
     _json(folder / "tokenizer_config.json", {
         "tokenizer_class": "TENTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_ten.TENTokenizer", None]},
         "clean_up_tokenization_spaces": False,
-        "model_max_length": model.config.seq_len, **specials})
+        "model_max_length": config["max_position_embeddings"], **specials})
     _json(folder / "special_tokens_map.json", specials)
     # A TEN model carries its own state (modeling_ten.py), not transformers' cache.
     _json(folder / "generation_config.json",

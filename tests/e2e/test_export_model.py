@@ -228,6 +228,13 @@ def test_eval_scores_any_text_at_three_lengths_the_same_for_run_and_folder(run, 
                                      "--max-tokens", "2048"])
     assert "bits per byte compares models across tokenizers" in plain.output
     assert plain.output.count("length") == 3
+    # it says when --max-tokens cut the text (was silent about scoring only its start)
+    assert f"the first 2,048 of {first['available']:,} tokens" in plain.output
+    assert "--max-tokens scores more" in plain.output
+    whole = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(text),
+                                     "--max-tokens", str(first["available"])])
+    assert "--max-tokens scores more" not in whole.output.split("length    128")[0]
+    assert "all of the text" in whole.output
 
 
 def test_eval_of_text_too_short_or_not_text_is_one_line(folder, tmp_path):
@@ -309,19 +316,14 @@ def test_a_push_the_hub_refuses_keeps_the_folder_and_never_shows_the_token(run, 
     assert (out / "model.safetensors").is_file()
 
 
-LOCAL_TASK = """task: ten_local_text
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: bits_per_byte
-  - metric: byte_perplexity
-"""
+def readme_task(data):
+    """The local task YAML the README gives, reading ``data``: the one users copy."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```yaml\n(task: held_out\n.*?)```", readme, re.S).group(1)
+    return block.replace("/abs/path/held-out.jsonl", str(data))
 
 
 def test_lm_evaluation_harness_scores_the_folder_as_ten_runner_eval_does(folder, corpus,
@@ -337,13 +339,14 @@ def test_lm_evaluation_harness_scores_the_folder_as_ten_runner_eval_does(folder,
     data.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs if d))
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "ten_local_text.yaml").write_text(LOCAL_TASK.format(data=data))
+    (tasks / "held_out.yaml").write_text(readme_task(data))
     results = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={folder},trust_remote_code=True,dtype=float32,"
-                               "max_length=4096",  # every document in one window
-        tasks=["ten_local_text"], task_manager=TaskManager(include_path=str(tasks)),
+        # no max_length: the folder's config says it (was 2,048-token windows: 1.5697
+        # against eval's 1.5638 bits per byte on longer documents)
+        model="hf", model_args=f"pretrained={folder},trust_remote_code=True,dtype=float32",
+        tasks=["held_out"], task_manager=TaskManager(include_path=str(tasks)),
         batch_size=1, device="cpu")
-    theirs = results["results"]["ten_local_text"]
+    theirs = results["results"]["held_out"]
     result = CliRunner().invoke(cli, ["eval", str(folder), "--data", str(data),
                                       "--per-document", "--json"])
     assert result.exit_code == 0, result.output
@@ -351,6 +354,18 @@ def test_lm_evaluation_harness_scores_the_folder_as_ten_runner_eval_does(folder,
     assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte"], rel=1e-5)
     assert theirs["byte_perplexity,none"] == pytest.approx(2 ** ours["bits_per_byte"],
                                                            rel=1e-5)
+
+
+def test_tools_size_their_windows_by_the_length_eval_scores(folder):
+    """lm-evaluation-harness found no length in the folder and read 2,048-token windows
+    (issue 44): a TEN model reads any length, so the folder names eval's default."""
+    from lm_eval.models.utils import resolve_max_length
+
+    from runner.trained.evaluate import MAX_TOKENS
+
+    config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    assert resolve_max_length(config, tokenizer) == MAX_TOKENS == 65536
 
 
 @pytest.mark.parametrize("swap", ["damaged", "another"])

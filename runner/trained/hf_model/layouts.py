@@ -24,6 +24,8 @@ from typing import Any
 
 from torch import Tensor
 
+from runner.trained.evaluate import MAX_TOKENS
+
 Names = dict[str, list[str]]  # runner parameter -> the transformers parameters it becomes
 
 
@@ -71,11 +73,18 @@ TEN_FIELDS = ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "
               "selective", "conv_width", "norm_eps", "chunk_size", "seq_len")
 
 
+# A TEN model has no position limit (its state carries any length), but tools size their
+# windows by max_position_embeddings, else 2,048 (lm-evaluation-harness): this is the
+# length ``ten-runner eval`` scores by default, so both score the same windows.
+TEN_MAX_LENGTH = MAX_TOKENS
+
+
 def _ten_config(cfg: Any) -> dict[str, Any]:
     return {"model_type": "ten",
             "auto_map": {"AutoConfig": "configuration_ten.TENConfig",
                          "AutoModelForCausalLM": "modeling_ten.TENForCausalLM"},
-            **{f: getattr(cfg, f) for f in TEN_FIELDS}, "mlp_hidden": cfg.mlp_hidden}
+            **{f: getattr(cfg, f) for f in TEN_FIELDS}, "mlp_hidden": cfg.mlp_hidden,
+            "max_position_embeddings": TEN_MAX_LENGTH}
 
 
 def _ten_names(cfg: Any) -> Names:
