@@ -26,7 +26,7 @@ from ten import checkpoint as ckpt
 from ten.distributed import barrier
 from ten.lm import LanguageModel
 from ten.nonfinite import NonFiniteCounter, NonFiniteStats
-from ten.presets import EXECUTION_FIELDS, build_model, config_of
+from ten.presets import CONFIG_OF_CLASS, EXECUTION_FIELDS, build_model, config_of
 from ten.schedule import Schedule
 
 
@@ -126,6 +126,22 @@ def model_proper(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "model": {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}}
 
 
+def with_new_fields(saved: dict[str, Any], model_class: Any,
+                    current: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's identity with each model field it does not record, and ``current``
+    has, at the field's default: a field added to the model's config after the
+    checkpoint was made defaults to what the model did before it, so an older run
+    resumes (a value other than the default is still a change)."""
+    model, now = saved.get("model"), current.get("model")
+    cls = CONFIG_OF_CLASS.get(model_class) if isinstance(model_class, str) else None
+    if not isinstance(model, dict) or not isinstance(now, dict) or cls is None:
+        return saved
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING}
+    added = {k: defaults[k] for k in now if k not in model and k in defaults}
+    return {**saved, "model": {**model, **added}} if added else saved
+
+
 def refuse_unsafe_resume(run_dir: Path, known: dict[str, Any]) -> None:
     """Before the data is prepared: ResumeError when the newest committed checkpoint in
     ``run_dir`` was made with another value of a key that ``known`` holds (the part of
@@ -139,9 +155,10 @@ def refuse_unsafe_resume(run_dir: Path, known: dict[str, Any]) -> None:
         return
     path = root / ckpt.step_name(steps[-1])
     try:
-        saved = model_proper(read_config(path)["identity"])
+        config = read_config(path)
     except ckpt.CheckpointError:
         return
+    saved = model_proper(with_new_fields(config["identity"], config["model_class"], known))
     _refuse_changes(run_dir, path, config_diff(_restricted(saved, known), model_proper(known)))
 
 
@@ -390,8 +407,14 @@ class CheckpointManager:
     def _restore(self, found: ckpt.Found, state: TrainState) -> None:
         path = found.path
         saved = read_config(path)
-        _refuse_changes(self.run_dir, path, config_diff(model_proper(saved["identity"]),
+        recorded = with_new_fields(saved["identity"], saved["model_class"], self.identity)
+        _refuse_changes(self.run_dir, path, config_diff(model_proper(recorded),
                                                         model_proper(self.identity)))
+        added = sorted(set(recorded["model"]) - set(saved["identity"]["model"])) \
+            if recorded is not saved["identity"] else []
+        if added:
+            self.log(f"{path.name} predates model field(s) {', '.join(added)}: resuming with "
+                     "their defaults, which keep the model as it was")
         files = {"model.pt": ckpt.load(path, "model.pt", self.device),
                  "optimizer.pt": ckpt.load(path, "optimizer.pt", self.device),
                  "trainer.pt": ckpt.load(path, "trainer.pt")}

@@ -915,3 +915,24 @@ def test_a_peak_lr_changed_at_a_resume_takes_effect(data, tmp_path):
     trainer(data, run, max_steps=8, eval_every=0, schedule="constant").run()
     trainer(data, run, max_steps=12, eval_every=0, schedule="constant", lr=1e-3).run()
     assert lrs(run)[8] == 3e-3 and all(lrs(run)[s] == 1e-3 for s in range(9, 13))
+
+
+def test_a_model_field_added_after_a_checkpoint_resumes_at_its_default(data, tmp_path):
+    """A field added to the model's config in a release refused every older run ("unsafe
+    changes (model.future_knob: None -> 0.0)", issue 46). At its default it resumes and
+    says so; set to another value it is still a change."""
+    from ten.trainstate import refuse_unsafe_resume
+
+    run = tmp_path / "run"
+    trainer(data, run, max_steps=4, identity={"model": {"d_model": 32}}).run()
+    newer = {"model": {"d_model": 32, "gate_bias": -2.0}}  # TENConfig's default
+    refuse_unsafe_resume(run, newer)
+    notes = []
+    t = Trainer(mcfg(data), data, tcfg(max_steps=8), run, newer, {}, log=notes.append)
+    assert t.run().outcome is Outcome.DONE
+    assert any("predates model field(s) gate_bias: resuming with their defaults" in n
+               for n in notes)
+    other = tmp_path / "other"
+    trainer(data, other, max_steps=4, identity={"model": {"d_model": 32}}).run()
+    with pytest.raises(ResumeError, match=r"model.gate_bias: -2.0 -> 0.5"):
+        refuse_unsafe_resume(other, {"model": {"d_model": 32, "gate_bias": 0.5}})
