@@ -62,11 +62,11 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
     results = []
     for path in files:
         try:
-            job = load_any(path, sets=sets, check_paths=not no_path_checks)
+            job = load_any(path, sets=sets, check_paths=not no_path_checks, check_card=True)
         except JobError as err:
             bad += 1
             results.append({"file": path, "ok": False, "errors": err.errors, "warnings": [],
-                            "summary": None})
+                            "summary": None, "model": None})
             if not as_json:
                 for line in err.errors:
                     click.echo(line, err=True)
@@ -222,27 +222,26 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
 
     token = None if repo is None else hub_token(repo)  # before anything is spent
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
-    stop = Stop(exit_code=ExitCode.PREEMPTED)
-    stop.install()
     path = None
-    try:
-        path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url,
-                      overwrite=overwrite, stop=stop)
-        if stop.received is not None:  # during the rename: the folder is complete
-            stop.handled()
+    with Stop(exit_code=ExitCode.PREEMPTED).installed() as stop:
+        try:
+            path = export(where, out, job=job_name, step=step, endpoint_url=endpoint_url,
+                          overwrite=overwrite, stop=stop)
+            if stop.received is not None:  # during the rename: the folder is complete
+                stop.handled()
+                if repo is not None:
+                    raise Interrupted(stop.received)
+            trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
+            click.echo(f"exported to {path}; load it with AutoModelForCausalLM"
+                       f".from_pretrained({str(path)!r}{trust})")
             if repo is not None:
-                raise Interrupted(stop.received)
-        trust = ", trust_remote_code=True" if (path / "modeling_ten.py").exists() else ""
-        click.echo(f"exported to {path}; load it with AutoModelForCausalLM.from_pretrained("
-                   f"{str(path)!r}{trust})")
-        if repo is not None:
-            click.echo(f"pushed to {push_to_hub(path, repo, token, private=private)}")
-    except Interrupted as stopped:
-        stop.handled()
-        done = (f"{path} is complete; the push to {repo} did not finish" if path
-                else f"nothing was written to {out}; run it again")
-        raise UserError(f"stopped by {stopped.name}: {done}",
-                        exit_code=ExitCode.PREEMPTED) from None
+                click.echo(f"pushed to {push_to_hub(path, repo, token, private=private)}")
+        except Interrupted as stopped:
+            stop.handled()
+            done = (f"{path} is complete; the push to {repo} did not finish" if path
+                    else f"nothing was written to {out}; run it again")
+            raise UserError(f"stopped by {stopped.name}: {done}",
+                            exit_code=ExitCode.PREEMPTED) from None
 
 
 @cli.command("eval")
@@ -274,12 +273,12 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
                         job=job_name, endpoint_url=endpoint_url, step=step))
 
 
-def _load(job_file: str, sets: tuple[str, ...] = ()):
+def _load(job_file: str, sets: tuple[str, ...] = (), check_card: bool = False):
     from runner.job import JobError
     from runner.storage.jobfile import load_any
 
     try:
-        return load_any(job_file, sets=sets)
+        return load_any(job_file, sets=sets, check_card=check_card)
     except JobError as err:
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
 
@@ -420,7 +419,7 @@ def submit(job_file: str, target: str, wait: bool, region: str | None,
     runs the job's container there. Secrets travel only in the environment (ssh: a 0600
     env file removed after start; aws: the instance profile), never on a command line or
     in a file we upload."""
-    job = _load(job_file, sets)
+    job = _load(job_file, sets, check_card=True)
 
     def say(line: str) -> None:
         click.echo(line, err=True)  # stdout carries only the job id
@@ -496,9 +495,9 @@ def export(job_file: str, target: str, job_url: str | None, output: str | None) 
     The job file travels as written (${VAR} unresolved); secrets appear only by name."""
     from runner.provision.export import export_job, laptop_values
 
-    job = _load(job_file)
+    job = _load(job_file, check_card=True)
     text = export_job(job, Path(job_file), target, job_url=job_url)
-    for warning in laptop_values(job):
+    for warning in laptop_values(job, target):
         click.echo(f"warning: {warning}", err=True)
     if output:
         Path(output).write_text(text)

@@ -15,7 +15,11 @@ import torch
 from ten.loss import resolve_loss_backend
 from ten.scan import resolve_scan
 
-__all__ = ["Execution", "resolve_execution", "resolve_precision"]
+__all__ = ["Execution", "planned_for_cuda", "resolve_execution", "resolve_precision"]
+
+
+# TrainConfig.precision's explicit values -> the autocast dtype (None: plain fp32)
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -25,7 +29,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         if device.type != "cuda":
             return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+    return AMP_DTYPES[precision]
 
 
 @dataclass(frozen=True)
@@ -62,3 +66,15 @@ def resolve_execution(model_config: Any, precision: str, loss: str,
     notes.append(note)
     return Execution(resolve_precision(precision, device), device.type == "cuda", scan, loss,
                      tuple(notes))
+
+
+def planned_for_cuda(model_config: Any, precision: str, loss: str) -> Execution:
+    """What :func:`resolve_execution` decides on a CUDA card (every card of ten.cards has
+    bf16), decided on a machine without one, e.g. to check a job's memory against a card
+    before renting it: ``auto`` picks the fused scan and loss, bf16 autocast."""
+    scan = getattr(model_config, "scan_backend", None)
+    if scan == "auto":
+        scan = "fused"
+    amp = torch.bfloat16 if precision == "auto" else AMP_DTYPES[precision]
+    return Execution(amp, True, scan, "fused" if loss == "auto" else loss,
+                     ("planned for a CUDA card",))

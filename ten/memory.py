@@ -215,20 +215,43 @@ def check_fits(model_config: Any, batch_size: int, seq_len: int,
     whose rough size is under a quarter of what is available: the estimate takes seconds)."""
     from ten.model import TENConfig
 
-    is_ten = isinstance(model_config, TENConfig)
     if device.type == "cpu":
         available = host_available()
-        if not is_ten or available is None or \
+        if not isinstance(model_config, TENConfig) or available is None or \
                 rough_training_bytes(model_config, batch_size, seq_len) < available / 4:
             return None
-        name, total, reserve = "of memory available on this machine", available, 0
+        capacity, reserve = ("of memory available on this machine", available), 0
     else:
-        capacity = device_capacity(device)
+        capacity, reserve = device_capacity(device), RESERVE_BYTES
         if capacity is None:
             return None
-        if not is_ten:
-            return "memory: not estimated for the transformer baseline"
-        (name, total), reserve = capacity, RESERVE_BYTES
+    return fits(model_config, batch_size, seq_len, amp_dtype, optimizer, capacity, reserve,
+                scan_backend, loss_backend)
+
+
+def check_fits_card(model_config: Any, batch_size: int, seq_len: int,
+                    amp_dtype: torch.dtype | None, optimizer: str, card: str,
+                    scan_backend: str, loss_backend: str) -> str:
+    """:func:`check_fits` for a card named in ten.cards, before one is rented (with the
+    backends as they would run on it: ten.execution.planned_for_cuda)."""
+    from ten.cards import CARDS
+
+    spec = CARDS[card]
+    return fits(model_config, batch_size, seq_len, amp_dtype, optimizer,
+                (spec.cuda_name, spec.memory_bytes), RESERVE_BYTES, scan_backend,
+                loss_backend)
+
+
+def fits(model_config: Any, batch_size: int, seq_len: int, amp_dtype: torch.dtype | None,
+         optimizer: str, capacity: tuple[str, int], reserve: int, scan_backend: str,
+         loss_backend: str) -> str:
+    """The line to log when a job's estimate fits ``capacity`` (name, bytes) less
+    ``reserve``; DeviceMemoryError when it does not."""
+    from ten.model import TENConfig
+
+    if not isinstance(model_config, TENConfig):
+        return "memory: not estimated for the transformer baseline"
+    name, total = capacity
     estimate = estimate_training_memory(model_config, batch_size, seq_len, amp_dtype, optimizer,
                                         scan_backend=scan_backend, loss_backend=loss_backend)
     problem = fit_problem(estimate, total, name, model_config, reserve)

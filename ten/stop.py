@@ -36,9 +36,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNUMS = frozenset(int(sig) for sig in SIGNALS)
 GRACE_S = 5.0  # how long native code may keep the main thread from a stop
 PREEMPTED = 75  # EX_TEMPFAIL: stopped after committing; run again to resume
 
@@ -77,6 +78,8 @@ class Stop:
         self._handled = threading.Event()
         self._noted: list[int] = []  # signals in mode "note"
         self._relay: Callable[[int], None] | None = None  # mode "relay"'s receiver
+        # install's: the wake-up fd and handlers found, and its pipe's end (installed())
+        self._before: tuple[int, dict[int, Any], int] | None = None
 
     # -- asking ---------------------------------------------------------------------------
     @property
@@ -103,11 +106,30 @@ class Stop:
             self._handled.clear()
             read_fd, write_fd = os.pipe()
             os.set_blocking(write_fd, False)
-            signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+            self._before = (signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False),
+                            {sig: signal.getsignal(sig) for sig in SIGNALS}, write_fd)
             threading.Thread(target=self._watch, args=(read_fd,), name="stop-watchdog",
                              daemon=True).start()
         for sig in SIGNALS:
             signal.signal(sig, self._handle)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Stop]:
+        """:meth:`install` for the block, then the handlers and wake-up pipe found before
+        put back and the watchdog ended: for a command that is not the process's whole
+        life (``export-model`` called in-process)."""
+        self.install()
+        try:
+            yield self
+        finally:
+            before, self._before = self._before, None
+            if before is not None and self._pid == os.getpid():
+                wakeup, handlers, write_fd = before
+                signal.set_wakeup_fd(wakeup)
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+                os.close(write_fd)  # the watchdog reads the end of its pipe and returns
+                self._pid = None
 
     def _handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self._pid:  # a forked worker (DataLoader, preparation pool)
@@ -219,9 +241,12 @@ class Stop:
                 data = os.read(read_fd, 16)
             except OSError:
                 return
-            if not data:
+            if not data:  # installed() closed the other end
+                os.close(read_fd)
                 return
             for signum in data:
+                if signum not in STOP_SIGNUMS:  # any handled signal reaches the pipe:
+                    continue  # torch's DataLoader handles SIGCHLD, for one
                 # Inside the loop the step finishes and a checkpoint is committed, which may
                 # take longer than the grace period; the final upload runs to its end; the
                 # launcher's ranks commit theirs. Only a stop that is to raise is timed.
@@ -229,8 +254,7 @@ class Stop:
                     continue
                 if self.mode != "raise":  # the loop began while native code held the thread
                     continue
-                name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ \
-                    else str(signum)
+                name = signal.Signals(signum).name
                 with contextlib.suppress(Exception):
                     self.log(f"stopped by {name} during {self.phase}: the process did not "
                              f"answer within {self.grace_s:g} s, exiting now (nothing new to "

@@ -218,6 +218,7 @@ class Trainer:
         self._say(check_fits(self.model_config, cfg.batch_size, self.data.cfg.seq_len,
                              run.amp_dtype, cfg.optimizer, self.device,
                              scan_backend=run.scan or "chunked", loss_backend=run.loss))
+        self.data.check_splits(cfg.batch_size)  # before any step, not at the first eval
         model = build_model(self.model_config).to(self.device)
         optimizer = build_optimizer(model, cfg, self.device)
         self.state = TrainState(

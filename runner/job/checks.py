@@ -54,6 +54,29 @@ def cross(job: JobSchema) -> Found:
     return found
 
 
+def card_memory(job: Any) -> Found:
+    """A job that trains on GPUs (resources.gpus >= 1) whose estimated memory exceeds its
+    resources.accelerator's: what ``run`` would refuse once on the card (ten.memory, the
+    same estimate and margin), said before one is rented. Imports torch; seconds."""
+    from runner.job.library import in_job_terms
+
+    resources, train = job.resources, job.train
+    if resources.gpus < 1 or train.device == "cpu":
+        return []
+    from ten.execution import planned_for_cuda
+    from ten.memory import DeviceMemoryError, check_fits_card
+
+    cfg = job.model_settings(job.data.tokenizer.vocab_size)
+    plan = planned_for_cuda(cfg, train.precision, train.loss)
+    try:
+        check_fits_card(cfg, train.batch_size, job.data.seq_len, plan.amp_dtype,
+                        train.optimizer, resources.accelerator, plan.scan or "chunked",
+                        plan.loss)
+    except DeviceMemoryError as e:
+        return [(("resources", "accelerator"), in_job_terms(str(e)))]
+    return []
+
+
 def _seq_warmup(train: Any, seq_len: int) -> Found:
     """The sequence-length warm-up's start against data.seq_len, and its steps."""
     from runner.job.library import in_job_terms

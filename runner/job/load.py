@@ -121,7 +121,7 @@ class Job(JobSchema):
 
 def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
              env: Mapping[str, str] | None = None, check_model: bool = True,
-             check_paths: bool = False,
+             check_paths: bool = False, check_card: bool = False,
              fetch: Callable[[str], bytes | None] | None = None) -> Job:
     """Read, override, substitute and validate a job file. Raises :class:`JobError`
     listing every problem, one per line.
@@ -130,6 +130,10 @@ def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
     exist here. Off by default: a job submitted to another machine or a container
     names paths that exist only there; ``validate`` and ``run`` (on the machine that
     trains) turn it on.
+
+    ``check_card``: also estimate the job's memory on ``resources.accelerator`` when it
+    trains on GPUs (seconds; ``validate``, ``submit`` and ``export``: before a card is
+    rented; ``run`` checks the device it has instead).
 
     ``fetch(url)``: how an ``s3://`` job file is read — its bytes, None when there is no
     such object, ValueError (one line) when it cannot be read. The job layer does not
@@ -141,14 +145,14 @@ def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
     if text is None:
         raise problems.error()
     job = parse_job(text, source=source, sets=sets, env=env, check_model=check_model,
-                    check_paths=check_paths)
+                    check_paths=check_paths, check_card=check_card)
     job._source_path = None if remote else Path(path)
     return job
 
 
 def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = None, *,
               env: Mapping[str, str] | None = None, check_model: bool = True,
-              check_paths: bool = False) -> Job:
+              check_paths: bool = False, check_card: bool = False) -> Job:
     """Like :func:`load_job`, from YAML text; ``source`` names it in errors."""
     if isinstance(sets, str):
         sets = [sets]
@@ -172,6 +176,8 @@ def parse_job(text: str, source: str = "<job>", sets: Iterable[str] | None = Non
                   if path not in unresolved]
     if check_paths and job is not None and not found and not problems:
         found += peek.local_data(job)  # reads the data: only a job otherwise valid
+    if check_card and check_model and job is not None and not found and not problems:
+        found += checks.card_memory(job)
     for path, message in found:
         problems.add(path, message)
     if problems or job is None:

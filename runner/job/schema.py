@@ -36,6 +36,7 @@ from runner.job.library import FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage.base import check_prefix
 from ten import config as ten_config
+from ten.cards import ACCELERATORS, DEFAULT_ACCELERATOR
 from ten.data.config import DataConfig
 from ten.model_config import ARCHS as MODEL_ARCHS
 from ten.model_config import TENConfig, TransformerConfig
@@ -405,6 +406,10 @@ class ResourcesSection(Section):
 
     gpus: Int = Field(0, ge=0, description="GPUs per machine: more than 1 runs that many "
                       "ranks under torchrun")
+    accelerator: Literal[ACCELERATORS] = Field(
+        DEFAULT_ACCELERATOR, description="the GPU model (SkyPilot's name for it): what "
+        "`export --to skypilot` asks for, and the card `validate` checks the job's memory "
+        "against when gpus >= 1")
     spot: Bool = Field(False, description="a spot (preemptible) machine: watch for the "
                        "preemption notice")
     price_per_hour: bounded(float, gt=0.0) | None = Field(None, description="USD, for cost reports")

@@ -6,9 +6,11 @@ Both run the runner image (``resources.image``, ENTRYPOINT ``tini -- ten-runner`
 (``${VAR}`` unresolved), so the output is one self-contained file:
 
 * SkyPilot: the ``run`` script writes it to ``~/ten-job/job.yaml`` with a quoted heredoc
-  (no shell expansion) and ``exec``\\ s the runner, so the exit code is the runner's. No
-  local path to keep beside the task (``file_mounts`` would need one), and it is
-  rewritten on every recovery. (SkyPilot runs ``run`` as the image's non-root user.)
+  (no shell expansion) and ``exec``\\ s the runner, so the exit code is the runner's. It
+  is rewritten on every recovery. (SkyPilot runs ``run`` as the image's non-root user.)
+  The GPU is ``resources.accelerator`` x ``resources.gpus``. A local dataset or
+  tokenizer is copied by ``file_mounts`` under ``~/ten-data/`` and the run is pointed at
+  it with ``--set`` (:func:`data_mounts`).
 * Kubernetes: a ConfigMap in the same multi-document output holds it verbatim, mounted
   read-only at ``/job`` (``ten-runner run /job/job.yaml``).
 
@@ -40,12 +42,14 @@ from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
 from runner.job.secrets import looks_secret, references, substitute
 from runner.job.yamlfile import YamlProblem, parse
 from runner.provision.base import ProvisionError
+from ten.cards import CARDS
 
 if TYPE_CHECKING:
     from runner.job import Job
 
 TARGETS = ("skypilot", "k8s")
-GPU = "L40S"  # what the job presets and the MFU table are tuned for
+# SkyPilot: where a local dataset or tokenizer is mounted, under the run user's home.
+SKY_DATA_DIR = "ten-data"
 JOB_DIR = "/job"  # Kubernetes: the ConfigMap's read-only mount
 JOB_PATH = f"{JOB_DIR}/job.yaml"
 # SkyPilot runs `run` as the image's user (uid 10001, cannot create /job): its home.
@@ -91,11 +95,11 @@ def export_job(job: Job, job_file: Path, target: str, *, job_url: str | None = N
     return k8s_manifests(job, text, variables, job_url=job_url)
 
 
-def laptop_values(job: Job) -> list[str]:
+def laptop_values(job: Job, target: str = "k8s") -> list[str]:
     """Warnings for values that work on this machine but not in the exported container:
     a local store, an endpoint on this machine's loopback, local data or tokenizer
-    paths (the container has its own disk). Values as the job shows them (a ``${VAR}``
-    stays a reference)."""
+    paths (the container has its own disk; a SkyPilot task mounts those it can,
+    :func:`data_mounts`). Values as the job shows them (a ``${VAR}`` stays a reference)."""
     from ipaddress import ip_address
     from urllib.parse import urlsplit
 
@@ -118,10 +122,11 @@ def laptop_values(job: Job) -> list[str]:
                         "container's own loopback, not this machine: give an address the "
                         "cluster reaches")
     d = job.data
-    if is_local(d.dataset):
+    mounted = {m.key for m in data_mounts(job)} if target == "skypilot" else set()
+    if is_local(d.dataset) and "data.dataset" not in mounted:
         warnings.append(f"data.dataset {shown['data']['dataset']!r} is a local path: the "
                         "container must have it (bake it into the image or mount it)")
-    if d.tokenizer.path is not None:
+    if d.tokenizer.path is not None and "data.tokenizer.path" not in mounted:
         warnings.append(f"data.tokenizer.path {shown['data']['tokenizer']['path']!r} is a "
                         "local path: the container must have it")
     return warnings
@@ -207,7 +212,7 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
     res = job.resources
     resources: dict[str, Any] = {}
     if res.gpus:
-        resources["accelerators"] = f"{GPU}:{res.gpus}"
+        resources["accelerators"] = f"{res.accelerator}:{res.gpus}"
     else:
         resources["cpus"] = "2+"
     resources["use_spot"] = bool(res.spot)
@@ -225,9 +230,13 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
         task["envs"] = envs
     if secrets:
         task["secrets"] = secrets
+    mounts = data_mounts(job)
+    if mounts:
+        task["file_mounts"] = {f"~/{m.remote}": m.local for m in mounts}
     target = shlex.quote(job_url) if job_url else SKY_JOB_PATH
     lines = [] if job_url else [f"mkdir -p {SKY_JOB_DIR}", *_heredoc(text, SKY_JOB_PATH)]
-    task["run"] = "\n".join([*lines, f"exec ten-runner run {target}"]) + "\n"
+    sets = "".join(f' --set "{m.key}=$HOME/{m.remote}{m.pattern}"' for m in mounts)
+    task["run"] = "\n".join([*lines, f"exec ten-runner run {target}{sets}"]) + "\n"
 
     header = [f"SkyPilot managed job for {job.name!r}, exported by ten-runner. Launch:",
               *_continued(["sky jobs launch", f"-n {job.name}", "THIS_FILE",
@@ -241,10 +250,47 @@ def skypilot_task(job: Job, text: str, variables: list[Variable], *,
     header += _optional_lines(variables, lambda v: not v.secret and v not in given,
                               "--env NAME")
     if not res.gpus:
-        header.append(f"CPU only: set resources.gpus in the job for {GPU} GPUs.")
+        header.append(f"CPU only: set resources.gpus in the job for {res.accelerator} GPUs.")
+    for m in mounts:
+        header.append(f"{m.key} is mounted from this machine ({m.local}).")
     header.append("Pin a cloud/region with resources.infra (e.g. aws/us-east-1) if needed.")
     header += _local_storage_warning(job)
     return _comment(header) + dump([task])
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A local path of the job that a SkyPilot task copies to the machine: the job key
+    (given to the run with --set), this machine's folder or file, where it lands under
+    the run user's home, and the glob after the folder (``/*.txt``), if any."""
+
+    key: str
+    local: str
+    remote: str
+    pattern: str = ""
+
+
+def data_mounts(job: Job) -> list[Mount]:
+    """A local data.dataset and data.tokenizer.path, written as paths (one from a
+    ${VAR} is left to the variable): each mounted under ~/ten-data/. A glob mounts the
+    folder before its first wildcard."""
+    from ten.data.sources import is_local
+
+    written = getattr(job, "_written", {})
+    wanted = []
+    if is_local(job.data.dataset) and ("data", "dataset") not in written:
+        wanted.append(("data.dataset", job.data.dataset))
+    if job.data.tokenizer.path is not None and ("data", "tokenizer", "path") not in written:
+        wanted.append(("data.tokenizer.path", job.data.tokenizer.path))
+    mounts = []
+    for i, (key, value) in enumerate(wanted):
+        parts = Path(value).expanduser().parts
+        plain = next((n for n, part in enumerate(parts) if any(c in part for c in "*?[")),
+                     len(parts))
+        local = Path(*parts[:plain]).resolve()
+        pattern = "".join("/" + part for part in parts[plain:])
+        mounts.append(Mount(key, str(local), f"{SKY_DATA_DIR}/{i}-{local.name}", pattern))
+    return mounts
 
 
 def _heredoc(text: str, path: str) -> list[str]:
@@ -341,8 +387,9 @@ def k8s_manifests(job: Job, text: str, variables: list[Variable], *,
         header.append("Spot is a node-pool matter here: add a nodeSelector/toleration for "
                       "your spot pool (e.g. eks.amazonaws.com/capacityType: SPOT).")
     if res.gpus:
+        product = CARDS[res.accelerator].cuda_name.replace(" ", "-")
         header.append(f"Pin the GPU model with a nodeSelector such as "
-                      f"nvidia.com/gpu.product: NVIDIA-{GPU}.")
+                      f"nvidia.com/gpu.product: {product}.")
     header += _local_storage_warning(job)
     return _comment(header) + dump(docs)
 

@@ -129,9 +129,14 @@ class ShardData:
                            world_size, self.cfg.seed, self.cfg.shuffle, self.fingerprint,
                            pin_memory)
 
+    def check_splits(self, batch_size: int) -> None:
+        """DataError now when the held-out split cannot fill one evaluation batch, which
+        the run would otherwise meet at its first evaluation, after training."""
+        _check_val(len(self.val), self.cfg.seq_len, batch_size, self.manifest["val_fraction"])
+
     def val_batches(self, batch_size: int, max_batches: int | None = None
                     ) -> Iterator[torch.Tensor]:
-        _check_val(len(self.val), self.cfg.seq_len, batch_size, self.manifest["val_fraction"])
+        self.check_splits(batch_size)
         return sequential_batches(self.val, self.cfg.seq_len, batch_size, max_batches)
 
 
@@ -168,6 +173,10 @@ class StreamData:
         return StreamLoader(self._docs("train", self.cfg.shuffle), self.tokenizer,
                             self.cfg.seq_len, batch_size, num_workers, rank, world_size,
                             self.fingerprint, pin_memory)
+
+    def check_splits(self, batch_size: int) -> None:
+        """Nothing to check before reading: a stream's split sizes are known as it is read
+        (its evaluation says so when the held-out split runs short)."""
 
     def val_batches(self, batch_size: int, max_batches: int | None = None
                     ) -> Iterator[torch.Tensor]:

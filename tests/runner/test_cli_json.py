@@ -33,9 +33,10 @@ def test_validate_json_lists_every_file(tmp_path):
     out = json.loads(result.stdout)
     assert [r["file"] for r in out] == [str(GOOD), str(bad)]
     assert out[0] == {"file": str(GOOD), "ok": True, "errors": [], "warnings": [],
-                      "summary": out[0]["summary"]}
+                      "summary": out[0]["summary"], "model": out[0]["model"]}
     assert out[0]["summary"].startswith("name=tiny-cpu, ten/tiny, ")
-    assert out[1]["ok"] is False and out[1]["summary"] is None
+    assert out[0]["model"].startswith("model ten/tiny: n_layers 4, d_model 128, ")
+    assert out[1]["ok"] is False and out[1]["summary"] is None and out[1]["model"] is None
     assert out[1]["errors"][0].startswith(f"{bad}:3 name: must be 1-63 characters")
     # stderr: only click's one-line reason for the exit code, not the problems again
     assert result.stderr.strip() == "Error: 1 of 2 job files invalid"

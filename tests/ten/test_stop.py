@@ -89,6 +89,18 @@ def test_native_code_holding_the_main_thread_is_ended_by_the_watchdog():
     assert "not reached" not in p.stdout
 
 
+def test_the_watchdog_ends_nothing_for_a_signal_that_is_no_stop():
+    """Every signal with a Python handler reaches the wake-up pipe; torch's DataLoader
+    handles SIGCHLD, so a worker exiting outside the loop (the loader shut down before
+    the final evaluation) ended a healthy process with 75 after the grace period."""
+    p = run("stop = Stop(grace_s=0.2)\nstop.install()\n"
+            "signal.signal(signal.SIGCHLD, lambda *a: None)  # as torch's DataLoader does\n"
+            "import subprocess\nsubprocess.run(['true'])  # a child exits: SIGCHLD\n"
+            "time.sleep(1)  # five grace periods\nprint('went on')\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "went on\n"
+
+
 def test_the_watchdog_stands_down_inside_the_loop():
     p = run("import ctypes\nstop = Stop(grace_s=0.2)\nstop.install()\n"
             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
@@ -137,3 +149,16 @@ def test_a_supervisor_relays_signals_and_the_watchdog_leaves_it_to_its_children(
             "print('relayed', [signal.Signals(s).name for s in got], stop.mode)\n")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "relayed ['SIGTERM'] raise\n"
+
+
+def test_installed_for_a_block_puts_back_what_it_found():
+    """A command run in-process (export-model under a test runner) left its handlers,
+    wake-up pipe and watchdog behind: a later SIGTERM the caller handles itself was
+    read by the old watchdog and ended the process with 75."""
+    p = run("stop = Stop(grace_s=0.2)\n"
+            "with stop.installed():\n    pass\n"
+            "got = []\nsignal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
+            "kill(signal.SIGTERM)\ntime.sleep(1)  # five grace periods\n"
+            "print(got == [signal.SIGTERM], signal.set_wakeup_fd(-1))\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "True -1\n"

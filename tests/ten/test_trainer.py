@@ -936,3 +936,15 @@ def test_a_model_field_added_after_a_checkpoint_resumes_at_its_default(data, tmp
     trainer(data, other, max_steps=4, identity={"model": {"d_model": 32}}).run()
     with pytest.raises(ResumeError, match=r"model.gate_bias: -2.0 -> 0.5"):
         refuse_unsafe_resume(other, {"model": {"d_model": 32, "gate_bias": 0.5}})
+
+
+def test_a_held_out_split_too_short_to_evaluate_stops_before_the_first_step(data, tmp_path):
+    """A small corpus trained every step and then failed at the final evaluation (issue
+    44): the split is checked before any step."""
+    from ten.data import DataError
+
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match="validation split has .* fewer than one batch of 64"):
+        trainer(data, run, batch_size=64).run()
+    assert not (run / "metrics.jsonl").exists() or not losses(run)
+    assert ckpt.committed_steps(run / "checkpoints") == []

@@ -271,3 +271,18 @@ def test_validate_says_which_model_is_trained_and_which_settings_beat_the_preset
     line = result.stdout.splitlines()[1]
     assert line.startswith("  model ten/large: n_layers 24, d_model 128, ")
     assert "the job sets " in line and "model.d_model 128 (preset 2048)" in line
+
+
+def test_validate_refuses_a_job_too_big_for_its_accelerator():
+    """A job too big for the card validated ok and `run` refused it on the card (issue
+    44): with GPUs asked for, validate runs run's estimate against resources.accelerator."""
+    big = ("--set", "resources.gpus=1", "--set", "train.batch_size=1024",
+           "--set", "data.seq_len=2048")
+    result = validate(str(ROOT / "jobs/tiny-cpu.yaml"), *big,
+                      "--set", "resources.accelerator=L4")
+    assert result.exit_code == ExitCode.CONFIG
+    assert "resources.accelerator: the job does not fit the 22.5 GiB NVIDIA L4" in result.stderr
+    assert "lower train.batch_size" in result.stderr
+    result = validate(str(ROOT / "jobs/tiny-cpu.yaml"), *big,
+                      "--set", "resources.accelerator=H200")
+    assert result.exit_code == 0, result.output

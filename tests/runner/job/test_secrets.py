@@ -102,6 +102,7 @@ STRING_FIELDS = {
     ("storage", "url"): "s3://bucket/{}/runs",
     ("storage", "endpoint_url"): "https://{}.example.com",
     ("storage", "region"): "{}",
+    ("resources", "accelerator"): None,  # an enum: a secret cannot be one of its names
     ("resources", "spot_notice"): None,
     ("resources", "metadata_endpoint"): "http://{}",
     ("resources", "image"): "ghcr.io/{}/img:1",

@@ -160,6 +160,41 @@ def test_gpu_count_spot_and_restarts_map_to_each_target(tmp_path):
     assert "spot" not in yaml.safe_dump(kjob).lower()  # a node-pool concern, see the header
 
 
+def test_the_accelerator_is_the_jobs(tmp_path):
+    """SkyPilot's accelerator was fixed to L40S (issue 44): it is resources.accelerator."""
+    path = variant(tmp_path, "l40s-small-32k", {"gpus: 1": "gpus: 2\n  accelerator: H100"})
+    assert sky(path)["resources"]["accelerators"] == "H100:2"
+    assert "nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3" in export(path, "k8s")
+
+
+def test_a_local_dataset_is_mounted_and_the_run_pointed_at_it(tmp_path, monkeypatch):
+    """A local dataset got no file_mounts (issue 44): the task copies it (a glob: its
+    folder) and the tokenizer under ~/ten-data/, and the run script's --set points the
+    embedded job there, the job file itself unchanged."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("text")
+    (tmp_path / "tok.model").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "job.yaml"
+    path.write_text("name: mine\nmodel: {preset: tiny}\n"
+                    "data: {dataset: 'corpus/*.txt', tokenizer: {path: ./tok.model}}\n"
+                    "train: {max_steps: 10}\nresources: {gpus: 1}\n")
+    task = sky(path)
+    assert task["file_mounts"] == {"~/ten-data/0-corpus": str(corpus),
+                                   "~/ten-data/1-tok.model": str(tmp_path / "tok.model")}
+    last = task["run"].rstrip().splitlines()[-1]
+    assert last == ('exec ten-runner run ~/ten-job/job.yaml'
+                    ' --set "data.dataset=$HOME/ten-data/0-corpus/*.txt"'
+                    ' --set "data.tokenizer.path=$HOME/ten-data/1-tok.model"')
+    assert "file_mounts" not in export(path, "k8s")  # Kubernetes: still warned about
+    from runner.provision.export import laptop_values
+
+    job = load_job(path, check_model=False)
+    assert not [w for w in laptop_values(job, "skypilot") if w.startswith("data.")]
+    assert len([w for w in laptop_values(job, "k8s") if w.startswith("data.")]) == 2
+
+
 def test_a_cpu_job_asks_for_no_gpu():
     task = sky(job_path("tiny-cpu"))
     assert "accelerators" not in task["resources"] and task["resources"]["use_spot"] is False

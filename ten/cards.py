@@ -1,0 +1,38 @@
+"""The GPU models a job can name (``resources.accelerator``): for each, the name CUDA
+reports for it and its memory as ``nvidia-smi`` reports it. The names are those clouds
+and SkyPilot use for the card, so a job's accelerator travels to a SkyPilot task as it
+is. Torch-free: the job schema reads the names.
+
+The memory lets a job be checked against a card before one is rented
+(:func:`ten.memory.check_fits_card`); the CUDA name is the key of the peak-FLOPs table
+(ten.mfu), which counts what a card delivers once it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Card:
+    cuda_name: str  # torch.cuda.get_device_name on it
+    memory_mib: int  # nvidia-smi's "memory.total"
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MiB
+
+
+CARDS: dict[str, Card] = {
+    "L40S": Card("NVIDIA L40S", 46068),  # the card the job presets are sized for
+    "L4": Card("NVIDIA L4", 23034),
+    "A10G": Card("NVIDIA A10G", 23028),
+    "A100": Card("NVIDIA A100-SXM4-40GB", 40960),
+    "A100-80GB": Card("NVIDIA A100-SXM4-80GB", 81920),
+    "H100": Card("NVIDIA H100 80GB HBM3", 81559),
+    "H200": Card("NVIDIA H200", 143771),
+}
+ACCELERATORS = tuple(CARDS)
+DEFAULT_ACCELERATOR = "L40S"
