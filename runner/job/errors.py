@@ -66,9 +66,17 @@ def dotted(path: Path_) -> str:
     return out or "(top level)"
 
 
+# Words users reach for that name one of the choices by another name.
+SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "bfloat16": "bf16", "float16": "fp16",
+            "half": "fp16", "float32": "fp32", "full": "fp32", "adam": "adamw"}
+
+
 def suggest(word: str, choices: typing.Iterable[str]) -> str | None:
-    """The closest choice ("max_step" -> "max_steps", "vocab" -> "vocab_size"), if any."""
+    """The closest choice ("max_step" -> "max_steps", "vocab" -> "vocab_size", "gpu" ->
+    "cuda"), if any."""
     choices = list(choices)
+    if SYNONYMS.get(word.lower()) in choices:
+        return SYNONYMS[word.lower()]
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.7)
     if close:
         return close[0]

@@ -53,6 +53,10 @@ def test_the_folder_holds_safetensors_config_code_tokenizer_and_card(folder, run
     from safetensors.torch import load_file
 
     names = {p.name for p in folder.iterdir()}
+    # the mode the user's umask gives every other file (safetensors' own writer: 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
     assert {"model.safetensors", "config.json", "configuration_ten.py", "modeling_ten.py",
             "tokenization_ten.py", "tokenizer.model", "tokenizer_config.json",
             "generation_config.json", "README.md"} <= names

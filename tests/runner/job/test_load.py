@@ -68,6 +68,8 @@ BAD = [
     ("enum-suggestion", MINIMAL.replace("max_steps: 10", "max_steps: 10, schedule: cosin"),
      [(4, "train.schedule: expected one of cosine, onecycle, constant, wsd, got 'cosin' "
           "(did you mean 'cosine'?)")]),
+    ("enum-synonym", MINIMAL.replace("max_steps: 10", "max_steps: 10, device: gpu"),
+     [(4, "train.device: expected one of auto, cpu, cuda, got 'gpu' (did you mean 'cuda'?)")]),
     ("unsafe-name-shell", MINIMAL.replace("name: t", 'name: "a; rm -rf /"'),
      [(1, "name: must be 1-63 characters of a-z, 0-9 and '-'")]),
     ("unsafe-name-dotdot", MINIMAL.replace("name: t", "name: ../etc"),
