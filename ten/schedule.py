@@ -92,10 +92,10 @@ class Schedule:
         return dataclasses.replace(self, anchor=Anchor(step, multiplier))
 
     def with_saved(self, anchor: list[float] | None) -> Schedule:
-        """This schedule with the anchor a checkpoint saved (see :meth:`saved`)."""
-        if anchor is None:
-            return self
-        return dataclasses.replace(self, anchor=Anchor(int(anchor[0]), float(anchor[1])))
+        """This schedule with the anchor a checkpoint saved (see :meth:`saved`; None: a
+        checkpoint of an unchanged schedule), in place of any it had."""
+        saved = None if anchor is None else Anchor(int(anchor[0]), float(anchor[1]))
+        return self if saved == self.anchor else dataclasses.replace(self, anchor=saved)
 
     def saved(self) -> list[float] | None:
         """The anchor as a checkpoint keeps it (plain numbers: weights_only loads them)."""

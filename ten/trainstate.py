@@ -240,9 +240,11 @@ class TrainState:
     step: int = 0
     tokens: int = 0
     scheduler: Any = dataclasses.field(init=False)
+    peak_lr: float = dataclasses.field(init=False)  # this run's TrainConfig.lr
 
     def __post_init__(self) -> None:
         if self.optimizer is not None:
+            self.peak_lr = self.optimizer.param_groups[0]["lr"]  # before any resume
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda step: self.schedule(step))
 
@@ -291,13 +293,13 @@ class TrainState:
         """The saved schedule position, continued under this run's settings: a changed
         budget or schedule goes on from the multiplier the run had (ten.schedule); a
         changed peak lr takes effect at once (the saved scheduler would keep the old)."""
-        peak = self.scheduler.base_lrs[0]  # this run's TrainConfig.lr
         self.scheduler.load_state_dict(state["scheduler"])
         saved_peak = self.scheduler.base_lrs[0]
         was = self.scheduler.get_last_lr()[0] / saved_peak
         self.schedule = self.schedule.with_saved(state.get("schedule_anchor")).continued(
             int(state["step"]), was)
-        if peak != saved_peak:
+        if self.peak_lr != saved_peak:
+            peak = self.peak_lr
             self.scheduler.base_lrs = [peak] * len(self.optimizer.param_groups)
             for group in self.optimizer.param_groups:
                 group["initial_lr"], group["lr"] = peak, peak * was

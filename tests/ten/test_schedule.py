@@ -64,3 +64,10 @@ def test_the_anchor_survives_a_checkpoint():
     anchored = Schedule("cosine", 300, 10, 0.1).continued(110, 0.1)
     again = Schedule("cosine", 300, 10, 0.1).with_saved(anchored.saved())
     assert again == anchored and again.continued(150, anchored(150)) is again
+
+
+def test_a_checkpoint_without_an_anchor_clears_one_from_a_newer_attempt():
+    """A resume that fell back to an older checkpoint kept the anchor the newer one had
+    set; the saved anchor, or none, is the schedule's."""
+    anchored = Schedule("cosine", 300, 10, 0.1).continued(110, 0.1)
+    assert anchored.anchor is not None and anchored.with_saved(None).anchor is None
