@@ -120,12 +120,17 @@ def wait_for_step(metrics: Path, proc, step: int, timeout=120):
     raise AssertionError(f"step {step} not reached within {timeout} s ({machine_note()})")
 
 
-def losses(run_dir):
+def train_values(run_dir, key):
+    """``key`` of each train record by step (a resumed run rewrites redone steps)."""
     by_step = {}
     for r in read_metrics(run_dir / "metrics.jsonl"):
         if r["kind"] == "train":
-            by_step[r["step"]] = r["loss"]
+            by_step[r["step"]] = r[key]
     return by_step
+
+
+def losses(run_dir):
+    return train_values(run_dir, "loss")
 
 
 def final_weights(run_dir):

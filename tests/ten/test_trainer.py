@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from runhelpers import losses, train_values
 
 from ten import checkpoint as ckpt
 from ten import trainer as trainer_mod
@@ -101,14 +102,6 @@ class SignalAt:
                 inner.load_state_dict(s)
 
         return Loader()
-
-
-def losses(run_dir):
-    by_step = {}
-    for r in read_metrics(run_dir / "metrics.jsonl"):
-        if r["kind"] == "train":
-            by_step[r["step"]] = r["loss"]  # a resumed run rewrites redone steps
-    return by_step
 
 
 def final_weights(run_dir):
@@ -838,11 +831,7 @@ def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tm
 
 
 def lrs(run_dir):
-    by_step = {}
-    for r in read_metrics(run_dir / "metrics.jsonl"):
-        if r["kind"] == "train":
-            by_step[r["step"]] = r["lr"]
-    return by_step
+    return train_values(run_dir, "lr")
 
 
 def test_extending_a_finished_budget_goes_on_from_its_lr_without_a_jump(data, tmp_path):
