@@ -14,6 +14,7 @@ import click
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from runner.storage import DEFAULT_STORE
 from runner.target import resolve_target, submitted_record
 from runner.trained.evaluate import MAX_TOKENS
 from ten.model_config import ARCHS
@@ -181,9 +182,9 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
 def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str,
            max_new_tokens: int, temperature: float, top_k: int, seed: int) -> None:
     """Generate text from the newest valid checkpoint of RUN: a run directory (e.g.
-    runs/tiny-cpu), a bucket run (s3://bucket/prefix/JOB: its newest committed checkpoint
-    and tokenizer are downloaded under $TEN_CACHE_DIR/samples), a job file, or a
-    submitted job's id."""
+    runs/tiny-cpu) or a run's name in ./runs (tiny-cpu), a bucket run
+    (s3://bucket/prefix/JOB: its newest committed checkpoint and tokenizer are downloaded
+    under $TEN_CACHE_DIR/samples), a job file, or a submitted job's id."""
     from runner.trained.sample import sample_run
 
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
@@ -283,7 +284,7 @@ def _load(job_file: str, sets: tuple[str, ...] = (), check_card: bool = False):
         raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
 
 
-_TARGET = click.argument("target", default="./runs")
+_TARGET = click.argument("target", default=DEFAULT_STORE)
 _JOB = click.option("--job", "job_name", default=None, help="Job name inside a store.")
 _ENDPOINT = click.option("--endpoint-url", default=None, help="S3-compatible endpoint.")
 
@@ -327,9 +328,9 @@ def rm(target: str, job_name: str | None, endpoint_url: str | None, yes: bool,
        force: bool) -> None:
     """Remove a run: all its files (checkpoints, metrics, logs, status) in its run
     directory or under its name in the bucket; prepared data and other runs stay.
-    TARGET: a run directory, a store with one run (--job picks one of several),
-    s3://bucket/prefix/JOB, a job file or a submitted job's id. Asks first (--yes: does
-    not); a run that is training is refused (--force removes it anyway)."""
+    TARGET: a run directory or its name in ./runs, a store with one run (--job picks one
+    of several), s3://bucket/prefix/JOB, a job file or a submitted job's id. Asks first
+    (--yes: does not); a run that is training is refused (--force removes it anyway)."""
     from runner.monitor.source import open_run
     from runner.storage.remove import contents, refuse_if_live, remove
 
@@ -357,9 +358,9 @@ def rm(target: str, job_name: str | None, endpoint_url: str | None, yes: bool,
 @click.option("--interval", default=10.0, show_default=True, help="Seconds between polls.")
 def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bool,
          interval: float) -> None:
-    """Print a run's log. TARGET: a run directory, a store with one run (./runs by
-    default; --job picks one of several), s3://bucket/prefix/JOB, a job file or a
-    submitted job's id."""
+    """Print a run's log. TARGET: a run directory or its name in ./runs, a store with
+    one run (./runs by default; --job picks one of several), s3://bucket/prefix/JOB, a job
+    file or a submitted job's id."""
     from runner.monitor.logs import follow_log, read_log
     from runner.monitor.source import open_run
 
@@ -387,8 +388,8 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
            price_per_hour: float | None, gpus: int) -> None:
     """Plot a run (loss, eval, tokens/s, MFU, GPU, preemptions) and its cost: GPU-hours
     (machine-hours on CPU) paid, goodput, $ per 1B tokens. Writes a PNG and an HTML
-    page. TARGET as for logs: a run directory, a store with one run (./runs by default),
-    s3://bucket/prefix/JOB, a job file or a submitted job's id."""
+    page. TARGET as for logs: a run directory or its name in ./runs, a store with one run
+    (./runs by default), s3://bucket/prefix/JOB, a job file or a submitted job's id."""
     from runner.monitor.report import write_report
 
     t = resolve_target(target, job_name, endpoint_url)

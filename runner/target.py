@@ -50,10 +50,29 @@ def resolve_target(target: str, job: str | None, endpoint_url: str | None) -> Ta
             raise UserError("\n".join(err.errors), exit_code=ExitCode.CONFIG) from None
         job = job or spec.name
     else:
-        return Target(target, job, endpoint_url)
+        return Target(_run_named(target), job, endpoint_url)
     _print_through(spec.scrub)
     where = spec.storage.url if spec.storage.is_remote else str(spec.storage.local_path())
     return Target(where, job, endpoint_url or spec.storage.endpoint_url or None, spec.scrub)
+
+
+def _run_named(target: str) -> str:
+    """``target`` itself, or for a bare name that is no path here (``pydocs-txt``) the
+    run of that name in the default store (``./runs/pydocs-txt``)."""
+    from pathlib import Path
+
+    from runner.storage import DEFAULT_STORE
+
+    if "/" in target or ":" in target or Path(target).exists():
+        return target
+    store = Path(DEFAULT_STORE)
+    if (store / target).is_dir():
+        return str(store / target)
+    there = sorted(d.name for d in store.iterdir() if d.is_dir()) if store.is_dir() else []
+    runs = f"runs there: {', '.join(there[:8])}" if there else "none there"
+    raise UserError(f"{target}: no such directory, and no run named {target} in "
+                    f"{DEFAULT_STORE} ({runs}); give a run directory, a store, an s3:// URL, "
+                    "a job file or a job id", exit_code=ExitCode.CONFIG)
 
 
 def submitted_record(target: str):

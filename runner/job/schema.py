@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 from runner.job.errors import show, suggest
 from runner.job.library import FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
+from runner.storage import DEFAULT_STORE
 from runner.storage.base import check_prefix
 from ten import config as ten_config
 from ten.cards import ACCELERATORS, DEFAULT_ACCELERATOR
@@ -301,7 +302,7 @@ _LOOKS_LIKE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
 class StorageSection(Section):
     """Where runs, checkpoints and shared data go: a local folder or a bucket."""
 
-    url: Str = Field("./runs", description="where runs and checkpoints go: a local path, "
+    url: Str = Field(DEFAULT_STORE, description="where runs and checkpoints go: a local path, "
                      "file:///abs/path or s3://bucket/prefix")
     endpoint_url: Str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
     region: Str | None = Field(None, description="the bucket's region; null: the SDK's "

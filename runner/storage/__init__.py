@@ -32,7 +32,9 @@ from typing import Any
 
 from runner.storage.base import ObjectInfo, StorageError, Store, split_s3_url
 
-__all__ = ["ObjectInfo", "StorageError", "Store", "open_store"]
+__all__ = ["DEFAULT_STORE", "ObjectInfo", "StorageError", "Store", "open_store"]
+
+DEFAULT_STORE = "./runs"  # a job's storage.url when it names none; the CLI's default TARGET
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,

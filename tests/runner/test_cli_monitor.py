@@ -118,6 +118,23 @@ def test_several_runs_need_a_job_name(store, tmp_path, monkeypatch):
     assert result.exit_code == 0 and "done: 40 steps" in result.output
 
 
+def test_a_run_is_named_by_its_name_in_dot_runs(store, tmp_path, monkeypatch):
+    """``ten-runner logs demo`` reads ./runs/demo (said "demo: no such directory")."""
+    import shutil
+
+    shutil.copytree(store / "demo", store / "other")
+    monkeypatch.chdir(tmp_path)
+    for command in (["logs", "other"], ["status", "demo"]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 0, result.output
+    assert "done: 40 steps" in CliRunner().invoke(cli, ["logs", "demo"]).output
+    result = CliRunner().invoke(cli, ["logs", "nope"])
+    assert result.exit_code == ExitCode.CONFIG
+    assert result.output == ("Error: nope: no such directory, and no run named nope in ./runs "
+                             "(runs there: demo, other); give a run directory, a store, an "
+                             "s3:// URL, a job file or a job id\n")
+
+
 # -- a bucket run: s3://bucket/prefix/JOB --------------------------------------------------
 
 BUCKET = "ten-cli-monitor"
