@@ -491,13 +491,17 @@ def _submitted_data(record) -> dict:
               help="Run the job file from this bucket URL instead of embedding it.")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
               help="Write here instead of stdout.")
-def export(job_file: str, target: str, job_url: str | None, output: str | None) -> None:
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a job key, as for `run` (repeatable); the job embedded is the "
+                   "file with these written into it.")
+def export(job_file: str, target: str, job_url: str | None, output: str | None,
+           sets: tuple[str, ...]) -> None:
     """Print a SkyPilot task or a Kubernetes manifest that runs this job in the image.
     The job file travels as written (${VAR} unresolved); secrets appear only by name."""
     from runner.provision.export import export_job, laptop_values
 
-    job = _load(job_file, check_card=True)
-    text = export_job(job, Path(job_file), target, job_url=job_url)
+    job = _load(job_file, sets, check_card=True)
+    text = export_job(job, Path(job_file), target, job_url=job_url, sets=sets)
     for warning in laptop_values(job, target):
         click.echo(f"warning: {warning}", err=True)
     if output:

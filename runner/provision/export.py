@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
+from runner.job.load import with_sets
 from runner.job.secrets import looks_secret, references, substitute
 from runner.job.yamlfile import YamlProblem, parse
 from runner.provision.base import ProvisionError
@@ -74,20 +75,26 @@ class Variable:
 
 
 def export_job(job: Job, job_file: Path, target: str, *, job_url: str | None = None,
-               env: Mapping[str, str] | None = None) -> str:
+               env: Mapping[str, str] | None = None, sets: Sequence[str] = ()) -> str:
     """The job as a SkyPilot task (``target="skypilot"``) or Kubernetes manifests
-    (``"k8s"``), YAML text. ``job`` is the loaded job (for its name and resources),
-    ``job_file`` the file it came from (embedded as written unless ``job_url``),
-    ``env`` this shell's environment (default ``os.environ``)."""
+    (``"k8s"``), YAML text. ``job`` is the loaded job (for its name and resources, with
+    ``sets`` applied), ``job_file`` the file it came from (embedded as written, with the
+    ``--set`` overrides ``sets`` written into it, unless ``job_url``), ``env`` this
+    shell's environment (default ``os.environ``)."""
     if target not in TARGETS:
         raise ProvisionError(f"unknown export target {target!r} (choose one of: "
                              f"{', '.join(TARGETS)})", ExitCode.CONFIG)
     if job_url is not None and not job_url.lower().startswith("s3://"):
         raise ProvisionError(f"job_url must be an s3:// URL, got {job_url!r}", ExitCode.CONFIG)
+    if job_url is not None and sets:
+        raise ProvisionError("--set cannot change the job read from --job-url; write the "
+                             "changes into that file, or export without --job-url",
+                             ExitCode.CONFIG)
     try:
         text = Path(job_file).read_text(encoding="utf-8-sig")
     except OSError as err:
         raise ProvisionError(f"{job_file}: cannot read: {err.strerror or err}") from None
+    text = with_sets(text, sets, str(job_file))
     variables = needed_variables(job, text, os.environ if env is None else env,
                                  remote_job=job_url is not None)
     if target == "skypilot":

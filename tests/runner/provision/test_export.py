@@ -237,6 +237,27 @@ def test_the_heredoc_delimiter_never_occurs_in_the_text():
     assert "\n".join(lines[1:-1]) + "\n" == text
 
 
+def test_set_overrides_are_written_into_the_embedded_job(tmp_path):
+    """``export --set`` as ``run --set``: the job the container runs has the override (the
+    option did not exist); a job read from --job-url cannot take one."""
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+
+    result = CliRunner().invoke(cli, ["export", str(job_path("tiny-cpu")), "--to", "k8s",
+                                      "--set", "train.max_steps=77"])
+    assert result.exit_code == 0, result.output
+    config_map = next(d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "ConfigMap")
+    embedded = tmp_path / "embedded.yaml"
+    embedded.write_text(config_map["data"]["job.yaml"])
+    assert load_job(embedded, check_model=False).train.max_steps == 77
+    result = CliRunner().invoke(cli, ["export", str(job_path("tiny-cpu")), "--to", "k8s",
+                                      "--job-url", "s3://b/job.yaml", "--set",
+                                      "train.max_steps=77"])
+    assert result.exit_code == ExitCode.CONFIG
+    assert "--set cannot change the job read from --job-url" in result.output
+
+
 def test_a_job_url_embeds_nothing_and_runs_the_url():
     url = "s3://my-bucket/jobs/l40s-small-32k-3f9a1c/job.yaml"
     path = job_path("l40s-small-32k")
