@@ -85,12 +85,12 @@ def is_run_dir(path: Path) -> bool:
 def open_store_or_dir(where: str, endpoint_url: str | None = None) -> Any:
     """A Store for ``where`` (path, file:// or s3://); a missing local path is an error
     (not an empty store to create)."""
-    from runner.storage import open_store
+    from runner.storage import COMMAND_SETTINGS, open_store
 
     if "://" not in where and not Path(where).is_dir():
         raise UserError(f"{where}: no such directory; give a run directory, a local store "
                         "or an s3:// URL", exit_code=ExitCode.CONFIG)
-    return open_store(where, endpoint_url or None)
+    return open_store(where, endpoint_url or None, names=COMMAND_SETTINGS)
 
 
 def open_run(where: str, job: str | None = None,

@@ -30,52 +30,63 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.storage.base import ObjectInfo, StorageError, Store, split_s3_url
+from runner.storage.base import (
+    COMMAND_SETTINGS,
+    JOB_SETTINGS,
+    ObjectInfo,
+    SettingNames,
+    StorageError,
+    Store,
+    split_s3_url,
+)
 
-__all__ = ["DEFAULT_STORE", "ObjectInfo", "StorageError", "Store", "open_store"]
+__all__ = ["COMMAND_SETTINGS", "DEFAULT_STORE", "ObjectInfo", "SettingNames", "StorageError",
+           "Store", "open_store"]
 
 DEFAULT_STORE = "./runs"  # a job's storage.url when it names none; the CLI's default TARGET
 
 
-def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
-               **options: Any) -> Store:
+def open_store(url: str, endpoint_url: str | None = None, region: str | None = None, *,
+               names: SettingNames = JOB_SETTINGS, **options: Any) -> Store:
     """A store for ``url``: ``./runs``, ``/abs/path``, ``file:///abs`` or
     ``s3://bucket/prefix``. ``options`` go to :class:`runner.storage.s3.S3Store`
     (addressing_style, max_attempts, timeouts, part_size, conditional_writes, check).
+    ``names``: what errors call the settings to fix (a job's keys by default).
 
     For S3 the bucket is checked once (a one-key listing) so wrong credentials, a missing
     bucket or an unreachable endpoint fail here with a one-line :class:`StorageError`.
     """
     if not isinstance(url, str) or not url.strip():
-        raise StorageError("storage.url is empty; use a local path, file:// or s3://bucket")
+        raise StorageError(f"{names.url} is empty; use a local path, file:// or s3://bucket")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "s3":
         rest = url.split("://", 1)[1]
         bucket, _, prefix = rest.partition("/")
         if not bucket or "@" in bucket or ":" in bucket:
-            raise StorageError(f"storage.url {url.split('@')[-1]!r} has no valid bucket; "
+            raise StorageError(f"{names.url} {url.split('@')[-1]!r} has no valid bucket; "
                                "use s3://bucket/prefix (credentials go in the environment)")
         try:  # library callers get the same check as a job's storage.url
             bucket, prefix = split_s3_url(url)
         except ValueError as e:
-            raise StorageError(f"storage.url: {e}") from None
+            raise StorageError(f"{names.url}: {e}") from None
         from runner.storage.s3 import S3Store  # boto3 only when needed
 
-        return S3Store(bucket, prefix, endpoint_url=endpoint_url, region=region, **options)
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url, region=region, names=names,
+                       **options)
     if endpoint_url:
-        raise StorageError(f"storage.endpoint_url applies to s3:// URLs, not {url!r}")
+        raise StorageError(f"{names.endpoint_url} applies to s3:// URLs, not {url!r}")
     if scheme == "file":
         path = url[len("file://"):]
         if path.startswith("localhost/"):
             path = path[len("localhost"):]
         if not path.startswith("/"):
-            raise StorageError(f"storage.url {url!r}: file:// URLs need an absolute path "
+            raise StorageError(f"{names.url} {url!r}: file:// URLs need an absolute path "
                                "(file:///abs/path)")
         from runner.storage.local import LocalStore
 
         return LocalStore(Path(path), url=url)
     if scheme:
-        raise StorageError(f"storage.url has unsupported scheme {scheme + '://'!r}; "
+        raise StorageError(f"{names.url} has unsupported scheme {scheme + '://'!r}; "
                            "use a local path, file:// or s3://")
     from runner.storage.local import LocalStore
 

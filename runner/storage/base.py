@@ -14,8 +14,23 @@ from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from ten.fileio import sha256_file
 
-__all__ = ["ObjectInfo", "StorageError", "Store", "check_key", "check_prefix", "sha256_file",
-           "split_s3_url"]
+__all__ = ["COMMAND_SETTINGS", "JOB_SETTINGS", "ObjectInfo", "SettingNames", "StorageError",
+           "Store", "check_key", "check_prefix", "sha256_file", "split_s3_url"]
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """What a storage error tells the user to fix, by the name they set it under: a
+    job's keys (a run), or a command's flag and the environment (a command that reads a
+    run from the command line: ``ten-runner logs s3://... --endpoint-url ...``)."""
+
+    url: str
+    endpoint_url: str
+    region: str
+
+
+JOB_SETTINGS = SettingNames("storage.url", "storage.endpoint_url", "storage.region")
+COMMAND_SETTINGS = SettingNames("the URL", "--endpoint-url", "AWS_REGION")
 
 
 class StorageError(UserError):

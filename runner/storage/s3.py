@@ -49,7 +49,15 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.utils import ChunksizeAdjuster
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from runner.storage.base import ObjectInfo, StorageError, Store, check_key, check_prefix
+from runner.storage.base import (
+    JOB_SETTINGS,
+    ObjectInfo,
+    SettingNames,
+    StorageError,
+    Store,
+    check_key,
+    check_prefix,
+)
 
 MiB = 1 << 20
 _AUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
@@ -153,12 +161,14 @@ class S3Store(Store):
                  max_attempts: int = 8, connect_timeout: float = 10.0,
                  read_timeout: float = 60.0, part_size: int = 16 * MiB,
                  multipart_threshold: int | None = None, max_concurrency: int = 8,
-                 conditional_writes: bool | None = None, check: bool = True):
+                 conditional_writes: bool | None = None, check: bool = True,
+                 names: SettingNames = JOB_SETTINGS):
         try:  # a library user's S3Store gets the same protection as a job's storage.url
             self.bucket, self.prefix = bucket, check_prefix(prefix)
         except ValueError as e:
             raise StorageError(str(e)) from None
         self._multipart_etag: str | None = None  # "parts" or "whole", once seen
+        self.names = names  # what an error calls the settings to fix
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
             "AWS_ENDPOINT_URL")
@@ -185,8 +195,8 @@ class S3Store(Store):
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config)
         except (BotoCoreError, ValueError) as e:
             raise StorageError(f"cannot configure S3 client for {self.url}: "
-                               f"{type(e).__name__}; check storage.endpoint_url and "
-                               "storage.region") from None
+                               f"{type(e).__name__}; check {names.endpoint_url} and "
+                               f"{names.region}") from None
         self.part_size = max(5 * MiB, part_size)
         self.transfer = TransferConfig(
             multipart_threshold=multipart_threshold or self.part_size,
@@ -220,7 +230,7 @@ class S3Store(Store):
                    "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or use an instance role)")
         elif isinstance(e, _CONNECTION):
             msg = (f"cannot reach endpoint {self.endpoint} ({type(e).__name__} during {op} "
-                   f"{where}); check storage.endpoint_url and the network")
+                   f"{where}); check {self.names.endpoint_url} and the network")
         elif isinstance(e, ClientError):
             code, status = _code(e), _status(e)
             if code in _AUTH:
@@ -228,10 +238,10 @@ class S3Store(Store):
                        "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's policy")
             elif code == "NoSuchBucket":
                 msg = (f"bucket '{self.bucket}' does not exist at {self.endpoint}; create it "
-                       "or fix storage.url / storage.endpoint_url")
+                       f"or fix {self.names.url} / {self.names.endpoint_url}")
             elif code in _REGION:
                 msg = (f"bucket '{self.bucket}' is in another region ({code}); "
-                       "set storage.region")
+                       f"set {self.names.region}")
             else:
                 text = str(e.response.get("Error", {}).get("Message") or "")[:200]
                 msg = f"{op} {where} failed: {code} (HTTP {status}) {text}".rstrip()

@@ -149,7 +149,7 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
     import shutil
 
     from runner.errors import UserError
-    from runner.storage import StorageError, open_store
+    from runner.storage import COMMAND_SETTINGS, StorageError, open_store
     from runner.storage.checkpoints import (
         NoWholeCheckpoint,
         download_checkpoint,
@@ -162,7 +162,7 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
         if not name or parent.endswith(":/"):
             raise UserError(f"{url}: name the run, as s3://bucket/prefix/JOB or with --job")
         url, job = parent, name
-    store = open_store(url, endpoint_url or None)
+    store = open_store(url, endpoint_url or None, names=COMMAND_SETTINGS)
     where = f"{store.url.rstrip('/')}/{job}"
     run_dir = sample_cache_dir(store.url, job)
     root = run_dir / "checkpoints"

@@ -173,6 +173,17 @@ def test_logs_and_report_of_a_bucket_run(store, bucket, tmp_path):
     assert result.output.count("\n") == 1 and "no runs under" in result.output
 
 
+def test_a_commands_storage_errors_name_its_flags_not_job_keys(moto_server):
+    """A command given a bucket on the command line is told to fix --endpoint-url, which
+    it set, not storage.endpoint_url, which it has no file for."""
+    for command in ("logs", "sample"):
+        result = CliRunner().invoke(cli, [command, "s3://no-such-bucket-here/x",
+                                          "--endpoint-url", moto_server])
+        assert result.exit_code == ExitCode.STORAGE, result.output
+        assert "or fix the URL / --endpoint-url" in result.output
+        assert "storage." not in result.output
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A committed checkpoint of a tiny model and its tokenizer, as a run writes them."""
