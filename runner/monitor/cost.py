@@ -117,7 +117,7 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     spans = sessions(events, metrics, now)
     paid_s = sum(end - start for start, end in spans)
     compute = compute_kind(metrics)
-    gpu_s = paid_s * max(gpus, 1) if compute == "GPU" else paid_s  # a CPU run: the machine
+    compute_s = paid_s * max(gpus, 1) if compute == "GPU" else paid_s  # CPU: the machine
     progress = [r for r in metrics
                 if r.get("kind") in (MetricKind.TRAIN, MetricKind.END) and "tokens" in r]
     useful = max((int(r["tokens"]) for r in progress), default=0)
@@ -130,7 +130,7 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
     user_stops = [e for e in events if _user_stopped(e)]
     causes = [resume_cause(r, events) for r in resumes]
     cost = None if price_per_hour is None else price_per_hour * paid_s / 3600.0
-    gp = goodput(useful, gpu_s)
+    gp = goodput(useful, compute_s)
     return {
         "sessions": len(spans),
         "preemptions": max(len(notices), causes.count(ResumeCause.PREEMPTED)),
@@ -140,14 +140,14 @@ def cost_summary(metrics: list[dict[str, Any]], events: list[dict[str, Any]],
         "paid_seconds": paid_s,
         "compute": compute,
         # GPU-hours for a GPU run, machine-hours for a CPU run ("compute" says which)
-        "gpu_hours": gpu_s / 3600.0,
+        "compute_hours": compute_s / 3600.0,
         "price_per_hour": price_per_hour,
         "cost_usd": cost,
         "useful_tokens": useful,
         "processed_tokens": useful + lost_tokens,
         "lost_steps": lost_steps,
         "lost_tokens": lost_tokens,
-        "goodput_tokens_per_gpu_s": gp,
+        "goodput_tokens_per_compute_s": gp,  # per GPU-second, or machine-second on CPU
         "usd_per_1b_tokens": (cost / useful * 1e9) if cost is not None and useful else None,
     }
 
@@ -188,7 +188,7 @@ def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
     def money(v: float | None) -> str:
         return "-" if v is None else f"${v:,.2f}"
 
-    gp = summary["goodput_tokens_per_gpu_s"]
+    gp = summary["goodput_tokens_per_compute_s"]
     gpu = summary.get("compute", "GPU") == "GPU"
     rows = [
         ("sessions (starts)", str(summary["sessions"])),
@@ -201,7 +201,7 @@ def format_cost(summary: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append((label, str(summary[key])))
     return rows + [
         ("GPU-hours paid" if gpu else "machine-hours paid (CPU)",
-         f"{summary['gpu_hours']:.2f}"),
+         f"{summary['compute_hours']:.2f}"),
         ("price per hour", money(summary["price_per_hour"])),
         ("cost", money(summary["cost_usd"])),
         ("useful tokens", f"{summary['useful_tokens']:,}"),

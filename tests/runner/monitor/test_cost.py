@@ -49,12 +49,12 @@ def test_cost_summary_of_a_run_preempted_twice():
     paid = 870 + 1080 + 1601
     assert s["sessions"] == 3 and s["preemptions"] == 2
     assert s["paid_seconds"] == pytest.approx(paid)
-    assert s["gpu_hours"] == pytest.approx(paid / 3600)
+    assert s["compute_hours"] == pytest.approx(paid / 3600)
     assert s["cost_usd"] == pytest.approx(0.90 * paid / 3600)
     assert s["useful_tokens"] == 1000 * TOKENS_PER_STEP
     assert s["processed_tokens"] == 1090 * TOKENS_PER_STEP
     assert s["lost_steps"] == 90
-    assert s["goodput_tokens_per_gpu_s"] == pytest.approx(1000 * TOKENS_PER_STEP / paid)
+    assert s["goodput_tokens_per_compute_s"] == pytest.approx(1000 * TOKENS_PER_STEP / paid)
     assert s["usd_per_1b_tokens"] == pytest.approx(0.90 * paid / 3600 / (4_096_000 / 1e9))
     rows = dict(format_cost(s))
     assert rows["lost (redone) work"] == "90 steps, 368,640 tokens"
@@ -64,15 +64,15 @@ def test_cost_summary_of_a_run_preempted_twice():
 def test_two_gpus_double_the_gpu_seconds_not_the_price():
     metrics, events, _ = preempted_twice()
     one, two = cost_summary(metrics, events, 2.0, 1), cost_summary(metrics, events, 2.0, 2)
-    assert two["gpu_hours"] == pytest.approx(2 * one["gpu_hours"])
+    assert two["compute_hours"] == pytest.approx(2 * one["compute_hours"])
     assert two["cost_usd"] == one["cost_usd"]
-    assert two["goodput_tokens_per_gpu_s"] == pytest.approx(one["goodput_tokens_per_gpu_s"] / 2)
+    assert two["goodput_tokens_per_compute_s"] == pytest.approx(one["goodput_tokens_per_compute_s"] / 2)
 
 
 def test_no_price_no_dollars_and_nothing_paid_no_goodput():
     s = cost_summary(train_run(), [], None)
     assert s["cost_usd"] is None and s["usd_per_1b_tokens"] is None
-    assert s["sessions"] == 1 and s["goodput_tokens_per_gpu_s"] > 0
+    assert s["sessions"] == 1 and s["goodput_tokens_per_compute_s"] > 0
     assert goodput(100, 0.0) is None
     empty = cost_summary([], [], 1.0)
     assert empty["paid_seconds"] == 0 and empty["cost_usd"] == 0
@@ -88,7 +88,8 @@ def test_a_cpu_run_pays_machine_hours_not_gpu_hours():
     metrics = cpu_run()
     s = cost_summary(metrics, [], 0.10, gpus=2)  # no GPU to multiply by
     paid = metrics[-1]["time"] - metrics[0]["time"]
-    assert s["compute"] == "CPU" and s["gpu_hours"] == pytest.approx(paid / 3600)
+    assert s["compute"] == "CPU" and s["compute_hours"] == pytest.approx(paid / 3600)
+    assert not any("gpu" in key for key in s)  # status.json said gpu_hours on a CPU run
     rows = dict(format_cost(s))
     assert "GPU-hours paid" not in rows
     assert rows["machine-hours paid (CPU)"] == f"{paid / 3600:.2f}"
