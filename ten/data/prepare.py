@@ -127,22 +127,57 @@ def _in_order(chunks: Iterator[Chunk], tokenizer: Tokenizer, processes: int) -> 
                 future.cancel()
 
 
+PLAIN_EVERY_S = 30.0  # seconds between progress lines when stderr is no terminal
+
+
 class _Progress:
-    """tqdm over characters read, with tokens/s in the postfix (stderr)."""
+    """Characters read and tokens/s, on stderr: a tqdm bar on a terminal; on a file or a
+    pipe (a container's log, nohup, ``submit --to local``) a plain line every
+    :data:`PLAIN_EVERY_S` and one at the end, since a bar's carriage returns run into
+    the lines around them there."""
 
     def __init__(self, cfg: DataConfig, source: Source, desc: str, done: int = 0) -> None:
-        self.bar = tqdm(total=source.total_bytes(), initial=done, unit="B", unit_scale=True,
-                        desc=desc, disable=not cfg.progress, file=sys.stderr, mininterval=1.0)
+        self.desc, self.total, self.done = desc, source.total_bytes(), done
         self.t0, self.tokens = time.perf_counter(), 0
+        self.plain = cfg.progress and not _is_terminal(sys.stderr)
+        self.last_line: float | None = self.t0  # None once closed
+        self.bar = tqdm(total=self.total, initial=done, unit="B", unit_scale=True, desc=desc,
+                        disable=not cfg.progress or self.plain, file=sys.stderr,
+                        mininterval=1.0)
 
     def update(self, chars: int, tokens: int) -> None:
         self.tokens += tokens
+        self.done += chars
         self.bar.update(chars)
-        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.set_postfix_str(f"{rate / 1e3:,.0f}K tok/s", refresh=False)
+        self.bar.set_postfix_str(f"{self._rate() / 1e3:,.0f}K tok/s", refresh=False)
+        now = time.perf_counter()
+        if self.plain and self.last_line is not None and now - self.last_line >= PLAIN_EVERY_S:
+            self.last_line = now
+            self._line()
 
-    def close(self) -> None:
+    def close(self) -> None:  # once: the line saying where it ended
+        if self.plain and self.last_line is not None:
+            self._line(done=True)
+        self.last_line = None
         self.bar.close()
+
+    def _rate(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+
+    def _line(self, done: bool = False) -> None:
+        # Characters of text against the input's bytes: an estimate until the end.
+        where = (f"{self.done / 1e6:,.1f}M characters" if done or not self.total
+                 else f"about {min(self.done / self.total, 1):.0%} of "
+                      f"{self.total / 1e6:,.1f} MB")
+        print(f"{self.desc}: {where}, {self.tokens:,} tokens, "
+              f"{self._rate() / 1e3:,.0f}K tok/s", file=sys.stderr, flush=True)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _fresh(directory: Path) -> None:

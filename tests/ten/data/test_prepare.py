@@ -68,6 +68,22 @@ def test_idempotent_reuse_does_no_work(cfg):
     assert open_data(cfg.replace(seq_len=16)).fingerprint != first.fingerprint
 
 
+def test_progress_to_a_file_is_plain_lines_not_a_bar(cfg, monkeypatch, capsys):
+    """stderr that is no terminal (a container's log) gets whole lines: a tqdm bar's
+    carriage returns ran into the log lines around it."""
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(prep, "PLAIN_EVERY_S", 0.0)
+    open_data(cfg.replace(progress=True))
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("tokenizing ")]
+    assert "\r" not in err and len(lines) > 2, err
+    size = f" of {os.path.getsize(cfg.dataset) / 1e6:,.1f} MB, "
+    assert all(size in ln for ln in lines[:-1])  # against the input's size: an estimate
+    tokens = json.loads((open_data(cfg).prepared_dir / "manifest.json").read_text())
+    total = sum(split["tokens"] for split in tokens["splits"].values())
+    assert f"M characters, {total:,} tokens, " in lines[-1]  # the end: what it made
+
+
 class _Interrupt(Exception):
     pass
 
