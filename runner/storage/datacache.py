@@ -62,9 +62,9 @@ def open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
     data = open_data(data_config(job), cache=cache)
     if data.prepared_dir is not None:  # the cache's own folder (never a user's)
         scrub_json_files(Path(data.prepared_dir), job.scrub)
-    where = data.prepared_dir or "streaming"
-    log(f"data ready in {time.perf_counter() - t0:.1f}s: vocab {data.tokenizer.vocab_size}, "
-        f"{where}")
+    where = f", {data.prepared_dir}" if data.prepared_dir is not None else ""
+    log(f"data ready in {time.perf_counter() - t0:.1f}s: {data.describe()}; vocab "
+        f"{data.tokenizer.vocab_size}{where}")
     return data
 
 

@@ -129,6 +129,16 @@ class ShardData:
                            world_size, self.cfg.seed, self.cfg.shuffle, self.fingerprint,
                            pin_memory)
 
+    def describe(self) -> str:
+        """One line: documents and tokens, and how they split into train and held out."""
+        split = self.manifest["splits"]
+        train, val = split["train"], split["val"]
+        return (f"{train['documents'] + val['documents']:,} documents, "
+                f"{train['tokens'] + val['tokens']:,} tokens: train {train['tokens']:,} "
+                f"({train['documents']:,} documents, {train['sequences']:,} sequences of "
+                f"{self.cfg.seq_len}), held out {val['tokens']:,} "
+                f"({val['documents']:,} documents)")
+
     def check_splits(self, batch_size: int) -> None:
         """DataError now when the held-out split cannot fill one evaluation batch, which
         the run would otherwise meet at its first evaluation, after training."""
@@ -173,6 +183,13 @@ class StreamData:
         return StreamLoader(self._docs("train", self.cfg.shuffle), self.tokenizer,
                             self.cfg.seq_len, batch_size, num_workers, rank, world_size,
                             self.fingerprint, pin_memory)
+
+    def describe(self) -> str:
+        """One line: what a stream can say before it is read."""
+        cut = (f", the first {self.cfg.max_documents:,} documents"
+               if self.cfg.max_documents is not None else "")
+        return (f"streaming {self.source.name}{cut}, tokenized as it is read; about "
+                f"{self.fraction:.1%} of documents held out")
 
     def check_splits(self, batch_size: int) -> None:
         """Nothing to check before reading: a stream's split sizes are known as it is read

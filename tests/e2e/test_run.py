@@ -34,6 +34,7 @@ def test_kill_9_at_a_random_step_then_resume_is_bit_exact(tmp_path, corpus, mode
     ref_job = write_job(tmp_path, corpus, name="ref", mode=mode)
     code, _, err = run_to_end("run", ref_job, "--no-sample")
     assert code == 0, err
+    assert ("documents held out" if mode == "streaming" else "sequences of 32), held out") in err
     ref = tmp_path / "store" / "ref"
 
     job = write_job(tmp_path, corpus, name="victim", mode=mode)

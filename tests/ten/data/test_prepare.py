@@ -84,6 +84,19 @@ def test_progress_to_a_file_is_plain_lines_not_a_bar(cfg, monkeypatch, capsys):
     assert f"M characters, {total:,} tokens, " in lines[-1]  # the end: what it made
 
 
+def test_the_data_describes_its_documents_tokens_and_split(cfg, docs):
+    """The line a run prints before step 1, as ``python -m ten.data prepare`` does."""
+    data = open_data(cfg)
+    train, val = (data.manifest["splits"][s] for s in ("train", "val"))
+    assert data.describe() == (
+        f"{len(docs):,} documents, {train['tokens'] + val['tokens']:,} tokens: train "
+        f"{train['tokens']:,} ({train['documents']:,} documents, {train['sequences']:,} "
+        f"sequences of 32), held out {val['tokens']:,} ({val['documents']:,} documents)")
+    stream = open_data(cfg.replace(mode="streaming", max_documents=100))
+    assert stream.describe().endswith(", the first 100 documents, tokenized as it is read; "
+                                      "about 10.0% of documents held out")
+
+
 class _Interrupt(Exception):
     pass
 
