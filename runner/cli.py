@@ -379,12 +379,13 @@ def logs(target: str, job_name: str | None, endpoint_url: str | None, follow: bo
 @_TARGET
 @_JOB
 @_ENDPOINT
-@click.option("--out", "out_dir", default="./reports", show_default=True,
-              type=click.Path(file_okay=False), help="Where the PNG and HTML go.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Where the PNG and HTML go (default: reports/ in the run's directory; "
+                   "./reports for a run in a bucket).")
 @click.option("--price-per-hour", type=float, default=None,
               help="USD per machine-hour (default: the job's resources.price_per_hour).")
 @click.option("--gpus", type=click.IntRange(1), default=1, show_default=True)
-def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir: str,
+def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir: str | None,
            price_per_hour: float | None, gpus: int) -> None:
     """Plot a run (loss, eval, tokens/s, MFU, GPU, preemptions) and its cost: GPU-hours
     (machine-hours on CPU) paid, goodput, $ per 1B tokens. Writes a PNG and an HTML

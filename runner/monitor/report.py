@@ -42,6 +42,7 @@ def load_run(store_or_path: str, job: str | None = None,
     """Everything a report needs from a run directory or ``<store>/<job>/``."""
     run = open_run(store_or_path, job, endpoint_url)
     return {"label": run.label, "job": job or run.job or Path(run.label).name,
+            "local_dir": run.local_dir,
             "metrics": run.read_jsonl(METRICS),
             "events": run.read_jsonl(EVENTS_FILE),
             "gpu": run.read_jsonl(GPU),
@@ -49,12 +50,17 @@ def load_run(store_or_path: str, job: str | None = None,
             "resolved": run.read_json("job.json")}
 
 
-def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
+REPORTS = "reports"  # the folder a report goes in: in its run directory, or here
+
+
+def write_report(store_or_path: str, job: str | None, out_dir: Path | str | None = None,
                  endpoint_url: str | None = None, price_per_hour: float | None = None,
                  gpus: int = 1, scrub: Any = None) -> tuple[Path, Path]:
     """Write ``<out_dir>/<job>-report.png`` and ``.html``; returns both paths.
-    ``price_per_hour`` defaults to the one the heartbeat recorded; ``scrub`` (a job
-    file's) rewrites the page (it names where the run was read from)."""
+    ``out_dir`` defaults to ``reports/`` in the run's directory, or in the current one
+    for a run in a bucket. ``price_per_hour`` defaults to the one the heartbeat
+    recorded; ``scrub`` (a job file's) rewrites the page (it names where the run was
+    read from)."""
     from runner.errors import UserError
     from runner.exit_codes import ExitCode
 
@@ -65,7 +71,7 @@ def write_report(store_or_path: str, job: str | None, out_dir: Path | str,
     if price_per_hour is None:
         price_per_hour = ((run["status"] or {}).get("cost") or {}).get("price_per_hour")
     summary = cost_summary(run["metrics"], run["events"], price_per_hour, gpus)
-    out = Path(out_dir)
+    out = Path(out_dir) if out_dir is not None else (run["local_dir"] or Path(".")) / REPORTS
     out.mkdir(parents=True, exist_ok=True)
     png = out / f"{run['job']}-report.png"
     render_png(run["metrics"], run["events"], run["gpu"], png,

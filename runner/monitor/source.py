@@ -32,6 +32,14 @@ class RunFiles:
 
         return cls(str(run_dir), LocalStore(run_dir, create=False))
 
+    @property
+    def local_dir(self) -> Path | None:
+        """The run's directory when it is on this machine's disk; None in a bucket."""
+        root = getattr(self.store, "root", None)  # a LocalStore's
+        if root is None:
+            return None
+        return Path(root) / self.job if self.job else Path(root)
+
     @classmethod
     def in_store(cls, store: Any, job: str) -> RunFiles:
         """The run ``job`` under the store's root."""

@@ -106,6 +106,18 @@ def test_logs_and_report_default_to_the_one_run_in_dot_runs(store, tmp_path, mon
     assert (tmp_path / "out" / "demo-report.html").is_file()
 
 
+def test_a_report_goes_beside_its_run_not_into_the_current_folder(store, tmp_path,
+                                                                  monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = CliRunner().invoke(cli, ["report", str(store / "demo")])
+    assert result.exit_code == 0, result.output
+    assert (store / "demo" / "reports" / "demo-report.html").is_file()
+    assert list(elsewhere.iterdir()) == []
+    assert str(store / "demo" / "reports" / "demo-report.png") in result.output
+
+
 def test_several_runs_need_a_job_name(store, tmp_path, monkeypatch):
     import shutil
 
