@@ -175,6 +175,12 @@ class TrainConfig:
         "at each evaluation log a TEN's state per layer: decay |λ| and step Δ spread, the "
         "imaginary part's share of the state's energy (state records)")] = True
     log_every: Annotated[int, Range(ge=1), Doc("steps between log lines and records")] = 10
+    init_from: Annotated[str | None, Doc(
+        "start from a trained model's weights instead of random ones (fine-tuning): a run "
+        "directory or a run's name in ./runs, s3://bucket/prefix/JOB, or a folder "
+        "export-model wrote; its tokenizer is used, the model must have its shape, the "
+        "optimizer and lr schedule start fresh. A run with a checkpoint of its own "
+        "resumes that")] = None
     seed: Annotated[int, Range(ge=0), Doc("seeds the model, the data order and sampling")] = 1234
     device: Annotated[Literal[DEVICES], Doc("auto: CUDA when there is one")] = "auto"
     num_workers: Annotated[int, Range(ge=0), Doc("DataLoader worker processes")] = 2

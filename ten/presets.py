@@ -51,6 +51,9 @@ if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema ac
 # d_model, say).
 EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing",
                               "checkpoint_blocks", "residual_dtype"})
+# Fields read only when the weights are made: a model started from trained weights
+# (TrainConfig.init_from) replaces what they chose.
+INIT_FIELDS = frozenset({"init_std", "lambda_min", "lambda_max", "theta_max", "gate_bias"})
 
 # Fields both architectures have: an override of one of these shapes the TEN reference
 # *and* the transformer matched to it.

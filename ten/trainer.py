@@ -56,7 +56,14 @@ from ten.schedule import Schedule
 from ten.statehealth import state_health
 from ten.step import evaluate, train_step
 from ten.stop import Stop
-from ten.trainstate import CheckpointManager, TrainState, first_line, seed_everything
+from ten.trainstate import (
+    CheckpointManager,
+    Pretrained,
+    TrainState,
+    first_line,
+    seed_everything,
+    weight_mismatches,
+)
 
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
 # and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in
@@ -132,7 +139,9 @@ class Trainer:
     runs on the hot path; a liveness watchdog). ``stop``: the process's
     :class:`ten.stop.Stop` when a runner owns one (else the trainer's own, whose signal
     handlers are installed for the loop only); ``stop.request(reason)`` (thread-safe) ends
-    the run after the current step with a checkpoint, like SIGTERM.
+    the run after the current step with a checkpoint, like SIGTERM. ``pretrained``: the
+    weights a run with no checkpoint of its own starts from (``TrainConfig.init_from``,
+    loaded by the caller).
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
@@ -141,8 +150,9 @@ class Trainer:
                  on_commit: Callable[[Path, float], None] | None = None,
                  on_log: Callable[[dict[str, Any]], None] | None = None,
                  on_step: Callable[[int], None] | None = None,
-                 stop: Stop | None = None) -> None:
+                 stop: Stop | None = None, pretrained: Pretrained | None = None) -> None:
         self.model_config, self.data, self.cfg = model_config, data, cfg
+        self.pretrained = pretrained
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
         self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
         self.stop = Stop() if stop is None else stop
@@ -231,7 +241,9 @@ class Trainer:
                                           self.dist.world_size,
                                           pin_memory=self.device.type == "cuda"),
             nonfinite=NonFiniteCounter(self.device))
-        self.checkpoints.resume(self.state)
+        resumed = self.checkpoints.resume(self.state)
+        if self.pretrained is not None and not resumed:
+            self._start_from(self.pretrained)
         loader, step, tokens = self.state.loader, self.state.step, self.state.tokens
         anchor = self.state.schedule.anchor
         if anchor is not None and anchor.step == step and step < self.total_steps:
@@ -259,6 +271,16 @@ class Trainer:
             self._say("compile: every block with torch.compile (TrainConfig.compile)")
         model.train()
         return model, loader, step, tokens
+
+    def _start_from(self, pretrained: Pretrained) -> None:
+        """A new run's weights from a trained model (strict: every tensor, its shape)."""
+        wrong = weight_mismatches(self.state.model, pretrained.weights)
+        if wrong:
+            raise ValueError(f"the weights of {pretrained.source} do not fit this model "
+                             f"({'; '.join(wrong[:4])})")
+        self.state.model.load_state_dict(pretrained.weights)
+        self._say(f"starting from the weights of {pretrained.source}: its model, with a "
+                  "fresh optimizer and lr schedule (TrainConfig.init_from)")
 
     def _schedule_changed(self, multiplier: float) -> str:
         """Said when a resume changed the budget or schedule (ten.schedule.Schedule)."""

@@ -176,6 +176,25 @@ def _restricted(value: Any, keys: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Pretrained:
+    """A trained model's weights that a new run starts from instead of random ones
+    (fine-tuning; ``TrainConfig.init_from``), and where they came from (for the log).
+    A run that has a checkpoint of its own resumes that instead."""
+
+    weights: dict[str, torch.Tensor]
+    source: str
+
+
+def weight_mismatches(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> list[str]:
+    """How ``weights`` do not fit ``model``: each tensor missing, extra, or of another
+    shape, as 'name: shape -> shape' ('-' for none); empty when they load."""
+    have = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    given = {k: tuple(v.shape) for k, v in weights.items()}
+    return [f"{k}: {given.get(k, '-')} -> {have.get(k, '-')}"
+            for k in sorted(set(have) | set(given)) if have.get(k) != given.get(k)]
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
@@ -385,19 +404,19 @@ class CheckpointManager:
         steps = ckpt.committed_steps(self.root)
         return f"the last checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
 
-    def resume(self, state: TrainState) -> None:
+    def resume(self, state: TrainState) -> bool:
         """Restore the newest checkpoint that verifies and loads into ``state``; an
         unusable one (corrupt, malformed, refused by weights_only) is reported in one line
         and the one before it tried. Committed checkpoints of which none is usable raise
         ResumeError: a run is never silently restarted from scratch over its own
-        checkpoints. Nothing committed: ``state`` stays at step 0."""
+        checkpoints. Nothing committed: ``state`` stays at step 0 (returns False)."""
         if self.dist.is_main:
             ckpt.cleanup(self.root, self.log)
         barrier(self.dist)
         for found in ckpt.valid_checkpoints(self.root, self.log):
             try:
                 self._restore(found, state)
-                return
+                return True
             except ckpt.CheckpointError as e:
                 self.log(f"skipping unusable checkpoint: {e}")
         committed = ckpt.committed_steps(self.root)
@@ -405,6 +424,7 @@ class CheckpointManager:
             raise ResumeError(f"cannot resume {self.run_dir}: none of its {len(committed)} "
                               "committed checkpoint(s) is usable (see above); restore one "
                               f"from a trusted copy, or move {self.root} away to start over")
+        return False
 
     def _restore(self, found: ckpt.Found, state: TrainState) -> None:
         path = found.path

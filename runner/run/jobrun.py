@@ -52,8 +52,8 @@ def identity_of(job: Job, data: Any = None) -> dict[str, Any]:
         model = dataclasses.asdict(job.model_settings(data.tokenizer.vocab_size))
     else:
         model = dataclasses.asdict(job.model_settings(job.data.tokenizer.vocab_size))
-        if job.data.tokenizer.path is not None:
-            del model["vocab_size"]
+        if job.data.tokenizer.path is not None or job.train.init_from is not None:
+            del model["vocab_size"]  # a given tokenizer's (init_from: the source's)
     identity = {"arch": job.model.arch, "model": model,
                 "data": {"seq_len": job.data.seq_len, "mode": job.data.mode},
                 "batch_size": job.train.batch_size}
@@ -169,10 +169,14 @@ class JobRun:
             self.stop.set_phase("the upload the bucket lacks")  # this job's: _start checked
             if not self._in_bucket(self.bucket.behind):
                 return ExitCode.STORAGE
+        source = None
+        if self.job.train.init_from is not None:
+            self.stop.set_phase("loading train.init_from")
+            source = self._init_from(self.job.train.init_from)
         self.stop.set_phase("data preparation")
-        data, mcfg = self._open_data()
+        data, mcfg = self._open_data(source)
         self.stop.set_phase("the model build")
-        trainer = self._trainer(data, mcfg)
+        trainer = self._trainer(data, mcfg, source)
         self.stop.set_phase("training")  # the trainer's own handler takes over inside its loop
         try:
             result = trainer.run()
@@ -329,12 +333,40 @@ class JobRun:
         self.heartbeat.start()
         self.resources.callback(self._last_beat)
 
-    def _open_data(self):
-        data = open_data(self.job, self.log, self.bucket.data if self.bucket else None)
+    def _init_from(self, where: str) -> Any:
+        """The trained model this run starts from (runner.trained.init_from), checked to
+        fit the job's model; None when the run has a checkpoint of its own to resume.
+        Under torchrun the first rank on each machine loads it (bringing a bucket run
+        here) and names the folder to the others, which read it from there."""
+        from runner.trained.init_from import check_fits, check_tokenizer, load_source
+        from ten import checkpoint as ckpt
+
+        if ckpt.committed_steps(self.run_dir / "checkpoints"):
+            self.log(f"train.init_from {where}: not loaded, this run resumes its own "
+                     "checkpoint")
+            return None
+        ranks = self.ranks
+        if ranks is None or ranks.local_rank == 0:
+            source = load_source(where, self.job.storage.endpoint_url)
+            if ranks is not None:
+                ranks.publish(f"init-from-{ranks.node_rank}", str(source.folder))
+        else:
+            source = load_source(ranks.wait_for(f"init-from-{ranks.node_rank}"))
+        path = self.job.data.tokenizer.path
+        check_tokenizer(where, source, Path(path) if path is not None else None)
+        check_fits(where, source, self.job.model_settings(source.tokenizer.vocab_size))
+        self.log(f"train.init_from: {source.label}; its tokenizer (vocabulary "
+                 f"{source.tokenizer.vocab_size:,}) is used in place of data.tokenizer")
+        return source
+
+    def _open_data(self, source: Any = None):
+        data = open_data(self.job, self.log, self.bucket.data if self.bucket else None,
+                         tokenizer=source.tokenizer.path if source is not None else None)
         return data, self.job.model_settings(data.tokenizer.vocab_size)
 
-    def _trainer(self, data: Any, mcfg: Any):
+    def _trainer(self, data: Any, mcfg: Any, source: Any = None):
         from ten.trainer import Trainer
+        from ten.trainstate import Pretrained
 
         job, run_dir = self.job, self.run_dir
         atomic_copy(data.tokenizer.path, run_dir / "tokenizer.model")
@@ -349,7 +381,9 @@ class JobRun:
                           on_commit=self._on_commit,
                           on_log=lambda rec: self.spot.first_step(rec["step_time_s"]),
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
-                          stop=self.stop)
+                          stop=self.stop,
+                          pretrained=None if source is None else Pretrained(
+                              source.model.state_dict(), source.label))
         if self.bucket is not None:
             store = self.bucket.store
             store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())

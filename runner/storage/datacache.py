@@ -55,11 +55,19 @@ class BucketDataCache:
         self.threads.append(thread)
 
 
-def open_data(job: Job, log: RunLog, cache: BucketDataCache | None):
+def open_data(job: Job, log: RunLog, cache: BucketDataCache | None,
+              tokenizer: Path | None = None):
+    """The job's data, prepared or streamed; ``tokenizer``: a tokenizer.model to use in
+    place of the job's (a run started from a trained model's: train.init_from)."""
+    import dataclasses
+
     from ten.data import open_data
 
     t0 = time.perf_counter()
-    data = open_data(data_config(job), cache=cache)
+    cfg = data_config(job)
+    if tokenizer is not None:
+        cfg = cfg.replace(tokenizer=dataclasses.replace(cfg.tokenizer, path=str(tokenizer)))
+    data = open_data(cfg, cache=cache)
     if data.prepared_dir is not None:  # the cache's own folder (never a user's)
         scrub_json_files(Path(data.prepared_dir), job.scrub)
     where = f", {data.prepared_dir}" if data.prepared_dir is not None else ""
