@@ -41,6 +41,7 @@ def load_source(where: str, endpoint_url: str | None = None) -> Source:
     from runner.trained.export import is_export, load_exported
     from runner.trained.sample import run_tokenizer, trained_model
 
+    run = where
     if "://" not in where:
         folder = _local(where)
         if is_export(folder):
@@ -49,8 +50,9 @@ def load_source(where: str, endpoint_url: str | None = None) -> Source:
             except UserError as e:
                 raise InitFromError(where, e.message) from None
             return Source(model, tokenizer, folder, f"{where} (exported)")
+        run = str(folder)
     try:
-        run_dir, _, found, model = trained_model(where, None, endpoint_url)
+        run_dir, _, found, model = trained_model(run, None, endpoint_url)
         tokenizer = run_tokenizer(run_dir, found)
     except StorageError:
         raise

@@ -56,6 +56,14 @@ def test_a_run_starts_from_another_runs_weights_and_tokenizer(tmp_path, corpus, 
     assert said.count("starting from the weights of") == 1
 
 
+def test_a_run_is_named_by_its_name_in_dot_runs(tmp_path, corpus, base, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").symlink_to(base.parent)  # ./runs/base
+    job = write_job(tmp_path, corpus, name="tuned")
+    assert run(job, "train.init_from=base", *STILL) == ExitCode.OK, log_of(tmp_path, "tuned")
+    assert "starting from the weights of base step 6" in log_of(tmp_path, "tuned")
+
+
 def test_an_exported_folder_is_a_source_too(tmp_path, corpus, base):
     from runner.trained.export import export_model
 
