@@ -68,13 +68,13 @@ RUN cuda="$(echo "${CUDA_VERSION}" | cut -d. -f1,2 | tr -d .)" \
     && python -c 'import sys, torch; sys.exit(torch.version.cuda != sys.argv[1])' \
         "$(echo "${CUDA_VERSION}" | cut -d. -f1,2)"
 
-# The dependencies and the GPU extra (Liger's fused loss), from pyproject.toml alone (a
-# code change does not rebuild this layer), and pytest for the GPU tests the image
-# carries. The constraints keep the CUDA torch above (a dependency can never swap it for
+# The dependencies, the GPU extra (Liger's fused loss) and the trackers' (a job's
+# monitor.report_to), from pyproject.toml alone (a code change does not rebuild this
+# layer), and pytest for the GPU tests the image carries. The constraints keep the CUDA torch above (a dependency can never swap it for
 # another) and pin Triton and the GPU libraries.
 WORKDIR /app
 COPY pyproject.toml ./
-RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["gpu"]))' > /tmp/requirements.txt \
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; print("\n".join(p["dependencies"] + o["gpu"] + o["trackers"]))' > /tmp/requirements.txt \
     && printf '%s\n' "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" \
         "bitsandbytes==${BITSANDBYTES_VERSION}" "liger-kernel==${LIGER_VERSION}" \
         > /tmp/constraints.txt \

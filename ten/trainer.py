@@ -26,7 +26,7 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from ten.execution import resolve_execution
 from ten.lm import LanguageModel
 from ten.loss import NextTokenLoss
 from ten.memory import check_fits
-from ten.metrics import MetricKind, MetricsWriter
+from ten.metrics import MetricKind, MetricsWriter, Sink
 from ten.mfu import hfu, mfu, peak_flops, peak_note
 from ten.nonfinite import NonFiniteCounter
 from ten.presets import build_model
@@ -141,7 +141,8 @@ class Trainer:
     handlers are installed for the loop only); ``stop.request(reason)`` (thread-safe) ends
     the run after the current step with a checkpoint, like SIGTERM. ``pretrained``: the
     weights a run with no checkpoint of its own starts from (``TrainConfig.init_from``,
-    loaded by the caller).
+    loaded by the caller). ``sinks``: where the main rank's figures go besides
+    metrics.jsonl and TensorBoard (:class:`ten.metrics.Sink`; closed with the run's).
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
@@ -150,9 +151,10 @@ class Trainer:
                  on_commit: Callable[[Path, float], None] | None = None,
                  on_log: Callable[[dict[str, Any]], None] | None = None,
                  on_step: Callable[[int], None] | None = None,
-                 stop: Stop | None = None, pretrained: Pretrained | None = None) -> None:
+                 stop: Stop | None = None, pretrained: Pretrained | None = None,
+                 sinks: Sequence[Sink] = ()) -> None:
         self.model_config, self.data, self.cfg = model_config, data, cfg
-        self.pretrained = pretrained
+        self.pretrained, self.sinks = pretrained, sinks
         self.run_dir, self.identity, self.resolved = Path(run_dir), identity, resolved
         self.log, self.on_commit, self.on_log, self.on_step = log, on_commit, on_log, on_step
         self.stop = Stop() if stop is None else stop
@@ -205,7 +207,8 @@ class Trainer:
 
     def _run(self) -> RunResult:
         model, loader, step, tokens = self._build()
-        self.metrics = MetricsWriter(self.run_dir) if self.dist.is_main else None
+        self.metrics = MetricsWriter(self.run_dir, sinks=self.sinks) \
+            if self.dist.is_main else None
         self._start_record(step)
         with self.stop.in_loop():
             outcome, step, tokens = self._loop(model, loader, step, tokens)

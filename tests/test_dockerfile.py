@@ -144,8 +144,9 @@ def test_the_dependency_layer_installs_what_pyproject_declares():
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     project = pyproject()["project"]
-    assert out.stdout.split("\n")[:-1] == (project["dependencies"]
-                                           + project["optional-dependencies"]["gpu"])
+    extras = project["optional-dependencies"]
+    assert out.stdout.split("\n")[:-1] == (project["dependencies"] + extras["gpu"]
+                                           + extras["trackers"])  # monitor.report_to
     assert "-c /tmp/constraints.txt" in run
     # torch, bitsandbytes and liger-kernel pinned exactly, within what pyproject allows
     from packaging.requirements import Requirement

@@ -48,6 +48,7 @@ Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
 SPOT_NOTICES = ("auto", "none", *PROVIDERS)  # resources.spot_notice
+TRACKERS = ("wandb",)  # monitor.report_to (runner.monitor.trackers)
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024
 
@@ -441,6 +442,10 @@ class MonitorSection(Section):
     exit_on_stall: Bool = Field(False, description="exit (code 1) when stalled, so a "
                                 "supervisor relaunches and resumes")
     health_gate: Bool = Field(True, description="check the GPU before training")
+    report_to: list[Literal[TRACKERS]] = Field(
+        default_factory=list, description="experiment trackers that also get the run's "
+        "figures: wandb (offline under the run directory without WANDB_API_KEY); "
+        "metrics.jsonl and TensorBoard always do")
 
 
 def slugify(name: str) -> str:

@@ -3,7 +3,8 @@
 
 A job submitted to another machine loads the *same job file* there, so every
 ``${VAR}`` the file refers to must be set in the container as it is here; so must the
-credentials the storage and the hub client read on their own (AWS_*, HF_TOKEN). The
+credentials the storage, the hub client and the job's trackers read on their own
+(AWS_*, HF_TOKEN, WANDB_*). The
 values are secrets: they go into a docker ``--env-file`` (written 0600, removed once the
 container has started), never onto a command line, into a record or into a message.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from runner.job.secrets import references
 from runner.job.yamlfile import parse
+from runner.monitor.trackers import tracker_variables
 from runner.provision.base import ProvisionError
 
 # Read by boto3 and huggingface_hub inside the container without the job naming them.
@@ -47,7 +49,7 @@ def job_env(job: Any, environ: Mapping[str, str] | None = None,
     require_bucket(job)
     environ = os.environ if environ is None else environ
     path = job_file if job_file is not None else job.source_path
-    names = set(STANDARD)
+    names = set(STANDARD) | set(tracker_variables(job))  # monitor.report_to's keys
     if path is not None:
         data, _ = parse(Path(path).read_bytes().decode("utf-8-sig"))
         names.update(references(data))

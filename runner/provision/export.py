@@ -42,6 +42,7 @@ from runner.exit_codes import DETERMINISTIC_FAILURES, ExitCode
 from runner.job.load import with_sets
 from runner.job.secrets import looks_secret, references, substitute
 from runner.job.yamlfile import YamlProblem, parse
+from runner.monitor.trackers import tracker_variables
 from runner.provision.base import ProvisionError
 from ten.cards import CARDS
 
@@ -186,7 +187,8 @@ def needed_variables(job: Job, text: str, env: Mapping[str, str], *,
                      remote_job: bool = False) -> list[Variable]:
     """The job's references plus what the runner reads on its own: the AWS credentials
     and endpoint settings when the job or its checkpoints live in S3, HF_TOKEN always
-    (optional: gated hub datasets)."""
+    (optional: gated hub datasets), the trackers' key and those of their settings set
+    here (monitor.report_to)."""
     found = job_references(text)
 
     def add(name: str, secret: bool, required: bool) -> None:
@@ -200,6 +202,9 @@ def needed_variables(job: Job, text: str, env: Mapping[str, str], *,
             if name in env:
                 add(name, False, False)
     add("HF_TOKEN", True, False)
+    for name in tracker_variables(job):  # monitor.report_to: WANDB_API_KEY, ...
+        if name in env or looks_secret(name):
+            add(name, looks_secret(name), False)
     return [Variable(name, found[name].secret, found[name].required, local=name in env)
             for name in sorted(found)]
 

@@ -33,6 +33,7 @@ def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log,
 
 def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]:
     """(exceptions, exit code, the words the log line starts with), first match wins."""
+    from runner.monitor.trackers import TrackerError
     from runner.storage import StorageError
     from runner.trained.init_from import InitFromError
     from ten.checkpoint import CheckpointWriteError
@@ -44,7 +45,7 @@ def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]
 
     return (
         ((ResumeError,), ExitCode.CONFIG, "resume refused"),  # fix the job, not retry
-        ((InitFromError,), ExitCode.CONFIG, "config error"),
+        ((InitFromError, TrackerError), ExitCode.CONFIG, "config error"),
         # fused without CUDA, a job the GPU cannot hold, a failed compile:
         ((ScanBackendError, DeviceMemoryError, CompileError), ExitCode.CONFIG, "config error"),
         ((DataError,), ExitCode.DATA, "data error"),

@@ -192,6 +192,9 @@ class JobRun:
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
         log(job.model_text(job.data.tokenizer.vocab_size))
+        from runner.monitor.trackers import check_trackers
+
+        check_trackers(job)  # a tracker asked for and not installed: before anything is spent
         if job.train.deterministic:  # before the gate's matmul makes the first cuBLAS handle
             from ten.trainer import make_deterministic
 
@@ -383,13 +386,26 @@ class JobRun:
                           on_step=self.heartbeat.step if self.heartbeat is not None else None,
                           stop=self.stop,
                           pretrained=None if source is None else Pretrained(
-                              source.model.state_dict(), source.label))
+                              source.model.state_dict(), source.label),
+                          sinks=self._trackers())
         if self.bucket is not None:
             store = self.bucket.store
             store.put_bytes(f"{job.name}/job.json", (run_dir / "job.json").read_bytes())
             # Beside the checkpoints, so `ten-runner sample s3://...` needs nothing else.
             store.put_file(f"{job.name}/tokenizer.model", run_dir / "tokenizer.model")
         return trainer
+
+    def _trackers(self) -> list[Any]:
+        """The main rank's experiment trackers (monitor.report_to), each closed with the
+        run however it ends (the trainer closes them first when it finishes)."""
+        from runner.monitor.trackers import open_trackers
+
+        if not self.is_main:
+            return []
+        sinks = open_trackers(self.job, self.run_dir, self.log)
+        for sink in sinks:
+            self.resources.callback(sink.close)
+        return sinks
 
     def _on_commit(self, path: Path, seconds: float) -> None:
         self.commits.append((path, seconds, time.time()))

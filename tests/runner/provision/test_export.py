@@ -322,6 +322,15 @@ def test_every_variable_travels_by_name_in_skypilot_and_by_ref_in_k8s(monkeypatc
     assert '--from-literal=TEN_BUCKET="$TEN_BUCKET"' in export(path, "k8s")  # set here
 
 
+def test_a_job_reporting_to_wandb_asks_for_its_key_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    path = variant(tmp_path, "l40s-small-32k", {"\nstorage:": "\nmonitor: {report_to: [wandb]}"
+                                                              "\nstorage:"})
+    task = sky(path)
+    assert task["secrets"]["WANDB_API_KEY"] is None and SECRET not in export(path, "skypilot")
+    assert "WANDB_API_KEY" not in sky(job_path("l40s-small-32k"))["secrets"]  # not asked
+
+
 @pytest.mark.parametrize("target", ["skypilot", "k8s"])
 def test_a_value_under_a_harmless_name_stays_out_too(target, tmp_path, monkeypatch):
     """A private value under a name no rule calls secret (a password in a URL was the

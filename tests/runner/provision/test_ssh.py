@@ -89,6 +89,16 @@ def test_job_env_takes_references_and_standard_credentials(tmp_path):
                                                 "TEN_BUCKET"}
 
 
+def test_a_job_reporting_to_wandb_takes_its_key_and_no_other_job_does(tmp_path):
+    env = {**ENV, "WANDB_API_KEY": "wandb-key-Zq81", "WANDB_PROJECT": "mine"}
+    plain = load(write_job(tmp_path))
+    assert not any(name.startswith("WANDB_") for name in job_env(plain, env))
+    tracked = load(write_job(tmp_path, **{"\nstorage:": "\nmonitor: {report_to: [wandb]}"
+                                                       "\nstorage:"}))
+    sent = job_env(tracked, env)
+    assert sent["WANDB_API_KEY"] == "wandb-key-Zq81" and sent["WANDB_PROJECT"] == "mine"
+
+
 def test_env_file_is_verbatim_and_refuses_what_docker_cannot_read():
     value = ENV["AWS_SECRET_ACCESS_KEY"]
     assert env_file_text({"A": value, "B": "", "C": " lead # x"}) == \
