@@ -195,6 +195,34 @@ def weight_mismatches(model: torch.nn.Module, weights: dict[str, torch.Tensor]) 
             for k in sorted(set(have) | set(given)) if have.get(k) != given.get(k)]
 
 
+# The software a checkpoint was made with: recorded in it, compared at a resume.
+STACK = ("ten-runner", "torch", "triton", "numpy", "sentencepiece")
+
+
+def stack_versions() -> dict[str, str]:
+    """Python's, CUDA's (as torch was built for it) and each of :data:`STACK`'s installed
+    versions ('-' for one not installed)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    return {"python": platform.python_version(), "cuda": torch.version.cuda or "-",
+            **{name: installed(name) for name in STACK}}
+
+
+def stack_changes(saved: dict[str, Any] | None) -> list[str]:
+    """'torch 2.11.0 -> 2.13.0' for each version that differs from a checkpoint's
+    recorded ``saved`` (none for a checkpoint that recorded none)."""
+    now = stack_versions()
+    return [f"{name} {was} -> {now.get(name, '-')}" for name, was in (saved or {}).items()
+            if now.get(name, "-") != was]
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
@@ -339,6 +367,7 @@ class CheckpointManager:
         self.run_dir, self.root, self.device = run_dir, run_dir / "checkpoints", device
         self.cfg, self.dist, self.log, self.on_commit = cfg, dist, log, on_commit
         self.identity, self.resolved, self.model_config = identity, resolved, model_config
+        self.versions = stack_versions()  # recorded in every checkpoint (config.json)
         self.seconds = 0.0
 
     def save(self, state: TrainState, last_loss: float | None) -> bool:
@@ -367,7 +396,8 @@ class CheckpointManager:
         if self.dist.is_main:
             config = {"identity": self.identity, "resolved": self.resolved,
                       "model_config": dataclasses.asdict(self.model_config),
-                      "model_class": type(state.model).__name__}
+                      "model_class": type(state.model).__name__,
+                      "versions": self.versions}
             files = state.state_dict(world_size=self.dist.world_size,
                                      nonfinite_streak=stats.streak)
             files["config.json"] = json.dumps(config, indent=1, default=str).encode()
@@ -444,5 +474,9 @@ class CheckpointManager:
         changed = config_diff(saved["resolved"], self.resolved)
         if changed:
             self.log(f"resuming with changed settings: {'; '.join(changed)}")
+        moved = stack_changes(saved.get("versions"))
+        if moved:
+            self.log(f"resuming on other software than {path.name} was made with: "
+                     f"{', '.join(moved)} (a step may then round differently)")
         state.load_state_dict(files, path)
         self.log(f"resumed from {path} (step {state.step}, {state.tokens:,} tokens)")

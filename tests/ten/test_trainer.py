@@ -314,6 +314,29 @@ def test_config_json_without_a_key_counts_as_corrupt(data, tmp_path):
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
 
 
+def test_a_resume_says_which_software_changed_since_the_checkpoint(data, tmp_path):
+    """Each checkpoint records the versions it was made with (python, CUDA, torch, ...);
+    a resume on another stack says what moved (a step may round differently)."""
+    from ten.trainstate import stack_versions
+
+    run = tmp_path / "run"
+    assert trainer(data, run, max_steps=4).run().outcome is Outcome.DONE
+    newest = run / "checkpoints" / "step-00000004"
+    config = json.loads((newest / "config.json").read_text())
+    now = stack_versions()
+    assert config["versions"] == now and now["torch"] == torch.__version__
+    config["versions"]["torch"] = "2.11.0"  # made on the lent GPU machines' stack
+    (newest / "config.json").write_text(json.dumps(config))
+    reseal(newest)
+    t, notes = resume_notes(data, run, max_steps=6)
+    assert t.run().outcome is Outcome.DONE
+    assert f"resuming on other software than step-00000004 was made with: torch 2.11.0 -> " \
+           f"{torch.__version__} (a step may then round differently)" in notes
+    t, notes = resume_notes(data, run, max_steps=8)  # step 6 was made here: nothing said
+    assert t.run().outcome is Outcome.DONE
+    assert not any("other software" in n for n in notes)
+
+
 def test_trainer_state_without_a_field_counts_as_corrupt(data, tmp_path):
     run = tmp_path / "run"
     assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
