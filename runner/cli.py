@@ -179,8 +179,11 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0))
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--step", default=None, type=click.IntRange(0),
+              help="The checkpoint's step (default: the newest committed).")
 def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str,
-           max_new_tokens: int, temperature: float, top_k: int, seed: int) -> None:
+           max_new_tokens: int, temperature: float, top_k: int, seed: int,
+           step: int | None) -> None:
     """Generate text from the newest valid checkpoint of RUN: a run directory (e.g.
     runs/tiny-cpu) or a run's name in ./runs (tiny-cpu), a bucket run
     (s3://bucket/prefix/JOB: its newest committed checkpoint and tokenizer are downloaded
@@ -189,7 +192,7 @@ def sample(run: str, job_name: str | None, endpoint_url: str | None, prompt: str
 
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
     click.echo(sample_run(where, prompt, max_new_tokens, temperature, top_k, seed,
-                          job=job_name, endpoint_url=endpoint_url))
+                          job=job_name, endpoint_url=endpoint_url, step=step))
 
 
 @cli.command("export-model")

@@ -37,11 +37,11 @@ def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int,
 
 def sample_run(where: str | Path, prompt: str, max_new_tokens: int, temperature: float,
                top_k: int, seed: int, job: str | None = None,
-               endpoint_url: str | None = None) -> str:
-    """Text generated from the newest valid checkpoint of a run: a run directory, a local
-    store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or the store URL and
-    ``job``), whose newest committed checkpoint and tokenizer are downloaded first."""
-    run_dir, name, found, model = trained_model(where, job, endpoint_url)
+               endpoint_url: str | None = None, step: int | None = None) -> str:
+    """Text generated from the newest valid checkpoint (or ``step``'s) of a run: a run
+    directory, a local store and ``job``, or a bucket run (``s3://bucket/prefix/JOB``, or
+    the store URL and ``job``), whose checkpoint and tokenizer are downloaded first."""
+    run_dir, name, found, model = trained_model(where, job, endpoint_url, step)
     text = generate_text(model, run_tokenizer(run_dir, found), prompt, max_new_tokens,
                          temperature, top_k, seed)
     return f"[{name} step {found.step}] {text}"
@@ -95,7 +95,32 @@ def trained_checkpoint(where: str | Path, job: str | None = None,
     if not (run_dir / "tokenizer.model").is_file():
         raise UserError(f"{run_dir / 'tokenizer.model'} is missing; it is written when the "
                         "job starts")
+    _refuse_foreign(run_dir, name, found)
     return run_dir, name, found
+
+
+def _refuse_foreign(run_dir: Path, name: str, found: Any) -> None:
+    """UserError when the checkpoint ``found`` belongs to another run (its recorded job
+    has another name than the run's job.json, or than the bucket run's): one copied in
+    would be sampled or exported as this run's."""
+    import json
+
+    from runner.errors import UserError
+    from ten import checkpoint as ckpt
+    from ten.trainstate import read_config
+
+    try:
+        owner = read_config(found.path)["resolved"].get("name")
+    except ckpt.CheckpointError:
+        return  # damaged: loading it says so
+    try:
+        name = json.loads((run_dir / "job.json").read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # a bucket run's copy here has none: the name it was asked by
+    if owner is not None and owner != name:
+        raise UserError(f"{found.path} is a checkpoint of run {owner!r}, not of {name!r}: "
+                        "it was put there from another run; remove it, or name one of "
+                        "this run's steps with --step")
 
 
 def trained_model(where: str | Path, job: str | None = None, endpoint_url: str | None = None,

@@ -372,6 +372,29 @@ def test_tools_size_their_windows_by_the_length_eval_scores(folder):
     assert resolve_max_length(config, tokenizer) == MAX_TOKENS == 65536
 
 
+def test_readers_refuse_another_runs_checkpoint_put_in_as_the_newest(run, baseline,
+                                                                     tmp_path):
+    """Issue 45, fault 2: `run` refused a foreign newest checkpoint, but `sample` printed
+    from it and `export-model` exported it as this run's model."""
+    import shutil
+
+    copy = tmp_path / "t"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-00000012")
+    foreign = copy / "checkpoints" / "step-00000008"  # run b's, newer than t's step 6
+    shutil.copytree(baseline[0] / "checkpoints" / "step-00000008", foreign)
+    for args in (["sample", str(copy)], ["export-model", str(copy), "--out",
+                                          str(tmp_path / "out")]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == ExitCode.CONFIG, (args, result.output)
+        assert result.output == f"Error: {foreign} is a checkpoint of run 'b', not of 't': " \
+            "it was put there from another run; remove it, or name one of this run's " \
+            "steps with --step\n", args
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(cli, ["sample", str(copy), "--step", "6"])
+    assert result.exit_code == 0 and result.output.startswith("[t step 6] "), result.output
+
+
 @pytest.mark.parametrize("swap", ["damaged", "another"])
 def test_readers_refuse_a_tokenizer_the_checkpoint_was_not_trained_with(run, tmp_path, corpus,
                                                                         swap):
