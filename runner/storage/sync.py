@@ -142,6 +142,10 @@ class CheckpointSync:
             if self.on_lease_lost is not None:
                 self.on_lease_lost(str(e))
         except (StorageError, OSError) as e:
+            if not (path / "manifest.json").is_file():  # the pruner's first removal
+                self.log(f"upload of {path.name} stopped: pruned here meanwhile (a newer "
+                         "checkpoint supersedes it)")
+                return
             self.error = str(e)
             self.log(f"upload of {path.name} failed: {e}; it will be tried again")
         except Exception as e:  # noqa: BLE001 - a bug, but a dead worker would hang flush()

@@ -375,6 +375,32 @@ def test_checkpoint_sync_survives_an_unexpected_upload_error(store, tmp_path):
     assert any("failed unexpectedly (RuntimeError: boom)" in m for m in messages)
 
 
+def test_a_checkpoint_pruned_during_its_upload_is_not_called_damaged(store, tmp_path):
+    """Issue 45, fault 6: the trainer's pruner removed a checkpoint while its upload (a
+    retry queued behind a slow bucket) was reading it: logged "the local checkpoint is
+    damaged". It is superseded, not damaged, and is not tried again."""
+    from runner.storage.sync import CheckpointSync
+
+    first = make_ckpt(tmp_path, 1)
+
+    class PrunedMidway(Recorder):
+        def put_file(self, key, path, sha256=None):
+            tc.prune(tmp_path, keep_last=0)  # as the trainer's keep_last does, between files
+            return super().put_file(key, path, sha256)
+
+    messages = []
+    sync = CheckpointSync(PrunedMidway(store), JOB, keep_last=2, milestone_every=None,
+                          lease=None, log=messages.append)
+    try:
+        sync.submit(first)
+        assert sync.flush(timeout_s=30)
+    finally:
+        sync.close()
+    assert messages == ["upload of step-00000001 stopped: pruned here meanwhile (a newer "
+                        "checkpoint supersedes it)"]
+    assert sync.error is None and latest_committed(store, JOB) is None
+
+
 class _Planted:
     """Unpickling this creates a file: what someone with write access to the bucket
     could plant in a model.pt (with a manifest to match)."""
