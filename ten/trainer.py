@@ -212,7 +212,10 @@ class Trainer:
         self._start_record(step)
         with self.stop.in_loop():
             outcome, step, tokens = self._loop(model, loader, step, tokens)
-        final_loss = self._eval(step) if outcome is Outcome.DONE else None
+        final_loss = None
+        if outcome is Outcome.DONE:
+            self.stop.set_phase("the final evaluation")  # what a stop now interrupts
+            final_loss = self._eval(step)
         if self.metrics:
             self.metrics.write(MetricKind.END, step, {"outcome": outcome.value, "tokens": tokens})
             self.metrics.close()

@@ -104,6 +104,32 @@ class SignalAt:
         return Loader()
 
 
+def test_a_stop_during_the_final_evaluation_is_said_to_be_there(data, tmp_path):
+    """Issue 45, fault 6: SIGTERM while the finished run evaluated was logged "during
+    training"; the last step is committed either way, so a rerun only evaluates."""
+    from ten.stop import Interrupted, Stop
+
+    class SignalAtEval:
+        def __init__(self, data):
+            self.data, self.cfg = data, data.cfg
+
+        def __getattr__(self, name):
+            return getattr(self.data, name)
+
+        def val_batches(self, *a, **kw):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return self.data.val_batches(*a, **kw)
+
+    with Stop().installed() as stop:
+        t = Trainer(mcfg(data), SignalAtEval(data), tcfg(max_steps=4, eval_every=0),
+                    tmp_path, {"model": "m"}, {"train": {}}, log=lambda s: None, stop=stop)
+        with pytest.raises(Interrupted):
+            t.run()
+        stop.handled()
+    assert stop.phase == "the final evaluation"
+    assert ckpt.committed_steps(tmp_path / "checkpoints")[-1] == 4
+
+
 def final_weights(run_dir):
     found = ckpt.latest_valid(run_dir / "checkpoints")
     return found.step, ckpt.load(found.path, "model.pt")
