@@ -74,6 +74,7 @@ class Stop:
         self.received: int | None = None  # the first signal outside the loop
         self.signum: int | None = None  # the first signal inside the loop
         self.requested: str | None = None  # the first request from a thread
+        self.then = "run again to resume"  # what the user does after this stop
         self._pid: int | None = None  # the process whose handlers are installed
         self._handled = threading.Event()
         self._noted: list[int] = []  # signals in mode "note"
@@ -88,10 +89,13 @@ class Stop:
             return signal.Signals(self.signum).name
         return self.requested
 
-    def request(self, reason: str) -> None:
-        """Stop after the current step, from any thread (a notice, a lost lease)."""
+    def request(self, reason: str, then: str | None = None) -> None:
+        """Stop after the current step, from any thread (a notice, a lost lease); ``then``:
+        what to do next, when it is not to run again (another writer holds the run)."""
         if self.requested is None:
             self.requested = reason
+            if then is not None:
+                self.then = then
 
     # -- the handlers ---------------------------------------------------------------------
     def install(self, log: Log | None = None) -> None:

@@ -386,9 +386,8 @@ class Trainer:
                 window.checkpoint += self.checkpoints.seconds - before
             if stopping:
                 self.log(f"stopped by {stop.reason or 'a peer'} after step {step}: " + (
-                    "checkpoint committed, run again to resume" if committed else
-                    f"not committed, {self.checkpoints.last_committed()}; run again to "
-                    "resume"))
+                    f"checkpoint committed, {stop.then}" if committed else
+                    f"not committed, {self.checkpoints.last_committed()}; {stop.then}"))
                 return Outcome.PREEMPTED, step, tokens
         return Outcome.DONE, step, tokens
 

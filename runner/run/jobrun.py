@@ -149,6 +149,12 @@ class JobRun:
             self.log(f"stopped again: {last} may not be in the bucket yet")
         return ExitCode.PREEMPTED
 
+    def _lease_lost(self, why: str) -> None:
+        """Another writer took the run over (the uploader has said how): this one stops
+        after its step, and is not the one to run again."""
+        self.stop.request("a lost writer lease", then="not in the bucket: another writer "
+                          "holds this run now (see the lease line above), so this one ends")
+
     def _point_healthcheck(self) -> None:
         """Tell the container's healthcheck (``ten-runner healthcheck``) where this run's
         heartbeat is, first thing: the pointer's age marks this process's start, so a
@@ -212,7 +218,7 @@ class JobRun:
                 return unfit
         if job.storage.is_remote and self.is_main:
             self.stop.set_phase("the bucket restore")
-            self.bucket = open_bucket(job, self.run_dir, log, on_lease_lost=self.stop.request)
+            self.bucket = open_bucket(job, self.run_dir, log, on_lease_lost=self._lease_lost)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
         from ten.trainstate import refuse_unsafe_resume

@@ -216,6 +216,12 @@ def test_zombie_writer_stops_when_a_newer_one_takes_the_lease(tmp_path, corpus,
     _, err = communicate(proc, 120)
     assert proc.returncode == ExitCode.STORAGE, err[-3000:]
     assert "lease lost" in err and "the-relaunched-instance" in err
+    # one line each, and no advice to run the zombie again (issue 45, fault 6)
+    stopped = next(ln for ln in err.splitlines() if ln.startswith("stopped by"))
+    assert stopped.startswith("stopped by a lost writer lease after step ")
+    assert stopped.endswith(": checkpoint committed, not in the bucket: another writer holds "
+                            "this run now (see the lease line above), so this one ends")
+    assert "run again" not in err
     # nothing committed after the takeover, beyond an upload already past its check
     assert committed_steps(store, name)[-1] <= max(taken_over) + 2
 
