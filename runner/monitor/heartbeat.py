@@ -175,8 +175,7 @@ class Heartbeat:
         wakes). Never raises."""
         record = {"kind": kind.value, "time": time.time(), **fields}
         try:
-            with self._lock:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+            with self._lock:  # into the run directory, never re-creating it (rm --force)
                 with open(self.run_dir / EVENTS, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record, default=str) + "\n")
                 self._events_dirty = True

@@ -97,9 +97,11 @@ def disk_error(e: OSError, run_dir: Path, bucket: bool, log: Log) -> ExitCode:
     from ten.fileio import ENVIRONMENT_ERRNOS, describe_os_error
 
     if vanished_from(e, run_dir):
-        kept = "the bucket keeps what was committed" if bucket else "run again"
+        then = ("running the job again resumes from what the bucket still holds (nothing, "
+                "after ten-runner rm)" if bucket else
+                "nothing of it is left here, so running the job again starts it over")
         log(f"storage error: {os.fsdecode(e.filename)} vanished: the run directory was "
-            f"removed while the run wrote to it; {kept}, and a new run resumes from it")
+            f"removed while the run wrote to it (ten-runner rm --force does that); {then}")
         return ExitCode.STORAGE
     if e.errno not in ENVIRONMENT_ERRNOS:
         log("crash:\n" + traceback.format_exc())

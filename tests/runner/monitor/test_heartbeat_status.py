@@ -100,6 +100,23 @@ def test_local_run_directory_without_a_store(tmp_path):
         assert s["state"] == "preempted" and s["gpu"] is None and s["step"] == 300
 
 
+def test_a_run_directory_removed_under_a_live_run_is_not_re_created(tmp_path):
+    """Issue 45, fault 6: after `ten-runner rm --force` the dying run's last event and
+    beat re-created the folder, with an events.jsonl and a status.json."""
+    import shutil
+
+    run_dir = tmp_path / "runs" / "gone"
+    records, _ = recent_run()
+    write_metrics(run_dir, records)
+    said = []
+    hb = Heartbeat(run_dir, None, "gone", period_s=0.05, log=said.append)
+    hb.start()
+    shutil.rmtree(run_dir)
+    hb.event(EventKind.STOP, state="failed")
+    hb.stop("failed")
+    assert not run_dir.exists()
+
+
 def test_stale_heartbeat():
     now = 1_000_000.0
     s = {"job": "j", "state": "running", "time": now - 100, "period_s": 30}

@@ -63,6 +63,27 @@ def test_every_way_a_run_fails_has_its_exit_code_and_one_message(tmp_path, case)
     assert len(said) == 1 and said[0].startswith(start), said
 
 
+@pytest.mark.parametrize("bucket,then", [
+    (False, "nothing of it is left here, so running the job again starts it over"),
+    (True, "running the job again resumes from what the bucket still holds (nothing, "
+           "after ten-runner rm)"),
+])
+def test_a_run_directory_removed_mid_run_promises_no_resume_it_cannot_keep(tmp_path, bucket,
+                                                                           then):
+    """Issue 45, fault 6: after rm --force the run said "a new run resumes from it"."""
+    import errno
+
+    from runner.exit_codes import ExitCode
+    from runner.run.failures import exit_code_of
+
+    gone = tmp_path / "runs" / "t" / "metrics.jsonl"
+    said = []
+    error = FileNotFoundError(errno.ENOENT, "No such file or directory", str(gone))
+    assert exit_code_of(error, None, gone.parent, bucket, said.append) == ExitCode.STORAGE
+    assert said == [f"storage error: {gone} vanished: the run directory was removed while "
+                    f"the run wrote to it (ten-runner rm --force does that); {then}"]
+
+
 def test_the_end_of_run_sample_is_printed_as_text(tmp_path, corpus, capfd):
     """Not a Python repr (quotes, \\n escapes): the text, its lines indented, and nothing a
     terminal would act on (an escape sequence in generated text shows as U+FFFD)."""
