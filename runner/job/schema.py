@@ -16,6 +16,7 @@ import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -421,6 +422,21 @@ class ResourcesSection(Section):
     metadata_endpoint: Str | None = Field(
         None, description="metadata service base URL (default: the provider's own)")
     notice_poll_s: Float = Field(2.0, gt=0.0, description="seconds between notice polls")
+
+    @field_validator("metadata_endpoint")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        hint = "the metadata service's base URL, e.g. http://169.254.169.254"
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parsed on access: out of range raises
+        except ValueError as e:
+            raise job_error(f"is not a URL ({e})", hint=hint) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise job_error("must be an http:// or https:// URL with a host", hint=hint)
+        return url
     # Where `ten-runner submit` puts the job (see runner/provision/).
     image: Str = Field("ghcr.io/ten-runner/ten-runner:latest",
                        description="container image run by `submit` and `export`")

@@ -126,6 +126,12 @@ BAD = [
      [(5, "storage.url: 's3:/my-bucket/runs' looks like a URL but is not one (a scheme takes "
           "'://') (hint: did you mean s3://my-bucket/runs?; a local folder named so: "
           "./s3:/my-bucket/runs)")]),
+    # issue 45: accepted, then a warning every 2 s and no notice ever seen
+    ("metadata-endpoint-torn", MINIMAL + "resources: {metadata_endpoint: 'http://[::1'}\n",
+     [(5, "resources.metadata_endpoint: is not a URL (Invalid IPv6 URL), got 'http://[::1' "
+          "(hint: the metadata service's base URL, e.g. http://169.254.169.254)")]),
+    ("metadata-endpoint-scheme", MINIMAL + "resources: {metadata_endpoint: '169.254.169.254'}\n",
+     [(5, "resources.metadata_endpoint: must be an http:// or https:// URL with a host")]),
     ("scheme-no-slash", MINIMAL + "storage: {url: 'gs:bucket/runs'}\n",
      [(5, "storage.url: 'gs:bucket/runs' looks like a URL but is not one")]),
     ("python-tag", MINIMAL + "x: !!python/object/apply:os.system ['echo hi']\n",
