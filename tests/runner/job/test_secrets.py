@@ -99,6 +99,7 @@ STRING_FIELDS = {
     ("train", "optimizer"): None,
     ("train", "loss"): None,
     ("train", "device"): None,
+    ("train", "init_from"): "s3://bucket-{}/runs/base",
     ("storage", "url"): "s3://bucket/{}/runs",
     ("storage", "endpoint_url"): "https://{}.example.com",
     ("storage", "region"): "{}",
