@@ -71,8 +71,15 @@ def check_run_dir(run_dir: Path) -> None:
     """A run directory that is there must be a folder: a link to nothing, or to a file or
     a device (``/dev/null``), is one line naming what it is (mkdir said "File exists")."""
     if run_dir.is_symlink() and not run_dir.exists():
-        raise StorageError(f"run directory {run_dir} is a link to {os.readlink(run_dir)}, "
-                           "which does not exist: remove the link or create its folder")
+        target = os.readlink(run_dir)
+        try:
+            os.stat(run_dir)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a link to itself, or round a circle of links
+                raise StorageError(f"run directory {run_dir} is a link to {target} that "
+                                   "leads back to itself: remove the link") from None
+        raise StorageError(f"run directory {run_dir} is a link to {target}, which does not "
+                           "exist: remove the link or create its folder")
     if run_dir.exists() and not run_dir.is_dir():
         what = "a link to " + str(run_dir.resolve()) if run_dir.is_symlink() else "a file"
         raise StorageError(f"run directory {run_dir} is {what}, not a folder: remove it or "

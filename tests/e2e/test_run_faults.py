@@ -202,18 +202,20 @@ def test_a_scan_backend_that_cannot_run_here_is_a_config_error(tmp_path, corpus)
     assert len(lines) == 1
 
 
-@pytest.mark.parametrize("target", ["missing", "/dev/null"])
+@pytest.mark.parametrize("target", ["missing", "/dev/null", "itself"])
 def test_a_run_directory_that_is_no_folder_is_one_line(tmp_path, corpus, target):
     """The job's run directory is a link to nothing, or to /dev/null (issue 23, fault
-    15): it said "cannot open .../.lock: File exists". One line naming what it is, exit
-    4, and the link's target untouched."""
+    15): it said "cannot open .../.lock: File exists"; or to itself (issue 45: it said
+    the link's target "does not exist"). One line naming what it is, exit 4, and the
+    link's target untouched."""
     job = write_job(tmp_path, corpus)
     (tmp_path / "store").mkdir()
     link = tmp_path / "store" / "t"
-    link.symlink_to(tmp_path / target if target == "missing" else target)
+    link.symlink_to({"missing": tmp_path / "missing", "itself": "t"}.get(target, target))
     code, out, err = run_to_end("run", job, "--no-sample")
     assert code == ExitCode.STORAGE, err
-    want = "which does not exist" if target == "missing" else "is a link to /dev/null, not a folder"
-    assert f"run directory {link}" in err and want in err
+    want = {"missing": "which does not exist", "/dev/null": "is a link to /dev/null, not a "
+            "folder", "itself": "is a link to t that leads back to itself: remove the link"}
+    assert f"run directory {link}" in err and want[target] in err
     assert "Traceback" not in err + out and "File exists" not in err
     assert link.is_symlink() and not (tmp_path / "missing").exists()
