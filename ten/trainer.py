@@ -65,6 +65,10 @@ from ten.trainstate import (
     weight_mismatches,
 )
 
+# A first loss after a resume above recorded * RESUME_JUMP[0] + RESUME_JUMP[1] (nats) is
+# warned about: far past the step-to-step noise, a changed sequence length's or lr's jump.
+RESUME_JUMP = (1.5, 1.0)
+
 # Under DDP the ranks agree on a stop signal every this many steps (and at log, checkpoint
 # and last steps): a stop is taken at most STOP_AGREE_EVERY - 1 steps after the step in
 # flight when it came, for one host sync per 8 steps instead of one per step.
@@ -373,6 +377,7 @@ class Trainer:
             stopping = agree(step, stop.reason is not None, force=log_due or save_due)
             if log_due or stopping:
                 last_loss = self._log_window(step, tokens, lr, norm, window)
+                self._check_resumed_loss(last_loss)
                 window = _Window(window.loss.zero_())
             if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps:
                 t_eval = time.perf_counter()
@@ -390,6 +395,22 @@ class Trainer:
                     f"not committed, {self.checkpoints.last_committed()}; {stop.then}"))
                 return Outcome.PREEMPTED, step, tokens
         return Outcome.DONE, step, tokens
+
+    def _check_resumed_loss(self, loss: float) -> None:
+        """Once, at the first logged loss after a resume: one far above the loss the
+        checkpoint recorded means weights that are not what was trained (replaced or
+        damaged after the checkpoint was sealed, or a bug), which nothing else catches
+        while they are finite."""
+        resumed, self.checkpoints.resumed_at = self.checkpoints.resumed_at, None
+        if resumed is None or not math.isfinite(loss):
+            return
+        step, recorded = resumed
+        if loss > recorded * RESUME_JUMP[0] + RESUME_JUMP[1]:
+            self._say(f"warning: the first loss after the resume, {loss:.4f}, is far above the "
+                      f"{recorded:.4f} step {step} recorded: its weights may not be what was "
+                      "trained (replaced or damaged after it was written); if the loss does "
+                      "not come back down, resume from an earlier checkpoint (move this one "
+                      "away)")
 
     def _log_window(self, step: int, tokens: int, lr: float, norm: torch.Tensor,
                     window: _Window) -> float:

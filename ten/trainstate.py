@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -368,6 +369,9 @@ class CheckpointManager:
         self.cfg, self.dist, self.log, self.on_commit = cfg, dist, log, on_commit
         self.identity, self.resolved, self.model_config = identity, resolved, model_config
         self.versions = stack_versions()  # recorded in every checkpoint (config.json)
+        # (step, loss) the checkpoint resumed from recorded: the first losses after it
+        # should be near (ten.trainer checks)
+        self.resumed_at: tuple[int, float] | None = None
         self.seconds = 0.0
 
     def save(self, state: TrainState, last_loss: float | None) -> bool:
@@ -479,4 +483,7 @@ class CheckpointManager:
             self.log(f"resuming on other software than {path.name} was made with: "
                      f"{', '.join(moved)} (a step may then round differently)")
         state.load_state_dict(files, path)
+        loss = (found.manifest.get("meta") or {}).get("loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            self.resumed_at = (found.step, float(loss))
         self.log(f"resumed from {path} (step {state.step}, {state.tokens:,} tokens)")

@@ -363,6 +363,28 @@ def test_a_resume_says_which_software_changed_since_the_checkpoint(data, tmp_pat
     assert not any("other software" in n for n in notes)
 
 
+def test_a_resume_onto_weights_far_from_what_was_trained_is_warned_about(data, tmp_path):
+    """Issue 45, fault 6: weights replaced by finite garbage and the manifest re-hashed
+    loaded silently (held-out loss 6.25 -> 24.0). The first loss after the resume is
+    compared with the one the checkpoint recorded; an honest resume says nothing."""
+    run = tmp_path / "run"
+    assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
+    t, notes = resume_notes(data, run, max_steps=10)
+    assert t.run().outcome is Outcome.DONE
+    assert not any("far above" in n for n in notes)
+    newest = run / "checkpoints" / "step-00000010"
+    weights = ckpt.load(newest, "model.pt")
+    gen = torch.Generator().manual_seed(0)
+    torch.save({k: torch.randn(v.shape, generator=gen) * 3 for k, v in weights.items()},
+               newest / "model.pt")
+    reseal(newest)
+    t, notes = resume_notes(data, run, max_steps=12)
+    assert t.run().outcome is Outcome.DONE
+    (warned,) = [n for n in notes if "far above" in n]
+    assert warned.startswith("warning: the first loss after the resume, ")
+    assert "step 10 recorded: its weights may not be what was trained" in warned
+
+
 def test_trainer_state_without_a_field_counts_as_corrupt(data, tmp_path):
     run = tmp_path / "run"
     assert trainer(data, run, max_steps=8).run().outcome is Outcome.DONE
