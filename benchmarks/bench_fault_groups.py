@@ -7,15 +7,21 @@ after it (issue 23), each through ``python -m runner.cli`` in real processes:
     bucket     a bucket behind a fault-injecting proxy (tests/support/faultproxy.py) in
                front of ``rclone serve s3``: every committed step incomplete; two jobs of
                one name; small GETs whose body breaks off, at random; a LATEST naming a
-               step above every committed one; SIGTERMs during the final upload
+               step above every committed one; SIGTERMs during the final upload; a
+               final upload refused until the run exits 4, then a relaunch on the same disk
     signals    SIGHUP (a terminal or ssh session closing) at a random step
     streams    stdout and stderr closed; the output piped into ``head -n 3``
     ranks      one of two gloo ranks killed by SIGKILL
     resources  the data cache or a bucket run's working copy deleted mid-run; a memory
-               limit the job does not fit; a run directory that links to nothing
+               limit the job does not fit; a run directory that links to nothing or to
+               itself; `rm --force` under a live run
     hostile    values validate must refuse in one line; a garbage parquet dataset; a
                document with a lone surrogate among good ones
-    secrets    ${VAR} values in exports, in the bucket's objects, in validate's words
+    secrets    ${VAR} values in exports, in the bucket's objects and the local cache's
+               manifests, in validate's words
+    readers    (issue 45) another valid tokenizer or a damaged one in a trained run, and
+               another run's checkpoint as the newest, before sample, eval, export-model;
+               weights replaced by finite garbage (re-hashed) before a resume
 
     python benchmarks/bench_fault_groups.py                    # every group, 3 trials where random
     python benchmarks/bench_fault_groups.py --groups signals,bucket --trials 5 --seed 7
@@ -59,7 +65,8 @@ from runhelpers import losses, rank_process  # noqa: E402
 
 from runner.exit_codes import ExitCode  # noqa: E402
 
-GROUPS = ("bucket", "signals", "streams", "ranks", "resources", "hostile", "secrets")
+GROUPS = ("bucket", "signals", "streams", "ranks", "resources", "hostile", "secrets",
+          "readers")
 SECRET = "s3cr3t-9f2c-v4lu3"  # a value that must never be written or printed
 
 JOB = """\
@@ -310,6 +317,30 @@ def bucket_group(b: Bench, trials: int) -> list[Trial]:
                          (ExitCode.OK, ExitCode.PREEMPTED), held=steps[-1:] == [12],
                          lost=12 - (steps[-1] if steps else 0), tracebacks=tracebacks(*outs),
                          note="step 12 in the bucket"))
+
+    # 6. the final upload refused (a 503 storm) until the run exits 4; the relaunch on
+    # the same disk must put the newer local step in the bucket before it says "done"
+    for index in range(trials):
+        proxy = FaultProxy(s3.endpoint).start()
+        try:
+            job, name, _ = b.job(s3=proxy.endpoint, steps=12, every=6)
+            last = b.rng.choice(["model.pt", "manifest.json"])
+            proxy.fail("PUT", f"step-00000012/{last}", status=503)
+            first = run("run", job, "--no-sample")
+            proxy.clear()
+            code, text = run("run", job, "--no-sample")
+        finally:
+            proxy.stop()
+        held_dir = b.held_objects(job)
+        steps = bucket_steps(held_dir, name)
+        out.append(Trial("bucket", "final upload refused, then a relaunch", index, code,
+                         (ExitCode.OK,),
+                         held=first[0] == ExitCode.STORAGE and steps[-1:] == [12]
+                         and latest(held_dir, name) == "step-00000012",
+                         lost=12 - (steps[-1] if steps else 0),
+                         tracebacks=tracebacks(text, first[1]),
+                         note=f"PUT {last} refused: exit {first[0]}, then step 12 in the "
+                              "bucket before done"))
     return out
 
 
@@ -425,11 +456,33 @@ def resources_group(b: Bench, trials: int) -> list[Trial]:
     out.append(Trial("resources", "run directory links to nothing", 0, code,
                      (ExitCode.STORAGE,), held="which does not exist" in text, lost=0,
                      tracebacks=tracebacks(text), note="one line naming the link"))
+
+    # a run directory that links to itself
+    job, _, run_dir = b.job()
+    run_dir.parent.mkdir(parents=True)
+    run_dir.symlink_to(run_dir.name)
+    code, text = run("run", job, "--no-sample")
+    out.append(Trial("resources", "run directory links to itself", 0, code,
+                     (ExitCode.STORAGE,), held="leads back to itself" in text, lost=0,
+                     tracebacks=tracebacks(text), note="one line naming the loop"))
+
+    # rm --force under a live run: it ends (exit 4) and does not re-create its folder
+    job, _, run_dir = b.job(steps=400, every=5)
+    proc = start("run", job, "--no-sample")
+    wait_for_step(run_dir, proc, b.rng.randint(3, 10))
+    code_rm, text_rm = run("rm", run_dir, "--yes", "--force")
+    outs = proc.communicate(timeout=300)
+    out.append(Trial("resources", "rm --force under a live run", 0, proc.returncode,
+                     (ExitCode.STORAGE,), held=code_rm == 0 and not run_dir.exists()
+                     and "starts it over" in outs[1], lost=0,
+                     tracebacks=tracebacks(*outs, text_rm),
+                     note="the folder stays gone; no resume promised"))
     return out
 
 
 HOSTILE_SETS = ("train.seed=99999999999999999999", "train.lr=1e300",
-                "storage.endpoint_url=http://[::1", "train.max_steps=1e100",
+                "storage.endpoint_url=http://[::1", "resources.metadata_endpoint=http://[::1",
+                "train.max_steps=1e100",
                 "model.n_layers=" + "9" * 5000, "data.val_fraction=0", "storage.url=/etc",
                 "storage.url=/", "storage.url=/dev/null")
 
@@ -478,6 +531,11 @@ def secrets_group(b: Bench, trials: int) -> list[Trial]:
                      (ExitCode.OK,), held=not leaked and SECRET not in text, lost=0,
                      tracebacks=tracebacks(text),
                      note="leaked into: " + (", ".join(leaked) if leaked else "nothing")))
+    cached = [p.name for p in (b.work / "cache-secret").rglob("*.json")
+              if SECRET.encode() in p.read_bytes()]
+    out.append(Trial("secrets", "the same: the local cache's manifests", 0, code,
+                     (ExitCode.OK,), held=not cached, lost=0, tracebacks=0,
+                     note="leaked into: " + (", ".join(cached) if cached else "nothing")))
     for target in ("skypilot", "k8s"):
         dest = b.work / f"export-{target}.yaml"
         code, text = run("export", job, "--to", target, "-o", dest, env=env)
@@ -493,10 +551,73 @@ def secrets_group(b: Bench, trials: int) -> list[Trial]:
     return out
 
 
+def readers_group(b: Bench, trials: int) -> list[Trial]:
+    """What `sample`, `eval` and `export-model` trust in a trained run (issue 45)."""
+    import sentencepiece as spm
+
+    out = []
+    job, name, run_dir = b.job(steps=6, every=3)
+    first = run("run", job, "--no-sample")
+    other_job, _, other_dir = b.job(steps=9, every=9, name="other")  # same data, tokenizer
+    second = run("run", other_job, "--no-sample")
+    text_file = b.work / "text.txt"
+    text_file.write_text("a committed step in the bucket " * 100)
+    spm.SentencePieceTrainer.train(input=str(b.corpus), vocab_size=60, hard_vocab_limit=False,
+                                   eos_id=2, minloglevel=2, model_prefix=str(b.work / "spm"))
+
+    def readers(where: Path, out_dir: Path) -> list[tuple[str, int, str]]:
+        return [(args[0], *run(*args)) for args in (
+            ("sample", where), ("eval", where, "--data", text_file),
+            ("export-model", where, "--out", out_dir))]
+
+    cases = {"another valid tokenizer": ("another", ExitCode.DATA, "is not the tokenizer"),
+             "a damaged tokenizer": ("damaged", ExitCode.DATA, "is not a sentencepiece model"),
+             "another run's checkpoint as the newest": ("foreign", ExitCode.CONFIG,
+                                                        "is a checkpoint of run 'other'")}
+    for case, (kind, code, says) in cases.items():
+        copy = b.work / f"reader-{kind}" / name
+        shutil.copytree(run_dir, copy)
+        if kind == "another":
+            shutil.copyfile(b.work / "spm.model", copy / "tokenizer.model")
+        elif kind == "damaged":
+            (copy / "tokenizer.model").write_bytes(b"not a sentencepiece model" * 10)
+        else:
+            shutil.copytree(other_dir / "checkpoints" / "step-00000009",
+                            copy / "checkpoints" / "step-00000009")
+        out_dir = copy.parent / "exported"
+        for command, got, text in readers(copy, out_dir):
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            out.append(Trial("readers", f"{case}: {command}", 0, got, (code,),
+                             held=first[0] == second[0] == 0 and len(lines) == 1
+                             and says in text and not out_dir.exists(), lost=0,
+                             tracebacks=tracebacks(text), note="one line, nothing written"))
+
+    # weights replaced by finite garbage, the manifest re-hashed: the resume warns
+    import hashlib
+
+    import torch
+
+    from ten import checkpoint as ckpt
+
+    newest = run_dir / "checkpoints" / "step-00000006"
+    weights = ckpt.load(newest, "model.pt")
+    torch.save({k: torch.randn(v.shape) * 3 for k, v in weights.items()}, newest / "model.pt")
+    manifest = json.loads((newest / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        raw = (newest / entry).read_bytes()
+        manifest["files"][entry] = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    code, text = run("run", job, "--no-sample", "--set", "train.max_steps=9")
+    out.append(Trial("readers", "garbage weights re-hashed, then a resume", 0, code,
+                     (ExitCode.OK,), held="far above" in text, lost=0,
+                     tracebacks=tracebacks(text), note="a warning at the first loss"))
+    return out
+
+
 RUNNERS: dict[str, Callable[[Bench, int], list[Trial]]] = {
     "bucket": bucket_group, "signals": signals_group, "streams": streams_group,
     "ranks": ranks_group, "resources": resources_group, "hostile": hostile_group,
-    "secrets": secrets_group}
+    "secrets": secrets_group, "readers": readers_group}
 
 
 # --- the report --------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 
+from ten.stop import PREEMPTED as _STOPPED  # the library's own code for it (stdlib only)
+
 
 class ExitCode(enum.IntEnum):
     OK = 0  # the budget is done
@@ -21,7 +23,7 @@ class ExitCode(enum.IntEnum):
     GPU_UNUSABLE = 10  # a GPU is here but this software cannot use it (the driver is older
     #                    than the image's CUDA, a CPU-only torch): fix the host image or the
     #                    container image; every host of that image fails the same way
-    PREEMPTED = 75  # stopped by a signal after committing a checkpoint: resume (EX_TEMPFAIL)
+    PREEMPTED = _STOPPED  # 75: stopped by a signal after committing: resume (EX_TEMPFAIL)
 
 
 # Exits a relaunch cannot fix: the same job file, data or hyper-parameters fail the same
