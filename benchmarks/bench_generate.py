@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 def exported_folder(tmp: Path) -> Path:
     """A tiny TEN checkpoint and tokenizer laid out as a run, exported."""
-    from runner.trained.export import export_model
+    from runner.trained.hf_folder import export_model
     from ten import checkpoint as ckpt
     from ten.data.tokenizer import train
     from ten.presets import build_model, model_config

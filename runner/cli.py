@@ -220,8 +220,8 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
 
     Exit codes: 0 exported, 2 a run or --out that cannot be used, 3 a damaged or foreign
     tokenizer, 4 a full or read-only disk, 75 stopped by a signal (nothing exported)."""
-    from runner.trained.export import export_model as export
-    from runner.trained.export import hub_token, push_to_hub
+    from runner.trained.hf_folder import export_model as export
+    from runner.trained.hf_folder import hub_token, push_to_hub
     from ten.stop import Interrupted, Stop
 
     token = None if repo is None else hub_token(repo)  # before anything is spent
@@ -502,7 +502,7 @@ def export(job_file: str, target: str, job_url: str | None, output: str | None,
            sets: tuple[str, ...]) -> None:
     """Print a SkyPilot task or a Kubernetes manifest that runs this job in the image.
     The job file travels as written (${VAR} unresolved); secrets appear only by name."""
-    from runner.provision.export import export_job, laptop_values
+    from runner.provision.manifests import export_job, laptop_values
 
     job = _load(job_file, sets, check_card=True)
     text = export_job(job, Path(job_file), target, job_url=job_url, sets=sets)

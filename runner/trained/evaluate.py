@@ -151,7 +151,7 @@ def evaluate(target: str, data: Path, seq_len: int | None, max_tokens: int, as_j
              per_document: bool = False, **run: Any) -> str:
     """The report for a folder ``export-model`` wrote, or a run (``run``: job,
     endpoint_url, step, as :func:`runner.trained.sample.trained_model` takes them)."""
-    from runner.trained.export import load_exported
+    from runner.trained.hf_folder import load_exported
     from runner.trained.sample import run_tokenizer, trained_model
 
     if (Path(target) / "model.safetensors").is_file():

@@ -38,7 +38,7 @@ def load_source(where: str, endpoint_url: str | None = None) -> Source:
     """The model and tokenizer ``where`` names; InitFromError when it names none, or
     StorageError (exit 4, a relaunch retries) when its bucket cannot be read."""
     from runner.storage import StorageError
-    from runner.trained.export import is_export, load_exported
+    from runner.trained.hf_folder import is_export, load_exported
     from runner.trained.sample import run_tokenizer, trained_model
 
     run = where

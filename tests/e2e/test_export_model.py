@@ -12,7 +12,7 @@ from runhelpers import run_to_end, write_job
 
 from runner.cli import cli
 from runner.exit_codes import ExitCode
-from runner.trained.export import load_exported
+from runner.trained.hf_folder import load_exported
 from ten import checkpoint as ckpt
 from ten.data import Tokenizer
 from ten.trainstate import load_model

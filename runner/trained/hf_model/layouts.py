@@ -1,5 +1,5 @@
 """How each of the runner's model classes is written in the transformers convention
-(used by ``runner.trained.export``; this file is not copied into an exported folder).
+(used by ``runner.trained.hf_folder``; this file is not copied into an exported folder).
 
 * ``TENLM`` has no standard architecture: its folder carries the model code beside the
   weights (``configuration_ten.py``, ``modeling_ten.py``), loaded with

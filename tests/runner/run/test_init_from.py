@@ -65,7 +65,7 @@ def test_a_run_is_named_by_its_name_in_dot_runs(tmp_path, corpus, base, monkeypa
 
 
 def test_an_exported_folder_is_a_source_too(tmp_path, corpus, base):
-    from runner.trained.export import export_model
+    from runner.trained.hf_folder import export_model
 
     folder = export_model(base, tmp_path / "exported")
     job = write_job(tmp_path, corpus, name="tuned")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from runner.trained.export import hf_config
+from runner.trained.hf_folder import hf_config
 from runner.trained.hf_model.layouts import STABLELM, TEN, layout_of
 from ten.model import TENConfig
 from ten.presets import build_model

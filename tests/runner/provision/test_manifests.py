@@ -15,7 +15,7 @@ import yaml
 from runner.exit_codes import ExitCode
 from runner.job import load_job
 from runner.provision.base import ProvisionError
-from runner.provision.export import _heredoc, export_job, job_references
+from runner.provision.manifests import _heredoc, export_job, job_references
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ["l40s-small-32k", "tiny-cpu"]
@@ -188,7 +188,7 @@ def test_a_local_dataset_is_mounted_and_the_run_pointed_at_it(tmp_path, monkeypa
                     ' --set "data.dataset=$HOME/ten-data/0-corpus/*.txt"'
                     ' --set "data.tokenizer.path=$HOME/ten-data/1-tok.model"')
     assert "file_mounts" not in export(path, "k8s")  # Kubernetes: still warned about
-    from runner.provision.export import laptop_values
+    from runner.provision.manifests import laptop_values
 
     job = load_job(path, check_model=False)
     assert not [w for w in laptop_values(job, "skypilot") if w.startswith("data.")]
@@ -411,7 +411,7 @@ def test_values_that_only_work_on_this_machine_are_warned_about(tmp_path, monkey
     from click.testing import CliRunner
 
     from runner.cli import cli
-    from runner.provision.export import laptop_values
+    from runner.provision.manifests import laptop_values
 
     monkeypatch.setenv("MINIO_URL", "http://127.0.0.1:9000")
     job = tmp_path / "laptop.yaml"
