@@ -79,6 +79,17 @@ class Doc(str):
     """A field's one-line description (``Annotated`` metadata), for the job schema."""
 
 
+def budget_problem(max_steps: Any, max_tokens: Any) -> tuple[str | None, str] | None:
+    """The one rule of a training budget, exactly one of max_steps and max_tokens: when
+    broken, (the field to fix, or None for both, and why); the job checks it too, with
+    every other problem of the file."""
+    if max_steps is not None and max_tokens is not None:
+        return "max_tokens", "give either max_steps or max_tokens, not both"
+    if max_steps is None and max_tokens is None:
+        return None, "no budget: set max_steps or max_tokens (e.g. max_steps: 300)"
+    return None
+
+
 def check_fields(config: Any) -> None:
     """Every field's type, :class:`Range` and ``Literal`` choices, as :class:`FieldError`
     (an int is a float here; a bool is not a number)."""
@@ -196,8 +207,9 @@ class TrainConfig:
         "kernel per chunk), liger (Liger-Kernel's), or reference (B x T x V logits)")] = "auto"
 
     def __post_init__(self) -> None:
-        if (self.max_steps is None) == (self.max_tokens is None):
-            raise FieldError("max_steps", "give exactly one of max_steps and max_tokens")
+        broken = budget_problem(self.max_steps, self.max_tokens)
+        if broken is not None:
+            raise FieldError(broken[0] or "max_steps", broken[1])
         if self.seq_warmup_start is not None and self.seq_warmup_steps < 1:
             raise FieldError("seq_warmup_steps", "must be >= 1 with seq_warmup_start",
                              self.seq_warmup_steps)

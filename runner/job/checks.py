@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from runner.job.errors import describe_hidden, shorten, show, suggest
 from runner.job.schema import JobSchema, ModelSection, model_fields
-from ten.config import FieldError
+from ten.config import FieldError, budget_problem
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]
@@ -28,12 +28,11 @@ def budget(data: dict[str, Any]) -> Found:
     train = data.get("train")
     if not isinstance(train, dict):
         return []
-    given = [k for k in ("max_steps", "max_tokens") if train.get(k) is not None]
-    if len(given) == 2:
-        return [(("train", "max_tokens"), "give either max_steps or max_tokens, not both")]
-    if not given:
-        return [(("train",), "no budget: set max_steps or max_tokens (e.g. max_steps: 300)")]
-    return []
+    broken = budget_problem(train.get("max_steps"), train.get("max_tokens"))
+    if broken is None:
+        return []
+    field, why = broken
+    return [(("train", field) if field else ("train",), why)]
 
 
 def cross(job: JobSchema) -> Found:
