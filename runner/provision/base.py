@@ -48,6 +48,13 @@ class UnhealthyHost(ProvisionError):
         super().__init__(message, ExitCode.UNHEALTHY_HOST)
 
 
+# This machine (--to local), whether the job runs as a process or in its container: the
+# zone a failed health gate blocks, and what a relaunch there is told.
+LOCAL_ZONE = "local"
+LOCAL_REFUSED = ("this machine failed the job's GPU health gate and there is no other to use; "
+                 "fix the GPU or submit --to aws")
+
+
 class CloudCredentials(ProvisionError):
     def __init__(self, message: str):
         super().__init__(message, ExitCode.CLOUD_CREDENTIALS)

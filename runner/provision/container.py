@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from runner.provision.base import ProvisionError
+from runner.provision.base import LOCAL_REFUSED, LOCAL_ZONE, ProvisionError
 from runner.provision.docker import JOB_FILE, Result
-from runner.provision.local import REFUSED, ZONE
 from runner.provision.registry import job_dir
 
 PROCESS, CONTAINER = "process", "container"
@@ -88,12 +87,12 @@ def choose_mode(job: Any, environ: Mapping[str, str] | None = None) -> tuple[str
 class LocalHost:
     """This machine, for :class:`runner.provision.docker.DockerProvider`."""
 
-    name, zone, on, fault = "local", ZONE, "", ProvisionError
+    name, zone, on, fault = "local", LOCAL_ZONE, "", ProvisionError
     hint = f", or {MODE_ENV}=process to run a plain process"
     details = {"mode": CONTAINER}  # how LocalDestination tells the attempt's kind
 
     def refused(self) -> str:
-        return REFUSED
+        return LOCAL_REFUSED
 
     def docker(self, *args: str, doing: str, timeout: float) -> Result:
         try:

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.provision.base import (
+    LOCAL_REFUSED,
+    LOCAL_ZONE,
     Instance,
     InstanceStatus,
     LaunchSpec,
@@ -40,10 +42,6 @@ from runner.provision.base import (
 from runner.provision.destinations import Destination
 from runner.provision.policy import PREEMPT_SIGNALS
 from runner.provision.registry import job_dir
-
-ZONE = "local"  # what a failed health gate blocks: this machine
-REFUSED = ("this machine failed the job's GPU health gate and there is no other to use; "
-           "fix the GPU or submit --to aws")
 
 
 class LocalProvider(Provider):
@@ -56,8 +54,8 @@ class LocalProvider(Provider):
         self._children: dict[int, subprocess.Popen] = {}
 
     def launch(self, spec: LaunchSpec, avoid: frozenset[str] = frozenset()) -> Instance:
-        if ZONE in avoid:
-            raise UnhealthyHost(REFUSED)
+        if LOCAL_ZONE in avoid:
+            raise UnhealthyHost(LOCAL_REFUSED)
         log_path = job_dir(spec.job_id) / f"attempt-{spec.attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         launched_at = time.time()  # before the start: any status it writes is newer
@@ -67,7 +65,7 @@ class LocalProvider(Provider):
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.cwd, env={**os.environ, **spec.env}, start_new_session=True)
         self._children[proc.pid] = proc
-        return Instance(provider=self.name, id=str(proc.pid), zone=ZONE, spot=False,
+        return Instance(provider=self.name, id=str(proc.pid), zone=LOCAL_ZONE, spot=False,
                         launched_at=launched_at,
                         details={"pid": proc.pid, "pgid": proc.pid, "log": str(log_path),
                                  "host": socket.gethostname(),
