@@ -66,7 +66,7 @@ def open_trackers(job: Any, run_dir: Path, log: Log) -> list[Any]:
     sinks = []
     for name in job.monitor.report_to:
         try:
-            sinks.append(WandB(job, run_dir, log))
+            sinks.append(SINKS[name](job, run_dir, log))
         except Exception as e:  # noqa: BLE001 - a tracker never stops a run
             log(f"warning: {name} did not start ({type(e).__name__}: {e}); training goes on "
                 "without it (metrics.jsonl and TensorBoard have every figure)")
@@ -117,3 +117,7 @@ class WandB:
                 run.finish()
             except Exception as e:  # noqa: BLE001
                 self.log(f"warning: wandb did not finish cleanly: {type(e).__name__}: {e}")
+
+
+# monitor.report_to's names (runner.job.schema.TRACKERS) -> their sinks
+SINKS = {"wandb": WandB}

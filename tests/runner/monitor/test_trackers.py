@@ -89,6 +89,13 @@ def test_the_figures_reach_wandb_offline_in_one_run_across_a_resume(tmp_path, co
     assert trained == [5, 6]
 
 
+def test_every_tracker_a_job_may_name_has_a_sink_and_its_variables():
+    from runner.job.schema import TRACKERS
+    from runner.monitor.trackers import ENVIRONMENT, SINKS
+
+    assert set(SINKS) == set(ENVIRONMENT) == set(TRACKERS)
+
+
 def test_a_tracker_that_is_not_installed_stops_the_run_at_its_start(tmp_path, corpus,
                                                                     monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
