@@ -179,7 +179,7 @@ def test_a_stop_while_writing_exports_nothing_and_one_in_the_rename_finishes(
     is noted and the export completes (0)."""
     import signal
 
-    from runner.trained import export as export_mod
+    from runner.trained import hf_folder as export_mod
 
     real_write, real_replace = export_mod._write_folder, os.replace
 

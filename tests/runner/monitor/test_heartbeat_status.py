@@ -109,8 +109,12 @@ def test_a_run_directory_removed_under_a_live_run_is_not_re_created(tmp_path):
     records, _ = recent_run()
     write_metrics(run_dir, records)
     said = []
-    hb = Heartbeat(run_dir, None, "gone", period_s=0.05, log=said.append)
+    hb = Heartbeat(run_dir, None, "gone", period_s=3600.0, log=said.append)
     hb.start()
+    deadline = time.monotonic() + 60
+    while not (run_dir / "status.json").exists():  # the first beat, then none till stop
+        assert time.monotonic() < deadline, "no first beat"
+        time.sleep(0.01)
     shutil.rmtree(run_dir)
     hb.event(EventKind.STOP, state="failed")
     hb.stop("failed")
