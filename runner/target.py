@@ -61,13 +61,14 @@ def _run_named(target: str) -> str:
     run of that name in the default store (``./runs/pydocs-txt``)."""
     from pathlib import Path
 
-    from runner.storage import DEFAULT_STORE
+    from runner.storage import DEFAULT_STORE, run_by_name
 
     if "/" in target or ":" in target or Path(target).exists():
         return target
+    found = run_by_name(target)
+    if found is not None:
+        return str(found)
     store = Path(DEFAULT_STORE)
-    if (store / target).is_dir():
-        return str(store / target)
     there = sorted(d.name for d in store.iterdir() if d.is_dir()) if store.is_dir() else []
     runs = f"runs there: {', '.join(there[:8])}" if there else "none there"
     raise UserError(f"{target}: no such directory, and no run named {target} in "

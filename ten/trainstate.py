@@ -216,10 +216,9 @@ def stack_versions() -> dict[str, str]:
             **{name: installed(name) for name in STACK}}
 
 
-def stack_changes(saved: dict[str, Any] | None) -> list[str]:
-    """'torch 2.11.0 -> 2.13.0' for each version that differs from a checkpoint's
-    recorded ``saved`` (none for a checkpoint that recorded none)."""
-    now = stack_versions()
+def stack_changes(saved: dict[str, Any] | None, now: dict[str, str]) -> list[str]:
+    """'torch 2.11.0 -> 2.13.0' for each version in ``now`` (:func:`stack_versions`) that
+    differs from a checkpoint's recorded ``saved`` (none for one that recorded none)."""
     return [f"{name} {was} -> {now.get(name, '-')}" for name, was in (saved or {}).items()
             if now.get(name, "-") != was]
 
@@ -478,7 +477,7 @@ class CheckpointManager:
         changed = config_diff(saved["resolved"], self.resolved)
         if changed:
             self.log(f"resuming with changed settings: {'; '.join(changed)}")
-        moved = stack_changes(saved.get("versions"))
+        moved = stack_changes(saved.get("versions"), self.versions)
         if moved:
             self.log(f"resuming on other software than {path.name} was made with: "
                      f"{', '.join(moved)} (a step may then round differently)")

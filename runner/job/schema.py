@@ -16,7 +16,7 @@ import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -103,6 +103,17 @@ def job_error(message: str, hint: str = "", show_value: bool = True) -> Pydantic
     """A validation error carrying a hint; the value shown is added by the formatter."""
     return PydanticCustomError("job", message.replace("{", "{{").replace("}", "}}"),
                                {"hint": hint, "show_value": show_value})
+
+
+def parsed_url(url: str, hint: str, show_value: bool = True) -> SplitResult:
+    """``url`` split as HTTP clients split it; "is not a URL" (with ``hint``) when it does
+    not parse, its port included (parsed on access)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number, or out of range
+    except ValueError as e:
+        raise job_error(f"is not a URL ({e})", hint=hint, show_value=show_value) from None
+    return parts
 
 
 class Section(BaseModel):
@@ -347,16 +358,10 @@ class StorageSection(Section):
     @field_validator("endpoint_url")
     @classmethod
     def _parsable_endpoint(cls, url: str | None) -> str | None:
-        from urllib.parse import urlsplit
-
         if not url:  # None or empty: AWS S3 itself
             return url
-        try:  # what botocore does with it first; an unparsable one crashed the run
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError as e:
-            raise job_error(f"is not a URL ({e})", hint="e.g. http://localhost:9000",
-                            show_value=False) from None
+        # what botocore does with it first; an unparsable one crashed the run
+        parts = parsed_url(url, hint="e.g. http://localhost:9000", show_value=False)
         if parts.username is not None or parts.password is not None:
             # it would be written into job.json and every checkpoint's config.json
             raise job_error("carries credentials (user:password@host)",
@@ -429,11 +434,7 @@ class ResourcesSection(Section):
         if url is None:
             return url
         hint = "the metadata service's base URL, e.g. http://169.254.169.254"
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - parsed on access: out of range raises
-        except ValueError as e:
-            raise job_error(f"is not a URL ({e})", hint=hint) from None
+        parts = parsed_url(url, hint=hint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise job_error("must be an http:// or https:// URL with a host", hint=hint)
         return url

@@ -4,9 +4,9 @@
 A job submitted to another machine loads the *same job file* there, so every
 ``${VAR}`` the file refers to must be set in the container as it is here; so must the
 credentials the storage, the hub client and the job's trackers read on their own
-(AWS_*, HF_TOKEN, WANDB_*). The
-values are secrets: they go into a docker ``--env-file`` (written 0600, removed once the
-container has started), never onto a command line, into a record or into a message.
+(AWS_*, HF_TOKEN, WANDB_*). The values are secrets: they go into a docker
+``--env-file`` (written 0600, removed once the container has started), never onto a
+command line, into a record or into a message.
 """
 
 from __future__ import annotations

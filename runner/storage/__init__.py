@@ -41,9 +41,16 @@ from runner.storage.base import (
 )
 
 __all__ = ["COMMAND_SETTINGS", "DEFAULT_STORE", "ObjectInfo", "SettingNames", "StorageError",
-           "Store", "open_store"]
+           "Store", "open_store", "run_by_name"]
 
 DEFAULT_STORE = "./runs"  # a job's storage.url when it names none; the CLI's default TARGET
+
+
+def run_by_name(name: str) -> Path | None:
+    """The run called ``name`` in :data:`DEFAULT_STORE` (``pydocs-txt`` ->
+    ``./runs/pydocs-txt``), when there is one: how commands read a bare run name."""
+    folder = Path(DEFAULT_STORE) / name
+    return folder if folder.is_dir() else None
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None, *,

@@ -63,11 +63,14 @@ def load_source(where: str, endpoint_url: str | None = None) -> Source:
 
 def _local(where: str) -> Path:
     """A path here, or a run's name in the default store."""
-    from runner.storage import DEFAULT_STORE
+    from runner.storage import DEFAULT_STORE, run_by_name
 
-    for folder in (Path(where).expanduser(), Path(DEFAULT_STORE) / where):
-        if folder.is_dir():
-            return folder
+    folder = Path(where).expanduser()
+    if folder.is_dir():
+        return folder
+    found = run_by_name(where)
+    if found is not None:
+        return found
     raise InitFromError(where, f"no such run directory or exported folder (nor a run of "
                                f"that name in {DEFAULT_STORE})")
 

@@ -140,7 +140,7 @@ class _Progress:
         self.desc, self.total, self.done = desc, source.total_bytes(), done
         self.t0, self.tokens = time.perf_counter(), 0
         self.plain = cfg.progress and not _is_terminal(sys.stderr)
-        self.last_line: float | None = self.t0  # None once closed
+        self.last_line, self.closed = self.t0, False
         self.bar = tqdm(total=self.total, initial=done, unit="B", unit_scale=True, desc=desc,
                         disable=not cfg.progress or self.plain, file=sys.stderr,
                         mininterval=1.0)
@@ -151,14 +151,14 @@ class _Progress:
         self.bar.update(chars)
         self.bar.set_postfix_str(f"{self._rate() / 1e3:,.0f}K tok/s", refresh=False)
         now = time.perf_counter()
-        if self.plain and self.last_line is not None and now - self.last_line >= PLAIN_EVERY_S:
+        if self.plain and now - self.last_line >= PLAIN_EVERY_S:
             self.last_line = now
             self._line()
 
-    def close(self) -> None:  # once: the line saying where it ended
-        if self.plain and self.last_line is not None:
+    def close(self) -> None:  # called again after an error: the last line said once
+        if self.plain and not self.closed:
             self._line(done=True)
-        self.last_line = None
+        self.closed = True
         self.bar.close()
 
     def _rate(self) -> float:
