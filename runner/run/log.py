@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,10 @@ class RunLog:
     Every line passes through ``scrub`` first (the job's: resolved ``${VAR}`` values
     become ``***``), so nothing a secret was substituted into reaches the console, the
     file or the bucket copy of it. A log that cannot be written (a full disk) never
-    turns into a second failure: the line still reaches stderr."""
+    turns into a second failure: the line still reaches stderr.
+
+    The heartbeat's thread logs too: a line goes out in one write, under a lock, so two
+    threads' lines are never glued together (``print`` writes the newline separately)."""
 
     def __init__(self, run_dir: Path, tag: str = "",
                  scrub: Callable[[str], str] | None = None) -> None:
@@ -26,6 +30,7 @@ class RunLog:
         self.scrub = scrub or (lambda text: text)
         self.path = Path(run_dir) / RUN_LOG
         self._file = None
+        self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
@@ -34,22 +39,25 @@ class RunLog:
 
     def __call__(self, line: str) -> None:
         line = self.scrub(self.tag + line)
-        print(line, file=sys.stderr, flush=True)
-        if self._file is None:
-            return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        try:
-            self._file.write(f"{stamp} {line}\n")
-            self._file.flush()
-        except OSError as e:
-            self._file_failed(e)
+        with self._lock:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            if self._file is None:
+                return
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            try:
+                self._file.write(f"{stamp} {line}\n")
+                self._file.flush()
+            except OSError as e:
+                self._file_failed(e)
 
     def _file_failed(self, e: OSError) -> None:
         from ten.fileio import describe_os_error
 
         self.close()
-        print(self.scrub(f"warning: {describe_os_error(e, self.path)}; this run's lines go "
-                         "to stderr only"), file=sys.stderr, flush=True)
+        sys.stderr.write(self.scrub(f"warning: {describe_os_error(e, self.path)}; this run's "
+                                    "lines go to stderr only") + "\n")
+        sys.stderr.flush()
 
     def close(self) -> None:
         if self._file is not None:
