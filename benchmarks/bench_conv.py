@@ -1,6 +1,6 @@
 """The short causal convolution at a sequence's start, forward + backward: torch's
 depthwise ``conv1d`` on the zero-padded, transposed activations (as ShortConv ran it
-before) against ``ten.block_fused.causal_conv`` (Triton kernels on CUDA, no padded copy),
+before) against ``ten.kernels.block_fused.causal_conv`` (Triton kernels on CUDA, no padded copy),
 on the same inputs, with the time ratio and the largest difference:
 
     python benchmarks/bench_conv.py --device cuda                  # flagship: 1 x 32768 x 1024
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ten.block_fused import causal_conv  # noqa: E402
+from ten.kernels.block_fused import causal_conv  # noqa: E402
 
 
 def torch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,7 @@ def bench_pretokenize(cache: Path, max_documents: int | None, repeats: int,
 
 
 def bench_loader(cache: Path, steps: int) -> list[tuple[str, str]]:
-    from ten.presets import build_model, model_config
+    from ten.model.presets import build_model, model_config
 
     cfg = DataConfig(cache_dir=str(cache), progress=False, seq_len=256, num_proc=2)
     data = open_data(cfg)

@@ -200,7 +200,7 @@ def wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int) -> int:
 
 
 def committed(run_dir: Path) -> list[int]:
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     return ckpt.committed_steps(run_dir / "checkpoints")
 
@@ -597,7 +597,7 @@ def readers_group(b: Bench, trials: int) -> list[Trial]:
 
     import torch
 
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     newest = run_dir / "checkpoints" / "step-00000006"
     weights = ckpt.load(newest, "model.pt")

@@ -31,9 +31,9 @@ import torch  # noqa: E402
 def exported_folder(tmp: Path) -> Path:
     """A tiny TEN checkpoint and tokenizer laid out as a run, exported."""
     from runner.trained.hf_folder import export_model
-    from ten import checkpoint as ckpt
     from ten.data.tokenizer import train
-    from ten.presets import build_model, model_config
+    from ten.model.presets import build_model, model_config
+    from ten.train import checkpoint as ckpt
 
     run = tmp / "run"
     words = "the state carries every token before it so a new one costs the same".split()

@@ -6,7 +6,7 @@ same hidden states and head weight and prints peak memory, time, and the ratios 
 the plain loss measured in the same run. ``compiled`` is the public recipe that has
 beaten Liger's kernel in published comparisons: each chunk's logits, log-softmax and both
 gradients one ``torch.compile``d function (Inductor writes the row math; cuBLAS or its
-templates the matmuls), run in the loss's forward, as ``ten.loss`` runs its chunks.
+templates the matmuls), run in the loss's forward, as ``ten.kernels.loss`` runs its chunks.
 
     python benchmarks/bench_loss.py                              # CPU: N 4096, d 256, V 32000
     python benchmarks/bench_loss.py --device cuda --rows 32768 --d 1024 --vocab 32000 --dtype bf16
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ten.loss import (
+from ten.kernels.loss import (
     FUSED_CHUNK_ELEMENTS,
     chunked_linear_cross_entropy,
     default_chunk_rows,

@@ -27,8 +27,8 @@ import time
 def run_point(args: argparse.Namespace) -> dict:
     import torch
 
-    from ten.mfu import mfu, peak_flops
-    from ten.presets import build_model, model_config
+    from ten.model.presets import build_model, model_config
+    from ten.train.mfu import mfu, peak_flops
 
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -96,7 +96,7 @@ def scan_only(T: int, tokens: int, K: int, chunk: int, device: str) -> dict:
     """Forward + backward of the scan alone (B·T = tokens, K eigenstates): ref vs chunked."""
     import torch
 
-    from ten.scan import scan
+    from ten.kernels.scan import scan
 
     torch.manual_seed(0)
     B = max(1, tokens // T)
@@ -185,7 +185,7 @@ def main() -> None:
               "(target < 1.5x)")
 
     if args.ref_T:
-        from ten.presets import model_config
+        from ten.model.presets import model_config
 
         cfg = model_config("ten", args.preset)
         r = scan_only(args.ref_T, args.tokens, cfg.n_eigenstates, cfg.chunk_size, args.device)

@@ -1,5 +1,5 @@
-"""What the evaluation's extras add to a run: the recall probe (ten.probes.repeat_recall)
-and the state's health (ten.statehealth), both on by default: their time against a
+"""What the evaluation's extras add to a run: the recall probe (ten.model.probes.repeat_recall)
+and the state's health (ten.model.statehealth), both on by default: their time against a
 training step and an evaluation, measured in this run, and their share of a whole run at
 the job's cadence.
 
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from ten.loss import NextTokenLoss
-from ten.presets import build_model, model_config
-from ten.probes import repeat_recall
-from ten.statehealth import state_health
-from ten.step import evaluate
+from ten.kernels.loss import NextTokenLoss
+from ten.model.presets import build_model, model_config
+from ten.model.probes import repeat_recall
+from ten.model.statehealth import state_health
+from ten.train.step import evaluate
 
 
 def timed(fn, repeats: int) -> float:

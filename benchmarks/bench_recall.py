@@ -50,10 +50,10 @@ from pathlib import Path
 import torch
 
 from ten.config import TrainConfig
-from ten.loss import IGNORE_INDEX, NextTokenLoss
-from ten.presets import build_model, ten_config, transformer_config
-from ten.schedule import lr_multiplier
-from ten.seqwarmup import length_at, lengths, split_rows
+from ten.kernels.loss import IGNORE_INDEX, NextTokenLoss
+from ten.model.presets import build_model, ten_config, transformer_config
+from ten.train.schedule import lr_multiplier
+from ten.train.seqwarmup import length_at, lengths, split_rows
 
 # Token layout shared by the tasks: 0 blank/noise filler, 1 query marker, 2 separator,
 # then the value tokens (VALUES of them), then the key tokens (KEYS of them).
@@ -178,7 +178,7 @@ def train_shape(step: int, args: argparse.Namespace) -> tuple[int, int]:
 
     - neither flag: ``--batch`` rows of ``--T``;
     - ``--seq-warmup START``: the trainer's warm-up (``train.seq_warmup_start``; lengths
-      from ten.seqwarmup over ``--seq-warmup-steps``) with its rule of the same tokens per
+      from ten.train.seqwarmup over ``--seq-warmup-steps``) with its rule of the same tokens per
       step: ``--batch`` x ``--T`` / L rows of L. The tasks make fresh sequences of L
       (each with its answer), where a job cuts its windows into rows;
     - ``--curriculum START``: the earlier recipe of this benchmark only: START doubling up
@@ -238,7 +238,7 @@ def spread_steps(model: torch.nn.Module, lo: float, hi: float, g: torch.Generato
     """Selective TEN's steps at initialization log-uniform in [lo, hi] per eigenstate
     (Mamba's Δ initialisation), instead of all at 1: each layer's step bias becomes
     softplus⁻¹(STEP_UNIT · Δ₀). Returns how many layers it changed (0: no selective TEN)."""
-    from ten.selective import STEP_UNIT
+    from ten.kernels.selective import STEP_UNIT
 
     changed = 0
     for module in model.modules():
@@ -318,7 +318,7 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
 def train_lm(model: torch.nn.Module, objective: NextTokenLoss, data,
              args: argparse.Namespace, device: torch.device) -> torch.Tensor:
     """``args.steps`` steps on the corpus's training windows; with ``--seq-warmup``, the
-    trainer's sequence-length warm-up (ten.seqwarmup). The last loss."""
+    trainer's sequence-length warm-up (ten.train.seqwarmup). The last loss."""
     opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=args.lr)
     batches = iter(data.train_loader(args.batch))
     for step in range(args.steps):

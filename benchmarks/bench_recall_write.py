@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-import ten.model as tm
+import ten.model.ten as tm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_recall  # noqa: E402

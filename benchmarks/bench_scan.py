@@ -1,4 +1,4 @@
-"""Speed of the scan backends alone: forward + backward of ``ten.scan.scan`` per T.
+"""Speed of the scan backends alone: forward + backward of ``ten.kernels.scan.scan`` per T.
 
 Every backend runs on the same inputs in this one process; the table gives the median
 time of a forward+backward, its throughput, the peak memory (CUDA) and the ratio to
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from ten.scan import ScanBackendError, resolve_backend, scan
+from ten.kernels.scan import ScanBackendError, resolve_backend, scan
 
 
 def make_inputs(B: int, T: int, K: int, selective: bool, device: torch.device):
@@ -140,11 +140,11 @@ def main() -> None:
 
 
 def sweep(args: argparse.Namespace, device: torch.device) -> None:
-    """Fused launch plans, to pick the defaults in ten.scan_fused.plan by measurement."""
+    """Fused launch plans, to pick the defaults in ten.kernels.scan_fused.plan by measurement."""
     if device.type != "cuda":
         print("--sweep times the compiled fused kernels: it needs --device cuda")
         return
-    from ten.scan_fused import plan, scan_fused
+    from ten.kernels.scan_fused import plan, scan_fused
 
     print(f"{'T':>6} {'block_t':>7} {'block_k':>7} {'groups':>6} {'ms':>9} {'vs default':>10}")
     for T in args.lengths:

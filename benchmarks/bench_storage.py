@@ -6,7 +6,7 @@ S3 server this script starts itself (``rclone serve s3``, or moto with ``--serve
     python benchmarks/bench_storage.py --size-mb 256 --repeats 3 --server moto
 
 1. Upload and download of a committed checkpoint (``model.pt`` of random bytes plus a
-   small ``optimizer.pt``, written by ten.checkpoint.save so it has a manifest) through
+   small ``optimizer.pt``, written by ten.train.checkpoint.save so it has a manifest) through
    runner.storage (upload_checkpoint / download_checkpoint, both verifying) against plain
    boto3 ``upload_file`` / ``download_file`` of the same files with the default
    TransferConfig, same server, same client settings. Variants are interleaved, each run
@@ -188,7 +188,7 @@ def make_checkpoint(root: Path, size_mb: int, step: int = 1000) -> tuple[Path, f
     """A committed local checkpoint: model.pt (random bytes) + optimizer.pt (4 MiB)."""
     import numpy as np
 
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     rng = np.random.default_rng(0)
     files = {"model.pt": rng.bytes(size_mb * MiB), "optimizer.pt": rng.bytes(4 * MiB)}
@@ -359,7 +359,7 @@ class TimedData:
 
 
 def train_run(data, mcfg, tcfg, run_dir: Path, sync=None) -> dict:
-    from ten.trainer import Trainer
+    from ten.train.trainer import Trainer
 
     timed_data = TimedData(data)
     commits = []
@@ -406,8 +406,8 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
     from runner.storage.sync import CheckpointSync
     from ten.config import TrainConfig
     from ten.data import DataConfig, TokenizerConfig, open_data
-    from ten.model import TENLM
-    from ten.presets import count_params, model_config
+    from ten.model.presets import count_params, model_config
+    from ten.model.ten import TENLM
 
     class TimedSync(CheckpointSync):
         """Records when the background thread is busy, and each upload's seconds."""
@@ -538,7 +538,7 @@ def bench_training(store, server, work: Path, quick: bool, pairs: int,
         ("2 stall", f"save step (median of {len(c1['saves'])}; {c1['dirty']} left out: the "
          "previous upload still running): step + synchronous local save + submit",
          f"{save_step1:.3f} s", "normal step", pct(save_stall), "reported, not a target"),
-        ("2 stall", "  of which the local save (ten.checkpoint.save, seconds given to "
+        ("2 stall", "  of which the local save (ten.train.checkpoint.save, seconds given to "
          "on_commit), median", f"{local_save:.3f} s, {ckpt_bytes / MiB / local_save:,.0f} "
          "MiB/s", "normal step", f"{local_save / normal1:.2f} steps", "synchronous, separate"),
         ("2 stall", "what handing the upload over adds to the save step (save step minus its "
@@ -599,7 +599,7 @@ def bench_emergency(store, ckpt_dir: Path, save_s: float) -> list:
          f"{total:.2f} s ({t1 - t0:.2f} + check {t2 - t1:.2f}), "
          f"{nbytes / MiB / total:,.0f} MiB/s", "GCP 30 s / AWS 120 s", windows(total),
          "< 1 " + ("met" if total < GCP_NOTICE_S else "MISSED")),
-        ("3 notice", f"+ the local save first (ten.checkpoint.save of {size} of bytes)",
+        ("3 notice", f"+ the local save first (ten.train.checkpoint.save of {size} of bytes)",
          f"{save_s + total:.2f} s (save {save_s:.2f})", "GCP 30 s / AWS 120 s",
          windows(save_s + total), "< 1 " + (
              "met" if save_s + total < GCP_NOTICE_S else "MISSED")),

@@ -202,16 +202,16 @@ def loss_backend(train: Any) -> str:
 
 
 def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, Any]:
-    """The job's step as ``ten.step.train_step`` runs it, on fake tensors, as its average
+    """The job's step as ``ten.train.step.train_step`` runs it, on fake tensors, as its average
     micro-batch: the first (forward + backward of the objective), one of the other
     ``grad_accum - 1`` (traced next on the same model: they also add their gradients into
     ``.grad``), and the step's end once (the gradient clip and the non-finite flags), the
     sum divided by ``grad_accum``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import ten.loss as loss_mod
-    from ten.loss import NextTokenLoss
-    from ten.presets import build_model
+    import ten.kernels.loss as loss_mod
+    from ten.kernels.loss import NextTokenLoss
+    from ten.model.presets import build_model
 
     backend = loss_backend(train)
     first, other, end = TrafficMode(), TrafficMode(), TrafficMode()
@@ -269,7 +269,7 @@ def trace_scan(cfg: Any, batch: int, recomputed: bool) -> Tally:
     drive arrives in fp32, as the model's does (γ is fp32)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ten.scan import scan
+    from ten.kernels.scan import scan
 
     K2, T = 2 * cfg.n_eigenstates, cfg.seq_len
     total = Tally()
@@ -293,7 +293,7 @@ def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
     """The optimizer step by its known traffic (it is not traced: 8-bit AdamW runs its own
     CUDA library), and its host syncs. Per parameter, fp32 weights and gradients:
     ``adamw`` (fused, multi-tensor): read w, g, m, v, write w, m, v = 28 bytes, a few
-    launches; ``adamw8bit`` (``ten.adamw8bit``, bitsandbytes 0.50.2's kernels): 8-bit
+    launches; ``adamw8bit`` (``ten.train.adamw8bit``, bitsandbytes 0.50.2's kernels): 8-bit
     moments, read w, g, m, v and write w, m, v = 4+4+1+1+4+1+1 = 16 bytes, one launch per
     tensor and no host sync (bitsandbytes' own step had one per tensor)."""
     n = sum(p.numel() for p in model.parameters())
@@ -308,7 +308,7 @@ def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
 
 
 def analyse(cfg: Any, train: Any) -> dict[str, Any]:
-    from ten.lm import recomputed_blocks
+    from ten.model.lm import recomputed_blocks
 
     batch = train.batch_size
     mode, model = trace_micro_batch(cfg, train, batch)
@@ -350,7 +350,7 @@ def analyse(cfg: Any, train: Any) -> dict[str, Any]:
         "kernels": total.kernels + math.ceil(opt.kernels / accum),
         "casts": mode.tallies["cast"].kernels if "cast" in mode.tallies else 0,
         "host_syncs_per_step": round(accum * traced_syncs) + opt_syncs + (
-            1 if train.optimizer == "adamw8bit" else 0),  # ten.nonfinite.step_unless
+            1 if train.optimizer == "adamw8bit" else 0),  # ten.train.nonfinite.step_unless
         "model_tflop": model_flops / 1e12,
         "floor_ms": {k: 1e3 * v for k, v in per_step_floor.items()},
         "mfu_ceiling_h100": ceilings["H100 SXM"], "mfu_ceiling_l40s": ceilings["L40S"],

@@ -25,7 +25,7 @@ python3 - <<'PY'
 import importlib, sys
 missing = []
 for name in ("torch", "triton", "pydantic", "bitsandbytes", "yaml", "click", "sentencepiece",
-             "pynvml", "boto3", "ten.trainer", "runner.cli", "runner.storage.s3"):
+             "pynvml", "boto3", "ten.train.trainer", "runner.cli", "runner.storage.s3"):
     try:
         importlib.import_module(name)
     except Exception as e:  # ImportError, or a library failing to load

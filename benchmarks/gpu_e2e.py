@@ -143,7 +143,7 @@ class Runs:
 
     def wait_for_step(self, name: str, proc: subprocess.Popen, step: int,
                       timeout: float = 600) -> None:
-        from ten.metrics import read_metrics
+        from ten.train.metrics import read_metrics
 
         deadline = time.monotonic() + timeout
         metrics = self.run_dir(name) / "metrics.jsonl"
@@ -174,7 +174,7 @@ def first_steps(run_dir: Path) -> list[dict[str, float]]:
     """For each process that trained in ``run_dir``: seconds from its start (the
     heartbeat's start event) to the end of its first step, and that step's own time
     (the kernels compiled, or read from the Triton cache)."""
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     starts = [e["time"] for e in read_metrics(run_dir / "events.jsonl") if e["kind"] == "start"]
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -203,7 +203,7 @@ def run(sizes: dict[str, Any], sets: tuple[str, ...], corpus: Path, tmp: Path, o
     """The section (module doc). ``sets``: the job's own (the smoke sizes when smoke);
     ``step_rate(job)``: the suite's train_step tokens/s for that job's model, here."""
     from runner.job import load_job
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     steps, every = sizes["steps"], sizes["every"]
     job_sets = (*sets, f"data.dataset={corpus}", "data.mode=pretokenized",
@@ -245,7 +245,7 @@ def run(sizes: dict[str, Any], sets: tuple[str, ...], corpus: Path, tmp: Path, o
 def spot_life(runs: Runs, sizes: dict[str, Any], triton: Path) -> dict[str, Any]:
     """SIGTERM at a step, rerun, kill -9 at a later one, rerun to the end."""
     stop_at, kill_at, name = sizes["stop_at"], sizes["kill_at"], "spot"
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     codes = []
     proc = runs.start(name, triton)
@@ -269,7 +269,7 @@ def spot_life(runs: Runs, sizes: dict[str, Any], triton: Path) -> dict[str, Any]
 
 
 def committed_steps(run_dir: Path) -> list[int]:
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     return ckpt.committed_steps(run_dir / "checkpoints")
 
@@ -289,7 +289,7 @@ def compare_losses(reference: list[dict[str, Any]], spot: list[dict[str, Any]],
 def checkpoint_times(run_dir: Path, log: str) -> dict[str, Any]:
     """The median commit to the local disk (the heartbeat's checkpoint events) and the
     median upload to the bucket (the uploader's lines; None with a local store)."""
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     commits = [e["seconds"] for e in read_metrics(run_dir / "events.jsonl")
                if e["kind"] == "checkpoint" and e.get("seconds")]
@@ -303,7 +303,7 @@ def monitoring(run_dir: Path, metrics: list[dict[str, Any]], log: str) -> dict[s
     """The health gate's lines, the NVML samples, the heartbeat's last view and its
     diagnosis, the recall probe's figure at the final evaluation."""
     from runner.monitor.diagnose import diagnose
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     samples = read_metrics(run_dir / "gpu.jsonl")  # any JSONL, torn lines skipped
     status = json.loads((run_dir / "status.json").read_text())

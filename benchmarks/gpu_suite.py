@@ -25,7 +25,7 @@ report`` of the e2e section's run).
 What is measured is the flagship job itself: ``jobs/l40s-small-32k.yaml`` loaded as a
 user's run would load it (model, precision, optimizer, loss, compile, batch, gradient
 accumulation, scan backend), the trainer's own ``train_step`` on random tokens; the
-transformer matched to it; the scan backends; ``ten.memory``'s estimate; and the job run
+transformer matched to it; the scan backends; ``ten.train.memory``'s estimate; and the job run
 whole, ``ten-runner run`` of that job file (data, steps and storage overridden: the
 ``e2e`` section, benchmarks/gpu_e2e.py) with a bucket, stops and resumes, the health
 gate, the NVML sampler and the heartbeat. ``--smoke`` shrinks the model and lengths and
@@ -125,7 +125,7 @@ def flagship_model(job: Any, **overrides: Any) -> Any:
 # --- one training step of the real trainer --------------------------------------------------
 
 class Step:
-    """``ten.step.train_step`` of a freshly built model on random tokens, as the job's
+    """``ten.train.step.train_step`` of a freshly built model on random tokens, as the job's
     training runs it: its precision, optimizer, loss backend, compile and accumulation."""
 
     def __init__(self, cfg: Any, train: Any, device: Any, batch: int | None = None,
@@ -135,10 +135,10 @@ class Step:
         step's attention must run on; None: torch's own choice."""
         import torch
 
-        from ten.execution import resolve_execution
-        from ten.loss import NextTokenLoss
-        from ten.presets import build_model
-        from ten.trainer import build_optimizer
+        from ten.kernels.loss import NextTokenLoss
+        from ten.model.presets import build_model
+        from ten.train.execution import resolve_execution
+        from ten.train.trainer import build_optimizer
 
         torch.manual_seed(0)
         self.device, self.cfg = device, cfg
@@ -158,7 +158,7 @@ class Step:
         self.attention = attention
 
     def once(self) -> None:
-        from ten.step import train_step
+        from ten.train.step import train_step
 
         with attention_backend(self.attention):
             train_step(self.objective, self.optimizer, self.scaler,
@@ -167,7 +167,7 @@ class Step:
     def measure(self, warmup: int, steps: int) -> dict[str, Any]:
         import torch
 
-        from ten.mfu import hfu, mfu, peak_flops
+        from ten.train.mfu import hfu, mfu, peak_flops
 
         cuda = self.device.type == "cuda"
         t0 = time.perf_counter()
@@ -193,7 +193,7 @@ class Step:
                 "hfu": hfu(fpt, recompute, tok_s, peak),
                 "peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / GB if cuda
                 else None,
-                # what the caching allocator held at most: ten.memory's MARGIN is for this
+                # what the caching allocator held at most: ten.train.memory's MARGIN is for this
                 "peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / GB if cuda
                 else None, "warmup_s": first_s, "loss": self.loss_backend}
 
@@ -278,10 +278,10 @@ class Suite:
         return flagship_model(self.job, **kw)
 
     def estimate(self, cfg: Any, batch: int) -> Any:
-        """ten.memory's estimate for ``cfg`` as the trainer makes it on this device: its
+        """ten.train.memory's estimate for ``cfg`` as the trainer makes it on this device: its
         precision, optimizer, and the scan and loss backends that run here."""
-        from ten.execution import resolve_execution
-        from ten.memory import estimate_training_memory
+        from ten.train.execution import resolve_execution
+        from ten.train.memory import estimate_training_memory
 
         run = resolve_execution(cfg, self.train.precision, self.train.loss, self.device)
         return estimate_training_memory(cfg, batch, cfg.seq_len, run.amp_dtype,
@@ -308,7 +308,7 @@ class Suite:
                 "tried": tried}
 
     def memory(self) -> dict[str, Any]:
-        """ten.memory's estimate against the flagship section's measured peak."""
+        """ten.train.memory's estimate against the flagship section's measured peak."""
         flagship = self.so_far.get("flagship") or {}
         if not flagship or "error" in flagship:
             raise RuntimeError("needs the flagship section's results (run it first, in the "
@@ -333,8 +333,8 @@ class Suite:
         (full matmul tiles), attention on whichever fused SDPA backend runs its step
         fastest on this card, compiled when that is faster; both sides the median of
         ``sizes.repeats`` timed windows. ``baseline`` says what it was."""
-        from ten.presets import count_params, transformer_config
-        from ten.transformer import TransformerLM
+        from ten.model.presets import count_params, transformer_config
+        from ten.model.transformer import TransformerLM
 
         s, rows, chosen = self.sizes, {}, {}
         overrides = {**self.job.model.overrides, "vocab_size": self.flagship_config().vocab_size}
@@ -363,8 +363,8 @@ class Suite:
         return rows
 
     def flagship_model_params(self) -> int:
-        from ten.model import TENLM
-        from ten.presets import count_params
+        from ten.model.presets import count_params
+        from ten.model.ten import TENLM
 
         return count_params(TENLM, self.flagship_config())
 
@@ -401,7 +401,7 @@ class Suite:
                    repeat: int | None = None) -> dict[str, Any]:
         from bench_scan import time_backend
 
-        from ten.scan import scan
+        from ten.kernels.scan import scan
 
         def fn(b, lam, st):
             return scan(b, lam, st, backend=backend, chunk_size=chunk)
@@ -437,7 +437,7 @@ class Suite:
         import torch
         from bench_loss import compare
 
-        from ten.execution import resolve_precision
+        from ten.train.execution import resolve_precision
 
         cfg = self.flagship_config()
         amp = resolve_precision(self.train.precision, self.device)
@@ -479,7 +479,7 @@ class Suite:
         op to its last, and the host ops that took longest themselves."""
         from torch.profiler import ProfilerActivity, profile
 
-        from ten.scan import scan
+        from ten.kernels.scan import scan
 
         inputs = [t.detach().clone().requires_grad_() for t in self._scan_inputs(T, selective)]
 
@@ -508,7 +508,7 @@ class Suite:
     def _fused_error(self, selective: bool) -> dict[str, float]:
         """Largest |fused - ref| over outputs and gradients at ref_T, fp32 (relative to the
         largest |ref| value of each)."""
-        from ten.scan import scan
+        from ten.kernels.scan import scan
 
         out, results = {}, []
         for backend in ("ref", "fused"):
@@ -536,8 +536,8 @@ class Suite:
     def recompute(self) -> dict[str, Any]:
         """The job's micro-batch (its batch, an optimizer step each) with 0 to n_layers of
         its blocks recomputed in backward: tokens/s, MFU and peak memory against
-        ten.memory's estimate, what choosing ``checkpoint_blocks`` trades."""
-        from ten.lm import recomputed_blocks
+        ten.train.memory's estimate, what choosing ``checkpoint_blocks`` trades."""
+        from ten.model.lm import recomputed_blocks
 
         rows = {}
         for n in range(self.flagship_config().n_layers + 1):
@@ -551,9 +551,9 @@ class Suite:
     def selective(self) -> dict[str, Any]:
         """The presets' selective mode (with its convolution) at the flagship's T, on the
         fused scan and the chunked one at a small chunk, against the fixed mode on the fused
-        scan (what selective costs); each with ten.memory's estimate, whether that fits the
+        scan (what selective costs); each with ten.train.memory's estimate, whether that fits the
         device (None on CPU: nothing to fit), and a measured step where it does."""
-        from ten.memory import device_capacity, fit_problem
+        from ten.train.memory import device_capacity, fit_problem
 
         capacity = device_capacity(self.device)
         rows = {}
@@ -620,7 +620,7 @@ class Suite:
         tokens, so the replayed loss must equal the eager one."""
         import torch
 
-        from ten.mfu import mfu, peak_flops
+        from ten.train.mfu import mfu, peak_flops
 
         step = Step(self.flagship_config(), self.train, self.device, grad_accum=1)
         objective, ids, amp, dev = step.objective, step.ids, step.amp, self.device
@@ -676,13 +676,13 @@ class Suite:
     def optimizer(self) -> dict[str, Any]:
         """One optimizer step over the flagship model's parameters (random gradients), the
         wall time per step over several: 8-bit AdamW as bitsandbytes steps it (a host sync
-        after every parameter tensor) and as ten.adamw8bit does (none), and torch's AdamW
+        after every parameter tensor) and as ten.train.adamw8bit does (none), and torch's AdamW
         (fused on CUDA) beside them."""
         import bitsandbytes as bnb
         import torch
 
-        from ten.adamw8bit import AdamW8bit
-        from ten.presets import build_model
+        from ten.model.presets import build_model
+        from ten.train.adamw8bit import AdamW8bit
 
         model = build_model(self.flagship_config()).to(self.device)
         for p in model.parameters():
@@ -1134,7 +1134,7 @@ def markdown(r: dict[str, Any]) -> str:
     opt = r.get("optimizer") or {}
     if "speedup" in opt:
         lines += ["", f"8-bit AdamW, one step over {opt['tensors']} parameter tensors: "
-                  f"bitsandbytes' {f(opt['bitsandbytes']['ms'])} ms, ten.adamw8bit's "
+                  f"bitsandbytes' {f(opt['bitsandbytes']['ms'])} ms, ten.train.adamw8bit's "
                   f"{f(opt['ten_adamw8bit']['ms'])} ms ({f(opt['speedup'])}×); torch's AdamW "
                   f"{f(opt['torch_adamw']['ms'])} ms."]
     errors = failed_sections(r)

@@ -84,7 +84,7 @@ def variants() -> list[tuple[str, str, dict, dict, int]]:
     # fp64: a float64 model and the gradient checks run these on a GPU (the suite's first
     # H200 run found the LayerNorm backward refused by the compiler there, never here)
     out += [(f"{name} fp64", *rest) for name, *rest in scan_variants("fp64")]
-    out.append(("cross-entropy rows", "ten.loss_fused:_cross_entropy_rows_kernel",
+    out.append(("cross-entropy rows", "ten.kernels.loss_fused:_cross_entropy_rows_kernel",
                 {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
                  "scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"), "V": "i32"},
                 {"BV": 1024, "GRAD": True}, NUM_WARPS))
@@ -97,7 +97,7 @@ def scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
     """The fused scan's kernels with every tensor in ``f`` (``scan()`` passes float32, or
     float64 for a float64 model)."""
     out = []
-    scan = "ten.scan_fused"
+    scan = "ten.kernels.scan_fused"
     for sel in (False, True):
         mode = "selective" if sel else "fixed"
         base = {"BT": 32, "BK": 32, "SELECTIVE": sel}
@@ -131,7 +131,7 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
     import triton.language as tl
 
     acc = tl.float64 if "fp64" in (f, act) else tl.float32
-    blk, sel, out = "ten.block_kernels", "ten.selective_kernels", []
+    blk, sel, out = "ten.kernels.block_kernels", "ten.kernels.selective_kernels", []
     # the residual stream in the parameters' dtype, or in the activations' (residual_dtype:
     # bf16, the flagship's)
     for s in dict.fromkeys((f, act)):
@@ -163,7 +163,7 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
              {"dy_ptr": _p(act), "g_ptr": _p(act), "o_ptr": _p(act), "dg_ptr": _p(act),
               "do_ptr": _p(act), "n": "i32"})):
         out.append((name, f"{blk}:{kernel}", sig, {"BLOCK": 1024, "ACC": acc}, NUM_WARPS))
-    from ten import block_kernels as bk
+    from ten.kernels import block_kernels as bk
 
     for tail in (False, True):  # training starts every sequence from zeros; a tail when
         # generating continues from the last inputs

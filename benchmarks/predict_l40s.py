@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEAK = {"H100": 989e12, "L40S": 362e12}  # bf16 dense, datasheets (ten.mfu)
+PEAK = {"H100": 989e12, "L40S": 362e12}  # bf16 dense, datasheets (ten.train.mfu)
 BANDWIDTH = {"H100": 3.35e12, "L40S": 0.864e12}  # bytes/s, datasheets
 TARGET = 0.35  # the L40S's MFU target (benchmarks/gpu_suite.py)
 

@@ -17,7 +17,7 @@ from runner.exit_codes import ExitCode
 from runner.storage import DEFAULT_STORE
 from runner.target import resolve_target, submitted_record
 from runner.trained.evaluate import MAX_TOKENS
-from ten.model_config import ARCHS
+from ten.model.config import ARCHS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def cli() -> None:
               show_default=True, help="Model family to list.")
 def presets(arch: str) -> None:
     """Print the named model presets with parameter counts and FLOPs per token."""
-    from ten.presets import format_preset_table
+    from ten.model.presets import format_preset_table
 
     click.echo(format_preset_table(arch))
 
@@ -145,7 +145,7 @@ def run(job_file: str, sets: tuple[str, ...], no_sample: bool) -> None:
     non-finite: lower train.lr), 10 a GPU that NVML sees and torch cannot use, 75
     stopped by a signal or a preemption notice (everything trained is committed; run
     again to resume)."""
-    from ten.stop import Interrupted, Stop
+    from ten.train.stop import Interrupted, Stop
 
     stop = Stop(exit_code=ExitCode.PREEMPTED)
     try:
@@ -222,7 +222,7 @@ def export_model(run: str, out: str, step: int | None, job_name: str | None,
     tokenizer, 4 a full or read-only disk, 75 stopped by a signal (nothing exported)."""
     from runner.trained.hf_folder import export_model as export
     from runner.trained.hf_folder import hub_token, push_to_hub
-    from ten.stop import Interrupted, Stop
+    from ten.train.stop import Interrupted, Stop
 
     token = None if repo is None else hub_token(repo)  # before anything is spent
     where, job_name, endpoint_url = resolve_target(run, job_name, endpoint_url).located()
@@ -455,7 +455,7 @@ def jobs(as_json: bool) -> None:
     if not records:
         click.echo(f"no submitted jobs under {home()}/jobs")
         return
-    from ten.progress import table
+    from ten.text import table
 
     click.echo(table(("JOB ID", "TARGET", "STATE", "ATTEMPTS", "UPDATED"), [
         (r.job_id, r.target, r.state, str(r.attempt),

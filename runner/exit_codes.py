@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-from ten.stop import PREEMPTED as _STOPPED  # the library's own code for it (stdlib only)
+from ten.train.stop import PREEMPTED as _STOPPED  # the library's own code for it (stdlib only)
 
 
 class ExitCode(enum.IntEnum):

@@ -11,7 +11,7 @@ def __getattr__(name: str):
     """``ten.load_run``: a trained run's model and tokenizer, imported (with torch) only
     when asked for."""
     if name in ("load_run", "TrainedRun"):
-        from ten import trainstate
+        from ten.train import trainstate
 
         return getattr(trainstate, name)
     raise AttributeError(f"module 'ten' has no attribute {name!r}")

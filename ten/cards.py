@@ -4,8 +4,8 @@ and SkyPilot use for the card, so a job's accelerator travels to a SkyPilot task
 is. Torch-free: the job schema reads the names.
 
 The memory lets a job be checked against a card before one is rented
-(:func:`ten.memory.check_fits_card`); the CUDA name is the key of the peak-FLOPs table
-(ten.mfu), which counts what a card delivers once it runs.
+(:func:`ten.train.memory.check_fits_card`); the CUDA name is the key of the peak-FLOPs table
+(ten.train.mfu), which counts what a card delivers once it runs.
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from ten.schedule import SCHEDULES
-
-PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.presets.PRESETS
+PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.model.presets.PRESETS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
-LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.loss's backends
+LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.kernels.loss's backends
+SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.kernels.scan.BACKENDS, and auto
+SCHEDULES = ("cosine", "onecycle", "constant", "wsd")  # ten.train.schedule's shapes
 DEVICES = ("auto", "cpu", "cuda")
 
 _NO_VALUE = object()

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,3 +55,88 @@ def test_the_layer_tree_is_the_import_graph():
         if not shipped and not any(u == module or u.startswith(module + ".") for u in used):
             wrong.append(f"{child} under {parent}")
     assert not wrong, f"drawn under a module that does not use it: {wrong}"
+
+
+def _module_graph(top: str) -> dict[str, set[str]]:
+    """Every module of ``top`` (ten or runner) and the modules of the project it imports,
+    at the top or inside a function (a lazy import is still an arrow)."""
+    def name_of(path: Path) -> str:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name_of(p): p for t in ("ten", "runner") for p in (ROOT / t).rglob("*.py")}
+
+    def resolve(name: str) -> str | None:  # "ten.kernels.scan.scan_ref" -> "ten.kernels.scan"
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {r for u in _imports_of(p) if (r := resolve(u)) and r != m}
+            for m, p in files.items() if m == top or m.startswith(top + ".")}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# ten's floors, lowest first. A module imports its own package and the floors below it,
+# nothing beside or above: model and data stand side by side and never import each other.
+TEN_FLOORS = (
+    ("ten.config", "ten.fileio", "ten.cards", "ten.text"),
+    ("ten.kernels",),
+    ("ten.model", "ten.data"),
+    ("ten.train",),
+    ("ten",),  # the package's public names (ten.load_run)
+)
+
+
+def _unit_of(module: str) -> str:
+    """The package or top-level module of ten a module belongs to."""
+    return module if module.count(".") < 1 else ".".join(module.split(".")[:2])
+
+
+def test_ten_imports_only_downward_by_its_floors():
+    floor = {unit: i for i, units in enumerate(TEN_FLOORS) for unit in units}
+    graph = _module_graph("ten")
+    units = {_unit_of(m) for m in graph}
+    assert units == set(floor), f"a part of ten is on no floor (or a floor names none): " \
+                                f"{sorted(units ^ set(floor))}"
+    upward = sorted(f"{m} -> {u}" for m, used in graph.items() for u in used
+                    if u.startswith("ten") and _unit_of(u) != _unit_of(m)
+                    and floor[_unit_of(u)] >= floor[_unit_of(m)])
+    assert not upward, f"ten imports beside or above its floor: {upward}"
+
+
+def test_ten_has_at_most_six_top_level_modules():
+    modules = sorted(p.name for p in (ROOT / "ten").glob("*.py"))
+    assert len(modules) <= 6, modules
+
+
+@pytest.mark.parametrize("top", ["ten"])
+def test_no_module_imports_itself_back(top):
+    assert _circles(_module_graph(top)) == []

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import bench_recall as br  # noqa: E402
 
-from ten.loss import IGNORE_INDEX  # noqa: E402
-from ten.seqwarmup import length_at  # noqa: E402
+from ten.kernels.loss import IGNORE_INDEX  # noqa: E402
+from ten.train.seqwarmup import length_at  # noqa: E402
 
 
 def batch(task, T=64, b=8, seed=0):
@@ -77,9 +77,9 @@ def test_lm_task_scores_the_same_held_out_tokens_at_every_length(corpus, tmp_pat
 def test_the_linear_write_variant_starts_as_the_model_and_writes_in_proportion_to_the_step():
     import bench_recall_write as bw
 
-    from ten.model import EigenstateMixer
-    from ten.presets import ten_config
-    from ten.selective import DELTA_BIAS, STEP_UNIT
+    from ten.kernels.selective import DELTA_BIAS, STEP_UNIT
+    from ten.model.presets import ten_config
+    from ten.model.ten import EigenstateMixer
 
     cfg = ten_config("tiny", d_model=16, n_eigenstates=8, n_heads=2, selective=True)
     mixer = EigenstateMixer(cfg).double()
@@ -139,7 +139,7 @@ def test_seq_warmup_is_the_trainers_schedule_with_the_same_tokens_per_step():
 
 def test_the_lm_warm_up_is_the_trainers_same_tokens_in_shorter_rows(monkeypatch):
     """With --seq-warmup the lm task trains on the trainer's warm-up rows: every batch
-    of the warm-up is cut by ten.seqwarmup.split_rows at the trainer's length."""
+    of the warm-up is cut by ten.train.seqwarmup.split_rows at the trainer's length."""
     seen = []
     real = br.split_rows
 
@@ -178,8 +178,8 @@ def test_schedule_warms_up_then_holds_or_decays_to_a_tenth():
 def test_step_init_spreads_each_selective_layers_steps_over_the_range():
     import torch.nn.functional as F
 
-    from ten.presets import build_model
-    from ten.selective import STEP_UNIT
+    from ten.kernels.selective import STEP_UNIT
+    from ten.model.presets import build_model
 
     args = br.parse_args(["--tasks", "copy_first", "--d-model", "32", "--eigenstates", "8"])
     cfgs = br.model_configs(args, vocab=64, T=64)

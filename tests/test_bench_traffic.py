@@ -45,7 +45,7 @@ def test_the_fused_loss_moves_a_fraction_of_the_chunked_ones_bytes(job):
 def test_host_syncs_are_the_optimizers(job):
     fused_adamw = analyse("train.optimizer=adamw")
     assert fused_adamw["host_syncs_per_step"] == 0  # the fused AdamW skips on the device
-    # 8-bit AdamW (ten.adamw8bit) none per parameter tensor; step_unless reads the flag
+    # 8-bit AdamW (ten.train.adamw8bit) none per parameter tensor; step_unless reads the flag
     assert job["optimizer_per_step"]["host_syncs"] == 0
     assert job["host_syncs_per_step"] == 1
 

@@ -345,7 +345,7 @@ def context_files() -> set[str]:
 def test_the_ignore_matcher():
     patterns = ["*", "!ten", "**/__pycache__", "**/*.env"]
     assert dockerignore_excluded("tests/x.py", patterns)
-    assert not dockerignore_excluded("ten/model.py", patterns)
+    assert not dockerignore_excluded("ten/model/ten.py", patterns)
     assert dockerignore_excluded("ten/__pycache__/model.pyc", patterns)
     assert dockerignore_excluded("ten/a/prod.env", patterns)
 
@@ -372,7 +372,7 @@ def test_copy_sources_exist_and_reach_the_build_context():
 
 def test_the_build_context_holds_no_secrets_or_clutter():
     context = context_files()
-    assert {"pyproject.toml", "README.md", "runner/cli.py", "ten/model.py",
+    assert {"pyproject.toml", "README.md", "runner/cli.py", "ten/model/ten.py",
             "runner/monitor/liveness.py", "jobs/tiny-cpu.yaml"} <= context
     for f in context:
         assert f.split("/")[0] in {"pyproject.toml", "README.md", "ten", "runner", "jobs",

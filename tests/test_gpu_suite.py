@@ -80,7 +80,7 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert all(x["tokens_per_s"] > 0 and x["estimate_gb"] > 0 for x in rec.values())
     assert r["profile"]["share"]["gemm"] > 0
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
-    opt = r["optimizer"]  # bitsandbytes' 8-bit AdamW step against ten.adamw8bit's, timed
+    opt = r["optimizer"]  # bitsandbytes' 8-bit AdamW step against ten.train.adamw8bit's, timed
     assert opt["tensors"] > 1 and opt["speedup"] > 0 and opt["torch_adamw"]["ms"] > 0
     e2e = r["e2e"]  # the job run whole: a bucket here (boto3 and rclone are installed)
     assert e2e["store"].startswith("s3 (rclone serve s3 at http://127.0.0.1:")
@@ -275,11 +275,11 @@ def test_the_suites_step_applies_the_runs_torch_flags_as_the_trainer_does(monkey
 
     import torch
 
-    import ten.execution
+    import ten.train.execution
     from runner.job.library import train_config
 
-    real = ten.execution.resolve_execution
-    monkeypatch.setattr(ten.execution, "resolve_execution",
+    real = ten.train.execution.resolve_execution
+    monkeypatch.setattr(ten.train.execution, "resolve_execution",
                         lambda *a: dataclasses.replace(real(*a), tf32=True))
     job = gpu_suite.flagship_job(smoke=True)
     gpu_suite.Step(gpu_suite.flagship_model(job), train_config(job), torch.device("cpu"),

@@ -44,7 +44,7 @@ def test_help_lists_commands_without_importing_torch_or_boto3():
 
 def test_ten_never_imports_runner_or_cloud_libraries():
     modules = ten_modules()
-    assert {"ten", "ten.trainer", "ten.data", "ten.data.shards"} <= set(modules)
+    assert {"ten", "ten.train.trainer", "ten.data", "ten.data.shards"} <= set(modules)
     # torch itself imports pynvml when nvidia-ml-py is installed: that is torch's
     # business, so compare with what a bare `import torch` loads.
     baseline = {m.split(".")[0] for m in _modules_after("import torch")}

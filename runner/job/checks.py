@@ -55,15 +55,15 @@ def cross(job: JobSchema) -> Found:
 
 def card_memory(job: Any) -> Found:
     """A job that trains on GPUs (resources.gpus >= 1) whose estimated memory exceeds its
-    resources.accelerator's: what ``run`` would refuse once on the card (ten.memory, the
+    resources.accelerator's: what ``run`` would refuse once on the card (ten.train.memory, the
     same estimate and margin), said before one is rented. Imports torch; seconds."""
     from runner.job.library import in_job_terms
 
     resources, train = job.resources, job.train
     if resources.gpus < 1 or train.device == "cpu":
         return []
-    from ten.execution import planned_for_cuda
-    from ten.memory import DeviceMemoryError, check_fits_card
+    from ten.train.execution import planned_for_cuda
+    from ten.train.memory import DeviceMemoryError, check_fits_card
 
     cfg = job.model_settings(job.data.tokenizer.vocab_size)
     plan = planned_for_cuda(cfg, train.precision, train.loss)
@@ -79,7 +79,7 @@ def card_memory(job: Any) -> Found:
 def _seq_warmup(train: Any, seq_len: int) -> Found:
     """The sequence-length warm-up's start against data.seq_len, and its steps."""
     from runner.job.library import in_job_terms
-    from ten.seqwarmup import lengths
+    from ten.train.seqwarmup import lengths
 
     start = train.seq_warmup_start
     if start is None:
@@ -110,7 +110,7 @@ def model(section: Any, data_seq_len: Any, written: dict[Path_, str]) -> Found:
         chosen = ModelSection.model_validate(section)
     except ValidationError:
         return []
-    from ten import presets
+    from ten.model import presets
 
     overrides = chosen.overrides
     try:

@@ -89,7 +89,7 @@ class Job(JobSchema):
         """The TENConfig / TransformerConfig this job trains (imports torch): the preset,
         the job's overrides, data.seq_len, and ``vocab_size`` (the tokenizer's, known once
         the data is prepared; the preset's when not given)."""
-        from ten.presets import model_config
+        from ten.model.presets import model_config
 
         fixed = {"seq_len": self.data.seq_len}
         if vocab_size is not None:
@@ -100,7 +100,7 @@ class Job(JobSchema):
     def model_text(self, vocab_size: int | None = None) -> str:
         """The model this job trains, in a line: arch/preset, its shape, and each value
         the job set over the preset's (which setting won); scrubbed. Imports torch."""
-        from ten.presets import model_config
+        from ten.model.presets import model_config
 
         preset = dataclasses.asdict(model_config(self.model.arch, self.model.preset))
         chosen = dataclasses.asdict(self.model_settings(vocab_size))

@@ -40,8 +40,8 @@ from runner.storage.base import check_prefix
 from ten import config as ten_config
 from ten.cards import ACCELERATORS, DEFAULT_ACCELERATOR
 from ten.data.config import DataConfig
-from ten.model_config import ARCHS as MODEL_ARCHS
-from ten.model_config import TENConfig, TransformerConfig
+from ten.model.config import ARCHS as MODEL_ARCHS
+from ten.model.config import TENConfig, TransformerConfig
 
 # Names and defaults from the library's torch-free config (ten.config): one source.
 Arch = Literal[MODEL_ARCHS]
@@ -139,7 +139,7 @@ class ModelSection(BaseModel):
 
     arch: Arch = Field("ten", description="model family")
     preset: Preset = Field(
-        description="named size from ten.presets (see `ten-runner presets`)")
+        description="named size from ten.model.presets (see `ten-runner presets`)")
 
     @model_validator(mode="after")
     def _typed_overrides(self) -> ModelSection:

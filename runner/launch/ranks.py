@@ -6,7 +6,7 @@ they load the same checkpoint, for the second because torchrun stops the whole g
 (SIGTERM, then SIGKILL) as soon as one rank exits with a non-zero code such as 75, which
 would cut rank 0's final upload short.
 
-They cannot meet in the trainer's process group, which ``ten.trainer`` creates after the
+They cannot meet in the trainer's process group, which ``ten.train.trainer`` creates after the
 data is open and destroys when training ends. They meet in torchrun's key-value store
 instead: the agent serves it at MASTER_ADDR:MASTER_PORT for the whole life of the group.
 

@@ -47,7 +47,7 @@ from typing import Any
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
 from runner.launch.ranks import EXIT_FILE, LAUNCH_DIR_ENV, die_with_parent, pid_file
-from ten.stop import Stop
+from ten.train.stop import Stop
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 NODE_ENV = ("TEN_NNODES", "TEN_NODE_RANK", "TEN_MASTER_ADDR", "TEN_MASTER_PORT")

@@ -23,9 +23,9 @@ import enum
 from typing import Any
 
 from runner.monitor.events import EventKind
-from ten.metrics import MetricKind
+from ten.train.metrics import MetricKind
 
-# Stop reasons (ten.stop.Stop.reason) that mean "the user asked": Ctrl-C.
+# Stop reasons (ten.train.stop.Stop.reason) that mean "the user asked": Ctrl-C.
 USER_STOP_REASONS = frozenset({"SIGINT"})
 
 

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runner.monitor.nvml import POWER_REASONS, THERMAL_REASONS
-from ten.metrics import MetricKind
-from ten.progress import duration
+from ten.text import duration
+from ten.train.metrics import MetricKind
 
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 _ORDER = {CRITICAL: 0, WARNING: 1, INFO: 2}

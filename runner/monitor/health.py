@@ -1,6 +1,6 @@
 """Pre-flight health gate: before training on a GPU, check the device is visible, report
 driver and CUDA versions, time a short bf16 matmul against the expected peak for the
-detected GPU (ten.mfu.PEAK_BF16_TFLOPS) and check free memory. A failing host exits
+detected GPU (ten.train.mfu.PEAK_BF16_TFLOPS) and check free memory. A failing host exits
 with UNHEALTHY_HOST, so the supervisor moves to another host.
 
 A GPU that NVML sees but torch cannot use is not bad hardware: the host's driver is
@@ -106,9 +106,9 @@ def _major(version: str) -> int:
 
 
 def expected_peak_tflops(name: str) -> float | None:
-    """The exact device's dense bf16 peak (ten.mfu's table): a MIG slice or an unlisted
+    """The exact device's dense bf16 peak (ten.train.mfu's table): a MIG slice or an unlisted
     part has none, so the gate reports the TFLOP/s without judging them."""
-    from ten.mfu import peak_tflops_for
+    from ten.train.mfu import peak_tflops_for
 
     return peak_tflops_for(name)
 

@@ -31,7 +31,7 @@ from runner.monitor.diagnose import CRITICAL, Diagnosis, diagnose
 from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.nvml import summarize
 from runner.storage.mirror import GPU, METRICS, STATUS, RunMirror
-from ten.metrics import MetricKind
+from ten.train.metrics import MetricKind
 
 EVENTS = EVENTS_FILE
 GPU_KEYS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",

@@ -31,7 +31,7 @@ from runner.monitor.cost import cost_summary, format_cost
 from runner.monitor.events import EVENTS_FILE, EventKind
 from runner.monitor.source import open_run
 from runner.storage.mirror import GPU, METRICS, STATUS
-from ten.metrics import MetricKind
+from ten.train.metrics import MetricKind
 
 TITLE_CHARS = 110  # a title line's width that fits the figure (11 in at 10 pt)
 EVENT_ROWS = 200  # the page lists the newest events

@@ -11,7 +11,7 @@ from runner.exit_codes import ExitCode
 from runner.monitor.events import EVENTS_FILE
 from runner.monitor.source import RunFiles, list_jobs, open_run
 from runner.storage.mirror import METRICS, STATUS
-from ten.progress import clock, duration, table
+from ten.text import clock, duration, table
 
 STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)
 

@@ -1,5 +1,5 @@
 """Experiment trackers a job reports to (``monitor.report_to``) besides metrics.jsonl and
-TensorBoard, as :class:`ten.metrics.Sink`\\ s the trainer writes each record to.
+TensorBoard, as :class:`ten.train.metrics.Sink`\\ s the trainer writes each record to.
 
 Weights & Biases (``wandb``): the W&B run is named after the job and keeps one id for
 the job's whole life (from its store and name), so a resumed or relaunched run goes on
@@ -81,7 +81,7 @@ def tracker_run_id(job: Any) -> str:
 
 
 class WandB:
-    """A W&B run fed the trainer's figures (a :class:`ten.metrics.Sink`)."""
+    """A W&B run fed the trainer's figures (a :class:`ten.train.metrics.Sink`)."""
 
     def __init__(self, job: Any, run_dir: Path, log: Log) -> None:
         import wandb

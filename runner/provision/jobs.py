@@ -38,7 +38,7 @@ from runner.provision.managed import (
 )
 from runner.provision.policy import Limits, State
 from runner.provision.registry import JobRecord, job_dir, load_record, new_job_id
-from ten.progress import duration
+from ten.text import duration
 
 CONTROLLER_LOG = "controller.log"
 JOB_COPY = "job.yaml"

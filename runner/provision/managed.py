@@ -36,7 +36,7 @@ from runner.provision.base import (
 )
 from runner.provision.policy import Kind, Limits, Observation, State, decide
 from runner.provision.registry import JobRecord, job_dir
-from ten.progress import clock as hms
+from ten.text import clock as hms
 
 CANCEL = "cancel"  # a file in the job's directory: the user asked to cancel
 LOCK = "controller.lock"  # held (flock) by the one controller of a job; holds its pid

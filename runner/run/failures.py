@@ -21,7 +21,7 @@ Log = Callable[[str], None]
 def exit_code_of(e: Exception, job: Any, run_dir: Path, bucket: bool, log: Log,
                  phase: str = "the run") -> ExitCode:
     """How a run that raised ``e`` during ``phase`` ended, said in one line, as its exit
-    code: the one table of ``ten-runner run``'s failures (a stop is not one: ten.stop)."""
+    code: the one table of ``ten-runner run``'s failures (a stop is not one: ten.train.stop)."""
     for kinds, code, words in _failures():
         if isinstance(e, kinds):
             log(f"{words}: {in_job_terms(str(e))}")
@@ -36,12 +36,12 @@ def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]
     from runner.monitor.trackers import TrackerError
     from runner.storage import StorageError
     from runner.trained.init_from import InitFromError
-    from ten.checkpoint import CheckpointWriteError
     from ten.data import DataError
-    from ten.memory import DeviceMemoryError
-    from ten.scan import ScanBackendError
-    from ten.trainer import CompileError
-    from ten.trainstate import DivergedError, ResumeError
+    from ten.kernels.scan import ScanBackendError
+    from ten.train.checkpoint import CheckpointWriteError
+    from ten.train.memory import DeviceMemoryError
+    from ten.train.trainer import CompileError
+    from ten.train.trainstate import DivergedError, ResumeError
 
     return (
         ((ResumeError,), ExitCode.CONFIG, "resume refused"),  # fix the job, not retry
@@ -59,7 +59,7 @@ def crash_or_memory(e: Exception, job: Any, log: Log, phase: str = "the run") ->
     line, exit 1: the launcher names the rank and what ended it), and memory running
     out, the job's size on this machine (one line, what was asked and the settings that
     lower it, exit 2)."""
-    from ten.memory import exhausted, lowering
+    from ten.train.memory import exhausted, lowering
 
     peer = peer_lost(e)
     if peer is not None:  # another rank died; the launcher names it and how

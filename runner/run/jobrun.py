@@ -28,12 +28,12 @@ from runner.storage.datacache import open_data
 from runner.storage.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.trained.sample import generate_text, ppl, shown_text
 from ten.fileio import atomic_copy, atomic_write
-from ten.stop import Interrupted, Stop
+from ten.train.stop import Interrupted, Stop
 
 
 def run_job(job: Job, stop: Stop, sample_prompt: str | None = "The") -> ExitCode:
     """Run a job to its end; returns the process exit code. ``stop``: the process's one
-    :class:`ten.stop.Stop`, installed. Under torchrun every rank runs this, and a rank's
+    :class:`ten.train.stop.Stop`, installed. Under torchrun every rank runs this, and a rank's
     code is rank 0's once it ended in order (runner.launch.ranks)."""
     from runner.launch.ranks import RankGroup
 
@@ -46,7 +46,7 @@ def run_job(job: Job, stop: Stop, sample_prompt: str | None = "The") -> ExitCode
 
 def identity_of(job: Job, data: Any = None) -> dict[str, Any]:
     """What the job's checkpoints are made of: a resume with another value of any of it
-    is refused (ten.trainstate). Without ``data``, the part known before the data is
+    is refused (ten.train.trainstate). Without ``data``, the part known before the data is
     prepared (the model's vocabulary too, unless a given tokenizer decides it)."""
     if data is not None:
         model = dataclasses.asdict(job.model_settings(data.tokenizer.vocab_size))
@@ -202,7 +202,7 @@ class JobRun:
 
         check_trackers(job)  # a tracker asked for and not installed: before anything is spent
         if job.train.deterministic:  # before the gate's matmul makes the first cuBLAS handle
-            from ten.trainer import make_deterministic
+            from ten.train.trainer import make_deterministic
 
             make_deterministic()
         from runner.monitor.health import gpu_expected
@@ -221,7 +221,7 @@ class JobRun:
             self.bucket = open_bucket(job, self.run_dir, log, on_lease_lost=self._lease_lost)
         if job.storage.is_remote and self.ranks is not None:
             self._agree_on_checkpoint()
-        from ten.trainstate import refuse_unsafe_resume
+        from ten.train.trainstate import refuse_unsafe_resume
 
         # Before any tokenizing, and before the heartbeat: a refused job leaves the run's
         # status (and its last beat) as the run it refused to resume left them.
@@ -235,7 +235,7 @@ class JobRun:
     def _finish(self, trainer: Any, result: Any, tokenizer: Any) -> ExitCode:
         """After the loop: the final upload, then (a finished run) the prepared data's
         sharing, the last line and the sample."""
-        from ten.trainer import Outcome
+        from ten.train.trainer import Outcome
 
         self.stop.set_phase("the final upload")
         if not self._finish_uploads():
@@ -272,7 +272,7 @@ class JobRun:
         machine the first rank fetches the same step. The trainer's process group forms
         only once rank 0 gets this far too, but it times out sooner than a big
         checkpoint downloads, hence the wait here."""
-        from ten import checkpoint as ckpt
+        from ten.train import checkpoint as ckpt
 
         ranks, root = self.ranks, self.run_dir / "checkpoints"
         if ranks.is_main:
@@ -348,7 +348,7 @@ class JobRun:
         Under torchrun the first rank on each machine loads it (bringing a bucket run
         here) and names the folder to the others, which read it from there."""
         from runner.trained.init_from import check_fits, check_tokenizer, load_source
-        from ten import checkpoint as ckpt
+        from ten.train import checkpoint as ckpt
 
         if ckpt.committed_steps(self.run_dir / "checkpoints"):
             self.log(f"train.init_from {where}: not loaded, this run resumes its own "
@@ -374,8 +374,8 @@ class JobRun:
         return data, self.job.model_settings(data.tokenizer.vocab_size)
 
     def _trainer(self, data: Any, mcfg: Any, source: Any = None):
-        from ten.trainer import Trainer
-        from ten.trainstate import Pretrained
+        from ten.train.trainer import Trainer
+        from ten.train.trainstate import Pretrained
 
         job, run_dir = self.job, self.run_dir
         atomic_copy(data.tokenizer.path, run_dir / "tokenizer.model")

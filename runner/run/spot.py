@@ -13,7 +13,7 @@ from runner.monitor.events import EventKind
 if TYPE_CHECKING:
     from runner.job import Job
     from runner.run.log import RunLog
-    from ten.stop import Stop
+    from ten.train.stop import Stop
 
 
 def step_warning(step_s: float, window_s: float) -> str | None:

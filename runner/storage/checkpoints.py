@@ -1,4 +1,4 @@
-"""Checkpoints in a store, committed the same way as on local disk (ten.checkpoint).
+"""Checkpoints in a store, committed the same way as on local disk (ten.train.checkpoint).
 
 Layout under ``<job>/``: ``checkpoints/step-NNNNNNNN/<files>`` with the local
 ``manifest.json`` (each file's size and sha256) and ``LATEST`` (``step-NNNNNNNN``).
@@ -12,14 +12,14 @@ half-done overwrite is never trusted either.
 Reading: :func:`latest_committed` trusts only steps whose manifest exists and whose
 objects all exist with the manifest's sizes (``LATEST`` is a hint that is checked, not
 believed). :func:`download_checkpoint` verifies every sha256 and commits locally like
-``ten.checkpoint.save``; :func:`restore_latest` falls back to older steps when one is
+``ten.train.checkpoint.save``; :func:`restore_latest` falls back to older steps when one is
 corrupt, and never quietly returns "nothing" over a bucket that has committed
 checkpoints it cannot read.
 
 A manifest is untrusted input (whoever can write the bucket): any malformed one (bad
 JSON, missing keys, wrong types, unsafe file names, another step's) makes its step
-corrupt, skipped with one line like a failed checksum; the checks are ten.checkpoint's
-own (:func:`ten.checkpoint.manifest_problem`), which, like this module, does not import
+corrupt, skipped with one line like a failed checksum; the checks are ten.train.checkpoint's
+own (:func:`ten.train.checkpoint.manifest_problem`), which, like this module, does not import
 torch.
 """
 
@@ -35,14 +35,14 @@ from typing import Any
 from runner.storage.base import StorageError, Store, sha256_file
 from runner.storage.lease import Lease, LeaseLost
 from runner.storage.retention import retained_steps
-from ten import checkpoint as tc
 from ten.fileio import fsync_dir
+from ten.train import checkpoint as tc
 
 __all__ = ["CorruptCheckpoint", "Lease", "LeaseLost", "NoWholeCheckpoint", "committed_steps",
            "download_checkpoint", "latest_committed", "prune_remote", "restore_latest",
            "retained_steps", "upload_checkpoint"]
 
-MANIFEST = tc.MANIFEST  # the local format is the bucket's: ten.checkpoint defines it
+MANIFEST = tc.MANIFEST  # the local format is the bucket's: ten.train.checkpoint defines it
 LATEST = "LATEST"
 step_name, step_of = tc.step_name, tc.step_of
 Report = Callable[[str], None]
@@ -182,7 +182,7 @@ def _check_remote(store: Store, job_prefix: str, step: int,
 def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_root: Path,
                         workers: int = 4) -> Path:
     """Download ``step`` into ``local_ckpt_root/step-NNNNNNNN``, verify every sha256, and
-    commit it like ten.checkpoint.save (temporary folder, manifest last, rename).
+    commit it like ten.train.checkpoint.save (temporary folder, manifest last, rename).
 
     Raises :class:`CorruptCheckpoint` (a StorageError) when an object is missing or fails
     its checksum, StorageError when the store cannot be read."""
@@ -218,7 +218,7 @@ def download_checkpoint(store: Store, job_prefix: str, step: int, local_ckpt_roo
 
         with ThreadPoolExecutor(max(1, workers)) as pool:
             list(pool.map(get, sorted(manifest["files"].items())))
-        with open(tmp / MANIFEST, "wb") as f:  # the manifest last, as ten.checkpoint.save
+        with open(tmp / MANIFEST, "wb") as f:  # the manifest last, as ten.train.checkpoint.save
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())

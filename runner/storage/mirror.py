@@ -21,7 +21,7 @@ STATUS = "status.json"
 GPU = "gpu.jsonl"
 METRICS = "metrics.jsonl"
 RUN_LOG = "run.log"
-TENSORBOARD = "tensorboard"  # ten.metrics.MetricsWriter's event files, under the run dir
+TENSORBOARD = "tensorboard"  # ten.train.metrics.MetricsWriter's event files, under the run dir
 
 
 class RunMirror:

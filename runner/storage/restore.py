@@ -66,7 +66,7 @@ def connect_store(job: Job, run_dir: Path, log: RunLog):
         latest_committed,
         restore_latest,
     )
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     store = job.storage.open()
     lease = Lease.acquire(store, job.name, owner=f"{socket.gethostname()}:{os.getpid()}")
@@ -99,7 +99,7 @@ def fetch_checkpoint(job: Job, root: Path, step: int, log: RunLog) -> None:
     under ``root``, from the bucket. Newer local ones are stale copies from an earlier
     life; only rank 0's choice counts, and only rank 0 holds the writer lease."""
     from runner.storage.checkpoints import download_checkpoint
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     for stale in [s for s in ckpt.committed_steps(root) if s > step]:
         log(f"removing {ckpt.step_name(stale)}: rank 0 resumes from step {step}")

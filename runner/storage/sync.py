@@ -1,6 +1,6 @@
 """Mirror a run's committed checkpoints to its object store, off the training thread.
 
-The trainer commits a checkpoint locally (ten.checkpoint) and hands the folder to
+The trainer commits a checkpoint locally (ten.train.checkpoint) and hands the folder to
 :class:`CheckpointSync`; a background thread uploads it with the bucket's commit
 protocol (runner.storage.checkpoints: files, verify, manifest last, then LATEST). So
 training never waits on the network, except for the last checkpoint of a run and the

@@ -46,12 +46,12 @@ def export_model(where: str | Path, out: str | Path, *, job: str | None = None,
     """Write the folder for a run (see the module doc); returns its path. UserError (one
     line) for a run that cannot be exported, an ``out`` that already exists (unless
     ``overwrite`` and it holds an earlier export), or a full or read-only disk (exit 4).
-    ``stop`` (a ten.stop.Stop): a stop signal while writing raises its Interrupted with
+    ``stop`` (a ten.train.stop.Stop): a stop signal while writing raises its Interrupted with
     nothing left behind; one during the final rename is noted and the export finishes."""
     from runner.errors import UserError
     from runner.trained.hf_model.layouts import layout_of
     from runner.trained.sample import run_tokenizer, trained_model
-    from ten.trainstate import read_config
+    from ten.train.trainstate import read_config
 
     out = Path(out)
     _check_out(out, overwrite)
@@ -199,7 +199,7 @@ def load_exported(folder: Path) -> tuple[Any, Any]:
     from runner.errors import UserError
     from runner.trained.hf_model.layouts import LAYOUTS
     from ten.data import Tokenizer
-    from ten.presets import build_model, config_of
+    from ten.model.presets import build_model, config_of
 
     folder = Path(folder)
     try:
@@ -302,7 +302,7 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=40, do_sample=False)[0
 
 def _last_eval_loss(metrics: Path, step: int) -> float | None:
     """The held-out loss of the run's last evaluation at or before ``step``."""
-    from ten.metrics import MetricKind, read_metrics
+    from ten.train.metrics import MetricKind, read_metrics
 
     loss = None
     for record in read_metrics(metrics):
@@ -313,7 +313,7 @@ def _last_eval_loss(metrics: Path, step: int) -> float | None:
 
 
 def _tokens_seen(path: Path) -> int | None:
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     try:
         tokens = ckpt.load(path, "trainer.pt").get("tokens")

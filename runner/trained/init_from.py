@@ -76,7 +76,7 @@ def _local(where: str) -> Path:
 
 
 # Model fields a fine-tune may set otherwise: the length it trains at (no weight depends
-# on it), those read only to make the first weights (ten.presets.INIT_FIELDS) and those
+# on it), those read only to make the first weights (ten.model.presets.INIT_FIELDS) and those
 # that change how the model computes, not what (EXECUTION_FIELDS).
 FREE_FIELDS = frozenset({"seq_len"})
 
@@ -88,9 +88,9 @@ def check_fits(where: str, source: Source, model_config: Any) -> None:
     same; the message names each that differs."""
     import torch
 
-    from ten.model_config import MODEL_CONFIGS
-    from ten.presets import EXECUTION_FIELDS, INIT_FIELDS, build_model
-    from ten.trainstate import weight_mismatches
+    from ten.model.config import MODEL_CONFIGS
+    from ten.model.presets import EXECUTION_FIELDS, INIT_FIELDS, build_model
+    from ten.train.trainstate import weight_mismatches
 
     theirs = source.model.config
     if type(theirs) is not type(model_config):

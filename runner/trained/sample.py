@@ -55,7 +55,7 @@ def run_tokenizer(run_dir: Path, found: Any) -> Any:
     from runner.errors import UserError
     from runner.exit_codes import ExitCode
     from ten.data import DataError, Tokenizer
-    from ten.trainstate import read_config
+    from ten.train.trainstate import read_config
 
     path = run_dir / "tokenizer.model"
     try:
@@ -79,7 +79,7 @@ def trained_checkpoint(where: str | Path, job: str | None = None,
     ``job``) brought here first. The newest committed checkpoint, or ``step``'s; the run's
     tokenizer.model is checked to be there. UserError (one line) when something is not."""
     from runner.errors import UserError
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     if "://" in str(where):
         run_dir, name = fetch_remote_run(str(where), job, endpoint_url, step)
@@ -106,8 +106,8 @@ def _refuse_foreign(run_dir: Path, name: str, found: Any) -> None:
     import json
 
     from runner.errors import UserError
-    from ten import checkpoint as ckpt
-    from ten.trainstate import read_config
+    from ten.train import checkpoint as ckpt
+    from ten.train.trainstate import read_config
 
     try:
         owner = read_config(found.path)["resolved"].get("name")
@@ -146,8 +146,8 @@ def load_trained_model(path: Path) -> Any:
     """The model of a checkpoint folder, on the CPU, in eval mode; UserError (one line
     naming the folder) when it does not load."""
     from runner.errors import UserError
-    from ten import checkpoint as ckpt
-    from ten.trainstate import load_model
+    from ten.train import checkpoint as ckpt
+    from ten.train.trainstate import load_model
 
     try:
         return load_model(path)
@@ -180,7 +180,7 @@ def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,
         download_checkpoint,
         restore_latest,
     )
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     if job is None:  # s3://bucket/prefix/JOB
         parent, _, name = url.rstrip("/").rpartition("/")

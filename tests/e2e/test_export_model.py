@@ -13,9 +13,9 @@ from runhelpers import run_to_end, write_job
 from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.trained.hf_folder import load_exported
-from ten import checkpoint as ckpt
 from ten.data import Tokenizer
-from ten.trainstate import load_model
+from ten.train import checkpoint as ckpt
+from ten.train.trainstate import load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches a hub
 transformers = pytest.importorskip("transformers")

@@ -21,7 +21,7 @@ from runner.storage.checkpoints import (
     restore_latest,
     upload_checkpoint,
 )
-from ten import checkpoint as tc
+from ten.train import checkpoint as tc
 
 JOB = "spot-job"
 MiB = 1 << 20

@@ -24,8 +24,8 @@ from runhelpers import (
 )
 
 from runner.exit_codes import ExitCode
-from ten import checkpoint as ckpt
-from ten.metrics import read_metrics
+from ten.train import checkpoint as ckpt
+from ten.train.metrics import read_metrics
 
 STEPS = 24
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),

@@ -23,7 +23,7 @@ from runhelpers import (
 from sandbox import free_port
 
 from runner.exit_codes import ExitCode
-from ten import checkpoint as ckpt
+from ten.train import checkpoint as ckpt
 
 # whole runs in subprocesses (seconds each): skipped by the inner loop, -m "not slow"
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from patience import communicate, machine_note
 from runhelpers import cli, run_to_end, wait_for_step, write_job
 
 from runner.exit_codes import ExitCode
-from ten import checkpoint as ckpt
+from ten.train import checkpoint as ckpt
 
 
 def _wait_for_line(path, needle, proc, timeout=120):

@@ -35,7 +35,7 @@ from runner.provision.policy import State
 from runner.provision.registry import list_records, load_record
 from runner.storage import open_store
 from runner.storage.checkpoints import latest_committed
-from ten.metrics import read_metrics
+from ten.train.metrics import read_metrics
 
 STEPS = 40
 EVERY = 5

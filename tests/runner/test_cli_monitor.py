@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from runner.cli import cli
 from runner.exit_codes import ExitCode
 from runner.monitor.heartbeat import Heartbeat
-from ten.metrics import MetricKind, MetricsWriter
+from ten.train.metrics import MetricKind, MetricsWriter
 
 
 @pytest.fixture
@@ -201,9 +201,9 @@ def trained(tmp_path_factory):
     """A committed checkpoint of a tiny model and its tokenizer, as a run writes them."""
     import dataclasses
 
-    from ten import checkpoint as ckpt
     from ten.data.tokenizer import train
-    from ten.presets import build_model, model_config
+    from ten.model.presets import build_model, model_config
+    from ten.train import checkpoint as ckpt
 
     root = tmp_path_factory.mktemp("trained")
     words = "a checkpoint is committed only when its manifest is written last".split()
@@ -295,7 +295,7 @@ def test_sample_while_the_run_prunes_its_newest_checkpoint(trained, tmp_path, mo
     import shutil
 
     from runner.trained import sample as sample_mod
-    from ten import checkpoint as ckpt
+    from ten.train import checkpoint as ckpt
 
     local, step_dir = trained
     run = tmp_path / "run"

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from patience import communicate, machine_note
 
-from ten import checkpoint as ckpt
-from ten.metrics import read_metrics
+from ten.train import checkpoint as ckpt
+from ten.train.metrics import read_metrics
 
 WORDS = ("a checkpoint is committed only when its manifest is written last and every file "
          "has been verified against its size and checksum before the pointer moves").split()

@@ -1,4 +1,4 @@
-"""ten.adamw8bit: bitsandbytes' 8-bit AdamW without a host sync per parameter, the same
+"""ten.train.adamw8bit: bitsandbytes' 8-bit AdamW without a host sync per parameter, the same
 updates and state as bitsandbytes' own (run on the CPU, where bitsandbytes >= 0.50 has
 its 8-bit optimizers too).
 
@@ -22,7 +22,7 @@ def bitsandbytes_own(groups, **kw):
 
 
 def ours(groups, **kw):
-    return importlib.import_module("ten.adamw8bit").AdamW8bit(groups, **kw)
+    return importlib.import_module("ten.train.adamw8bit").AdamW8bit(groups, **kw)
 
 
 def _params(device: str = "cpu") -> list[torch.nn.Parameter]:

@@ -1,6 +1,6 @@
-"""ten.block_fused: the LayerNorm (alone and of a residual sum), SwiGLU, sigmoid gate and
+"""ten.kernels.block_fused: the LayerNorm (alone and of a residual sum), SwiGLU, sigmoid gate and
 causal convolution operators equal torch's,
-in values and gradients, and their Triton kernels (ten.block_kernels) equal the operators.
+in values and gradients, and their Triton kernels (ten.kernels.block_kernels) equal the operators.
 
 Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
@@ -14,7 +14,7 @@ from saved_tensors import saved_for_backward
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-from ten.block_fused import (
+from ten.kernels.block_fused import (
     LayerNorm,
     add_layer_norm,
     causal_conv,
@@ -23,7 +23,7 @@ from ten.block_fused import (
     sigmoid_gate,
     swiglu_down,
 )
-from ten.mlp import MLP
+from ten.model.mlp import MLP
 
 interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
@@ -297,7 +297,7 @@ def assert_fake_layout(op: str, inputs, outputs) -> None:
 def kernels():
     if not HAVE_TRITON:
         pytest.skip(NO_TRITON)
-    return kernel_module("ten.block_kernels")
+    return kernel_module("ten.kernels.block_kernels")
 
 
 # d not a power of two; rows not a multiple of the backward's rows per program
@@ -398,7 +398,7 @@ def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype, star
 
 
 def test_the_conv_backward_kernel_refuses_widths_beyond_its_accumulators(kernels):
-    """Wider convolutions run torch's backward on CUDA (ten.block_fused's dispatch)."""
+    """Wider convolutions run torch's backward on CUDA (ten.kernels.block_fused's dispatch)."""
     W = kernels.CONV_MAX_WIDTH + 1
     x, tail, w, b = rand(1, 8, 4), rand(1, W - 1, 4, seed=3), rand(4, W, seed=1), rand(4, seed=2)
     with pytest.raises(ValueError, match=f"widths up to {W - 1}, got {W}"):

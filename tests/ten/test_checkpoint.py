@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ten import checkpoint as ckpt
+from ten.train import checkpoint as ckpt
 
 
 def make(root: Path, step: int, **extra: object) -> Path:
@@ -280,7 +280,7 @@ def test_the_format_helpers_do_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, ten.checkpoint; print('torch' in sys.modules)"
+    code = "import sys, ten.train.checkpoint; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"

@@ -7,7 +7,7 @@ from runhelpers import MINIMAL_JOB
 
 from runner.job import parse_job
 from runner.job.library import train_config
-from ten.trainer import make_deterministic
+from ten.train.trainer import make_deterministic
 
 
 def _restoring(fn):

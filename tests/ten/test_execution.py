@@ -1,4 +1,4 @@
-"""ten.execution: the one decision of a run's precision and scan and loss backends for its
+"""ten.train.execution: the one decision of a run's precision and scan and loss backends for its
 device, taken before any work (the trainer, its memory check and the GPU suite share it)."""
 
 import sys
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ten.execution import Execution, resolve_execution
-from ten.model_config import TENConfig, TransformerConfig
-from ten.scan import ScanBackendError
+from ten.kernels.scan import ScanBackendError
+from ten.model.config import TENConfig, TransformerConfig
+from ten.train.execution import Execution, resolve_execution
 
 CPU = torch.device("cpu")
 
@@ -29,7 +29,7 @@ def test_a_model_without_a_scan_has_none_and_only_the_loss_note():
 
 def test_a_fused_scan_that_cannot_run_here_raises_before_any_work(monkeypatch):
     # triton installed, its kernels built for a GPU: the fused scan cannot take CPU tensors
-    monkeypatch.setitem(sys.modules, "ten.scan_fused", SimpleNamespace(INTERPRETED=False))
+    monkeypatch.setitem(sys.modules, "ten.kernels.scan_fused", SimpleNamespace(INTERPRETED=False))
     with pytest.raises(ScanBackendError, match="TENConfig.scan_backend to auto or chunked"):
         resolve_execution(TENConfig(scan_backend="fused"), "auto", "auto", CPU)
 

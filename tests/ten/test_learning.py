@@ -9,8 +9,8 @@ import pytest
 
 from ten.config import TrainConfig
 from ten.data import DataConfig, TokenizerConfig, open_data
-from ten.presets import model_config
-from ten.trainer import Outcome, Trainer
+from ten.model.presets import model_config
+from ten.train.trainer import Outcome, Trainer
 
 # Hundreds of steps of two models on real text (~40 s on 2 cores): the whole suite runs
 # it; the inner loop (-m "not slow") leaves it out.

@@ -1,4 +1,4 @@
-"""ten.loss: the chunked linear cross-entropy equals the plain B×T×V loss (values and
+"""ten.kernels.loss: the chunked linear cross-entropy equals the plain B×T×V loss (values and
 gradients, through real tiny models) and never holds the whole logits; backend choice."""
 
 import json
@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from saved_tensors import SavedForBackward
 
-from ten import loss as loss_mod
-from ten.loss import (
+from ten.kernels import loss as loss_mod
+from ten.kernels.loss import (
     NextTokenLoss,
     chunked_linear_cross_entropy,
     linear_cross_entropy,
     reference_linear_cross_entropy,
     resolve_loss_backend,
 )
-from ten.model import TENLM, TENConfig
-from ten.transformer import TransformerConfig, TransformerLM
+from ten.model.ten import TENLM, TENConfig
+from ten.model.transformer import TransformerConfig, TransformerLM
 
 V = 97
 
@@ -204,7 +204,7 @@ def test_memory_stays_far_below_the_full_logits(tmp_path):
 # --- choosing a backend ---------------------------------------------------------------
 
 def _triton(monkeypatch, state):
-    """ten.loss_fused as this machine would have it: "compiled", "interpreted" or None."""
+    """ten.kernels.loss_fused as this machine would have it: "compiled", "interpreted" or None."""
     from types import SimpleNamespace
 
     def module():

@@ -1,4 +1,4 @@
-"""The fused loss (one Triton kernel per chunk, ten.loss_fused) must equal the plain loss,
+"""The fused loss (one Triton kernel per chunk, ten.kernels.loss_fused) must equal the plain loss,
 in values and gradients, as the chunked one does.
 
 Where it runs: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
@@ -10,7 +10,7 @@ import pytest
 import torch
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
-from ten.loss import (
+from ten.kernels.loss import (
     chunked_linear_cross_entropy,
     fused_linear_cross_entropy,
     reference_linear_cross_entropy,
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(not HAVE_TRITON, reas
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    return kernel_module("ten.loss_fused")
+    return kernel_module("ten.kernels.loss_fused")
 
 
 def problem(n, d, v, ignore=0, seed=0):

@@ -1,4 +1,4 @@
-"""The memory estimate a job is checked against before training (ten.memory): close to
+"""The memory estimate a job is checked against before training (ten.train.memory): close to
 what a real step takes, growing where the activations grow, and a refusal that names the
 settings to change."""
 
@@ -9,8 +9,11 @@ import sys
 import pytest
 import torch
 
-from ten import memory
-from ten.memory import (
+from ten.model.presets import ten_config
+from ten.model.ten import TENConfig
+from ten.model.transformer import TransformerConfig
+from ten.train import memory
+from ten.train.memory import (
     DeviceMemoryError,
     GiB,
     MemoryEstimate,
@@ -18,9 +21,6 @@ from ten.memory import (
     estimate_training_memory,
     fit_problem,
 )
-from ten.model import TENConfig
-from ten.presets import ten_config
-from ten.transformer import TransformerConfig
 
 # Fixed eigenvalues, no convolution: the simplest layer, which the selective one is
 # compared with below.
@@ -32,8 +32,8 @@ SMALL = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_
 # pytest process would hide the step).
 REAL_STEP = """
 import torch
-from ten.loss import NextTokenLoss
-from ten.model import TENLM, TENConfig
+from ten.kernels.loss import NextTokenLoss
+from ten.model.ten import TENLM, TENConfig
 def hwm():
     line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
     return int(line.split()[1]) * 1024
@@ -120,8 +120,8 @@ def test_a_job_that_does_not_fit_is_refused_with_the_knobs():
 # an estimate made anywhere can do).
 GPU_BACKENDS_TRACE = """
 import torch
-from ten.memory import estimate_training_memory
-from ten.model import TENConfig
+from ten.train.memory import estimate_training_memory
+from ten.model.ten import TENConfig
 cfg = TENConfig(vocab_size=1000, d_model=128, n_layers=2, n_eigenstates=32, n_heads=2,
                 seq_len=4096, chunk_size=64)
 for kw in ({"scan_backend": "fused", "loss_backend": "fused"}, {}):
@@ -195,8 +195,8 @@ def test_the_estimate_matches_a_real_cuda_step():
     same backends, is what the step allocates within the fit check's margin or so. Big
     enough (~2 GB) that cuBLAS's workspace (tens of MiB, not estimated) is noise; the
     flagship's estimates were 0.99-1.02x of the H100's peaks."""
-    from ten.loss import NextTokenLoss
-    from ten.model import TENLM
+    from ten.kernels.loss import NextTokenLoss
+    from ten.model.ten import TENLM
 
     cfg = TENConfig(vocab_size=8000, d_model=512, n_layers=2, n_eigenstates=64, n_heads=2,
                     seq_len=8192, scan_backend="fused")  # selective, with its convolution

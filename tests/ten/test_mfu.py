@@ -1,12 +1,12 @@
-"""ten.mfu: the peak table by exact device name, HFU beside MFU, recomputation FLOPs."""
+"""ten.train.mfu: the peak table by exact device name, HFU beside MFU, recomputation FLOPs."""
 
 import pytest
 import torch
 
-from ten import mfu as mfu_mod
-from ten.mfu import hfu, mfu, peak_flops, peak_note, peak_tflops_for
-from ten.model import TENLM, TENConfig
-from ten.transformer import TransformerConfig, TransformerLM
+from ten.model.ten import TENLM, TENConfig
+from ten.model.transformer import TransformerConfig, TransformerLM
+from ten.train import mfu as mfu_mod
+from ten.train.mfu import hfu, mfu, peak_flops, peak_note, peak_tflops_for
 
 
 @pytest.mark.parametrize("name,tflops", [

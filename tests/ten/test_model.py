@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from ten.config import FieldError, UnknownFieldError
-from ten.lm import recomputed_blocks
-from ten.model import TENLM, EigenstateMixer
-from ten.model_config import TENConfig, TransformerConfig
-from ten.presets import build_model, model_config, ten_config
-from ten.selective import STEP_UNIT
+from ten.kernels.selective import STEP_UNIT
+from ten.model.config import TENConfig, TransformerConfig
+from ten.model.lm import recomputed_blocks
+from ten.model.presets import build_model, model_config, ten_config
+from ten.model.ten import TENLM, EigenstateMixer
 
 V = 97
 

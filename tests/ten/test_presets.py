@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ten.presets import (
+from ten.model.presets import (
     PRESETS,
     build_model,
     count_params,
@@ -10,7 +10,7 @@ from ten.presets import (
     preset_table,
     transformer_config,
 )
-from ten.transformer import TransformerLM
+from ten.model.transformer import TransformerLM
 
 
 def test_required_presets_have_the_documented_shapes():
@@ -93,7 +93,7 @@ def test_table_prints_every_preset():
 def test_a_bare_ten_config_computes_as_every_preset_does():
     # TENConfig() is what a library user or an old call site gets: the presets' mode, not
     # a different model that no job trains.
-    from ten.model import TENConfig
+    from ten.model.ten import TENConfig
 
     bare = TENConfig()
     for name, preset in PRESETS.items():

@@ -1,11 +1,11 @@
-"""The recall probe (ten.probes.repeat_recall): scored on the repeat only, aligned so a
+"""The recall probe (ten.model.probes.repeat_recall): scored on the repeat only, aligned so a
 model that recalls scores 1 and one that does not scores chance."""
 
 import torch
 from torch import nn
 
-from ten import probes
-from ten.presets import build_model, model_config
+from ten.model import probes
+from ten.model.presets import build_model, model_config
 
 V = 64
 

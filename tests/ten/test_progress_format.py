@@ -1,9 +1,9 @@
-"""How the project writes what it prints (ten.progress): an ETA clock, a duration in prose,
+"""How the project writes what it prints (ten.text): an ETA clock, a duration in prose,
 and an aligned table."""
 
 import pytest
 
-from ten.progress import clock, duration
+from ten.text import clock, duration
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (3725.9, "1:02:05"),
@@ -19,7 +19,7 @@ def test_duration(seconds, text):
 
 
 def test_table_aligns_columns_and_trims():
-    from ten.progress import table
+    from ten.text import table
 
     text = table(("NAME", "N"), [("a", "1"), ("long-name", "12345")], right={1}, rule=True)
     assert text.splitlines() == ["NAME           N",

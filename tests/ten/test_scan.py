@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ten.scan import ScanBackendError, resolve_backend, resolve_scan, scan
+from ten.kernels.scan import ScanBackendError, resolve_backend, resolve_scan, scan
 
 B, K = 2, 6
 
@@ -105,7 +105,7 @@ def test_unknown_backend_raises_with_the_choices():
 
 def test_fused_without_triton_raises_with_the_fix(monkeypatch):
     """Simulated: triton does not import. One line naming the field, never a fallback."""
-    monkeypatch.delitem(sys.modules, "ten.scan_fused", raising=False)
+    monkeypatch.delitem(sys.modules, "ten.kernels.scan_fused", raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     beta, log_lam, _ = _inputs(4, selective=False)
     with pytest.raises(ScanBackendError,
@@ -119,7 +119,7 @@ def test_fused_without_triton_raises_with_the_fix(monkeypatch):
 
 def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
     """Triton installed but the kernels compiled for a GPU, and the tensors on CPU."""
-    monkeypatch.setitem(sys.modules, "ten.scan_fused", SimpleNamespace(INTERPRETED=False))
+    monkeypatch.setitem(sys.modules, "ten.kernels.scan_fused", SimpleNamespace(INTERPRETED=False))
     beta, log_lam, _ = _inputs(4, selective=False)
     with pytest.raises(ScanBackendError,
                        match="CUDA device.*on cpu: set TENConfig.scan_backend to "
@@ -132,7 +132,7 @@ def test_fused_on_cpu_without_the_interpreter_raises_with_the_fix(monkeypatch):
 
 
 def test_a_model_lets_the_device_pick_its_scan_by_default():
-    from ten.model import TENConfig
+    from ten.model.ten import TENConfig
 
     assert TENConfig().scan_backend == "auto"  # fused on a GPU without a job saying so
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from triton_mode import HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
-from ten.scan import scan, scan_ref
+from ten.kernels.scan import scan, scan_ref
 
 interpret_without_cuda()
 pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)]
@@ -25,7 +25,7 @@ DEVICE = "cpu"  # set by the fixture: "cuda" when the kernels are compiled
 @pytest.fixture(scope="module")
 def fused():
     global DEVICE
-    mod = kernel_module("ten.scan_fused")
+    mod = kernel_module("ten.kernels.scan_fused")
     DEVICE = "cpu" if mod.INTERPRETED else "cuda"
     return mod
 
@@ -189,7 +189,7 @@ def test_autocast_bf16_accumulates_in_fp32_like_chunked(fused):
 
 def test_model_with_fused_matches_chunked(fused):
     """Through the TEN layer (selective): logits and every gradient agree in float64."""
-    from ten.presets import build_model, model_config
+    from ten.model.presets import build_model, model_config
 
     kw = dict(vocab_size=50, d_model=16, n_layers=1, seq_len=16, n_eigenstates=6, n_heads=2,
               chunk_size=4, selective=True)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from ten.schedule import Schedule, lr_multiplier
+from ten.train.schedule import Schedule, lr_multiplier
 
 
 @pytest.mark.parametrize("schedule,step,expected", [

@@ -1,6 +1,6 @@
-"""ten.selective: selective mode's eigenvalues and drive as one operator equal the plain
+"""ten.kernels.selective: selective mode's eigenvalues and drive as one operator equal the plain
 formula (EigenstateMixer.eigenvalues), in values and gradients, and its Triton kernels
-(ten.selective_kernels) equal the operator.
+(ten.kernels.selective_kernels) equal the operator.
 
 Where they run: tests/support/triton_mode.py (compiled on CUDA, interpreted on CPU).
 """
@@ -13,9 +13,9 @@ import pytest
 import torch
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
 
-from ten.model import EigenstateMixer
-from ten.presets import ten_config
-from ten.selective import DELTA_BIAS, selective_drive
+from ten.kernels.selective import DELTA_BIAS, selective_drive
+from ten.model.presets import ten_config
+from ten.model.ten import EigenstateMixer
 
 interpret_without_cuda()
 pytestmark = pytest.mark.cuda_kernels
@@ -117,7 +117,7 @@ def test_under_autocast_the_outputs_are_fp32_and_the_gradients_bf16():
 def kernels():
     if not HAVE_TRITON:
         pytest.skip(NO_TRITON)
-    return kernel_module("ten.selective_kernels")
+    return kernel_module("ten.kernels.selective_kernels")
 
 
 def incoming(pz, bias, seed=2):

@@ -1,11 +1,11 @@
-"""Sequence-length warm-up (ten.seqwarmup): shorter rows that predict the same tokens,
+"""Sequence-length warm-up (ten.train.seqwarmup): shorter rows that predict the same tokens,
 and a schedule that is a function of the step. The trainer's use of it (a resume in the
 middle of it is bit-exact): tests/ten/test_trainer.py."""
 
 import pytest
 import torch
 
-from ten.seqwarmup import length_at, lengths, split_rows
+from ten.train.seqwarmup import length_at, lengths, split_rows
 
 SEED = 1126
 

@@ -1,12 +1,12 @@
-"""ten.statehealth: the figures say what they name (a state with no imaginary part
+"""ten.model.statehealth: the figures say what they name (a state with no imaginary part
 reports a share of 0, rotation brings it back; a fixed decay reads as itself)."""
 
 import math
 
 import torch
 
-from ten.presets import build_model, model_config
-from ten.statehealth import state_health
+from ten.model.presets import build_model, model_config
+from ten.model.statehealth import state_health
 
 SEED = 7
 
@@ -45,7 +45,7 @@ def test_a_fixed_decay_is_reported_as_its_eigenvalues_moduli():
 def test_the_selective_step_is_reported_as_the_steps_the_layer_took():
     """With the step's weights at 0, Δ_k = softplus(b_k) / STEP_UNIT whatever the tokens:
     the quantiles over the lanes, whichever way the layer computes its steps."""
-    from ten.selective import STEP_UNIT
+    from ten.kernels.selective import STEP_UNIT
 
     model = tiny(selective=True, conv_width=4)
     delta = model.blocks[0].mixer.delta

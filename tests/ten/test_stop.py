@@ -1,4 +1,4 @@
-"""ten.stop.Stop: what a stop signal does in each mode of a process, the watchdog behind
+"""ten.train.stop.Stop: what a stop signal does in each mode of a process, the watchdog behind
 native code, and the last act. Each case runs in a fresh interpreter: signal handlers
 and the wake-up pipe are the process's, not the test runner's to change."""
 
@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from ten.stop import PREEMPTED
+from ten.train.stop import PREEMPTED
 
 
 def run(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
     script = ("import os, signal, sys, time\n"
-              "from ten.stop import Interrupted, Stop\n"
+              "from ten.train.stop import Interrupted, Stop\n"
               "def kill(sig):\n"
               "    os.kill(os.getpid(), sig)\n"
               "    time.sleep(1)  # the handler runs on the way back to the interpreter\n"

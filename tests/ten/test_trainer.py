@@ -17,20 +17,20 @@ import pytest
 import torch
 from runhelpers import losses, train_values
 
-from ten import checkpoint as ckpt
-from ten import trainer as trainer_mod
 from ten.config import TrainConfig
 from ten.data import DataConfig, TokenizerConfig, open_data
-from ten.distributed import DistInfo, StopAgreement
-from ten.loss import NextTokenLoss
-from ten.metrics import read_metrics
-from ten.nonfinite import NonFiniteCounter
-from ten.presets import model_config
-from ten.progress import eta_seconds, progress_line
-from ten.schedule import lr_multiplier
-from ten.step import train_step
-from ten.trainer import Outcome, Trainer
-from ten.trainstate import (
+from ten.kernels.loss import NextTokenLoss
+from ten.model.presets import model_config
+from ten.train import checkpoint as ckpt
+from ten.train import trainer as trainer_mod
+from ten.train.distributed import DistInfo, StopAgreement
+from ten.train.metrics import read_metrics
+from ten.train.nonfinite import NonFiniteCounter
+from ten.train.progress import eta_seconds, progress_line
+from ten.train.schedule import lr_multiplier
+from ten.train.step import train_step
+from ten.train.trainer import Outcome, Trainer
+from ten.train.trainstate import (
     DivergedError,
     ResumeError,
     TrainState,
@@ -107,7 +107,7 @@ class SignalAt:
 def test_a_stop_during_the_final_evaluation_is_said_to_be_there(data, tmp_path):
     """Issue 45, fault 6: SIGTERM while the finished run evaluated was logged "during
     training"; the last step is committed either way, so a rerun only evaluates."""
-    from ten.stop import Interrupted, Stop
+    from ten.train.stop import Interrupted, Stop
 
     class SignalAtEval:
         def __init__(self, data):
@@ -182,7 +182,7 @@ def test_a_change_known_before_the_data_is_refused_before_it(data, tmp_path):
     """refuse_unsafe_resume compares what the caller knows without the data (no
     fingerprint) against the newest committed checkpoint, so a changed job is refused
     before tokenizing; what it does not know is left to the resume itself."""
-    from ten.trainstate import refuse_unsafe_resume
+    from ten.train.trainstate import refuse_unsafe_resume
 
     run = tmp_path / "run"
     refuse_unsafe_resume(run, {"model": {"d_model": 64}})  # nothing committed: nothing to say
@@ -260,7 +260,7 @@ def test_transformer_trains_with_the_same_trainer(data, tmp_path):
 def test_the_resume_state_is_a_file_of_the_committed_checkpoint(data, tmp_path):
     # The trainer's state (schedule, scaler, RNGs, data position, step, tokens) is one of
     # the files the manifest lists, so it commits with the weights or not at all; the
-    # commit itself is ten.checkpoint.save's, held to every crash point in test_checkpoint.
+    # commit itself is ten.train.checkpoint.save's, held to every crash point in test_checkpoint.
     run = tmp_path / "run"
     trainer(data, run, max_steps=4).run()
     manifest = json.loads((run / "checkpoints" / "step-00000004" / "manifest.json").read_text())
@@ -343,7 +343,7 @@ def test_config_json_without_a_key_counts_as_corrupt(data, tmp_path):
 def test_a_resume_says_which_software_changed_since_the_checkpoint(data, tmp_path):
     """Each checkpoint records the versions it was made with (python, CUDA, torch, ...);
     a resume on another stack says what moved (a step may round differently)."""
-    from ten.trainstate import stack_versions
+    from ten.train.trainstate import stack_versions
 
     run = tmp_path / "run"
     assert trainer(data, run, max_steps=4).run().outcome is Outcome.DONE
@@ -766,7 +766,7 @@ class FakeBroadcast:
 ])
 def test_ddp_ranks_agree_on_stopping_only_at_agreement_points(
         monkeypatch, world, every, steps, forced, stop_at, agreed, stopped_at):
-    import ten.distributed as dist_mod
+    import ten.train.distributed as dist_mod
 
     fake = FakeBroadcast()
     monkeypatch.setattr(dist_mod, "broadcast_flag", fake)
@@ -828,7 +828,7 @@ def test_the_first_screen_says_what_is_trained_and_the_first_step_is_heard_from(
 def test_a_resume_in_the_middle_of_the_sequence_warm_up_is_bit_exact(data, tmp_path):
     """The trainer's sequence-length warm-up: the records say each step's length, and a
     run stopped at step 4 of 8 warm-up steps resumes to the same losses and weights."""
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     warm = dict(seq_warmup_start=8, seq_warmup_steps=8)
 
@@ -855,7 +855,7 @@ def test_a_start_that_does_not_divide_the_length_is_a_field_error(data, tmp_path
 
 
 def test_every_evaluation_scores_recall_unless_turned_off(data, tmp_path):
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     notes = []
     Trainer(mcfg(data), data, tcfg(max_steps=6), tmp_path / "on", {"model": "m"}, {},
@@ -871,7 +871,7 @@ def test_every_evaluation_scores_recall_unless_turned_off(data, tmp_path):
 def test_every_evaluation_logs_the_state_per_layer_unless_turned_off(data, tmp_path):
     """Decay and step spread and the imaginary share, per layer: the figures that show a
     state collapsing to its real part while the run trains (in TensorBoard too)."""
-    from ten.metrics import read_metrics
+    from ten.train.metrics import read_metrics
 
     trainer(data, tmp_path / "on", max_steps=6).run()
     [state] = [r for r in read_metrics(tmp_path / "on" / "metrics.jsonl")
@@ -890,12 +890,12 @@ def test_every_evaluation_logs_the_state_per_layer_unless_turned_off(data, tmp_p
 
 def test_the_trainer_applies_its_executions_torch_flags_before_any_work(data, tmp_path,
                                                                       monkeypatch, tf32_off):
-    """TF32 for fp32 matmuls on a GPU, from ten.execution (the GPU suite's step takes the
+    """TF32 for fp32 matmuls on a GPU, from ten.train.execution (the GPU suite's step takes the
     same): forced here on a CPU, set by the time the trainer exists."""
-    import ten.trainer
+    import ten.train.trainer
 
-    real = ten.trainer.resolve_execution
-    monkeypatch.setattr(ten.trainer, "resolve_execution",
+    real = ten.train.trainer.resolve_execution
+    monkeypatch.setattr(ten.train.trainer, "resolve_execution",
                         lambda *a: dataclasses.replace(real(*a), tf32=True))
     t = trainer(data, tmp_path / "run")
     assert t.execution.tf32 and torch.backends.cuda.matmul.allow_tf32
@@ -981,7 +981,7 @@ def test_a_model_field_added_after_a_checkpoint_resumes_at_its_default(data, tmp
     """A field added to the model's config in a release refused every older run ("unsafe
     changes (model.future_knob: None -> 0.0)", issue 46). At its default it resumes and
     says so; set to another value it is still a change."""
-    from ten.trainstate import refuse_unsafe_resume
+    from ten.train.trainstate import refuse_unsafe_resume
 
     run = tmp_path / "run"
     trainer(data, run, max_steps=4, identity={"model": {"d_model": 32}}).run()

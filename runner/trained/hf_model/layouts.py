@@ -90,7 +90,7 @@ def _ten_config(cfg: Any) -> dict[str, Any]:
 def _ten_names(cfg: Any) -> Names:
     import torch
 
-    from ten.presets import build_model
+    from ten.model.presets import build_model
 
     with torch.device("meta"):
         return {name: [name] for name in build_model(cfg).state_dict()}

@@ -70,7 +70,7 @@ def test_l40s_job_uses_model_override_and_token_budget():
     assert job.model.overrides == {"grad_checkpointing": False, "residual_dtype": "bf16"}
     settings = job.model_settings()
     assert settings.grad_checkpointing is False and settings.residual_dtype == "bf16"
-    # the fused scan on the GPU it is written for: auto picks it on CUDA (ten.scan)
+    # the fused scan on the GPU it is written for: auto picks it on CUDA (ten.kernels.scan)
     assert job.model_settings().scan_backend == "auto"
     assert job.model_settings(32000).seq_len == job.data.seq_len == 32768
     assert job.train.max_tokens and job.train.max_steps is None
@@ -84,7 +84,7 @@ def test_the_l40s_job_fits_an_l40s_by_the_trainers_check():
     import torch
 
     from runner.job.library import train_config
-    from ten.memory import MemoryEstimate, estimate_training_memory, fit_problem
+    from ten.train.memory import MemoryEstimate, estimate_training_memory, fit_problem
 
     job = load_job(ROOT / "jobs/l40s-small-32k.yaml")
     cfg, train = job.model_settings(job.data.tokenizer.vocab_size), train_config(job)
@@ -99,11 +99,11 @@ def test_the_l40s_job_fits_an_l40s_by_the_trainers_check():
 
 
 def test_presets_match_ten_presets():
-    import ten.presets
+    import ten.model.presets
     from runner.job import ARCHS
 
-    assert tuple(ten.presets.PRESETS) == PRESETS, "update Preset in runner/job/schema.py"
-    assert ten.presets.ARCHS == ARCHS
+    assert tuple(ten.model.presets.PRESETS) == PRESETS, "update Preset in runner/job/schema.py"
+    assert ten.model.presets.ARCHS == ARCHS
 
 
 def test_defaults_for_everything_but_the_required(tmp_path):

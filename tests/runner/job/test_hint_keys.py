@@ -62,7 +62,7 @@ def mentioned_keys() -> list[tuple[str, str]]:
 
 
 def model_fields() -> set[str]:
-    from ten import presets
+    from ten.model import presets
 
     fields = {"arch", "preset"}
     for arch in ("ten", "transformer"):
@@ -115,12 +115,12 @@ def test_every_library_field_named_in_a_message_exists_and_has_its_job_key():
     import typing
 
     import ten.data.config
-    import ten.model
-    import ten.transformer
+    import ten.model.ten
+    import ten.model.transformer
     from runner.job.library import LIBRARY_CONFIGS, in_job_terms
 
     classes = {name: getattr(module, name) for module in (ten.config, ten.data.config,
-                                                          ten.model, ten.transformer)
+                                                          ten.model.ten, ten.model.transformer)
                for name in LIBRARY_CONFIGS if hasattr(module, name)}
     field = re.compile(rf"\b({'|'.join(LIBRARY_CONFIGS)})((?:\.[a-z_][a-z0-9_]*)+)")
     named = mentioned("ten", field)

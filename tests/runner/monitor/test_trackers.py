@@ -16,7 +16,7 @@ wandb = pytest.importorskip("wandb", reason="the test extra installs wandb")
 def run(job_path, *sets):
     from runner.job import load_job
     from runner.run.jobrun import run_job
-    from ten.stop import Stop
+    from ten.train.stop import Stop
 
     with Stop().installed() as stop:
         return run_job(load_job(job_path, sets=list(sets)), stop, sample_prompt=None)

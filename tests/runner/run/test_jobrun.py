@@ -19,7 +19,7 @@ def test_a_step_longer_than_the_notice_window_is_warned_about(step_s, window_s, 
 def test_a_failing_sample_never_turns_a_finished_run_into_a_crash(tmp_path, corpus, capfd):
     from runner.job import load_job
     from runner.run.jobrun import JobRun
-    from ten.stop import Stop
+    from ten.train.stop import Stop
 
     class Broken:
         def parameters(self):
@@ -35,10 +35,10 @@ def _failures():
 
     from runner.exit_codes import ExitCode
     from runner.storage import StorageError
-    from ten.checkpoint import CheckpointWriteError
     from ten.data import DataError
-    from ten.scan import ScanBackendError
-    from ten.trainstate import DivergedError, ResumeError
+    from ten.kernels.scan import ScanBackendError
+    from ten.train.checkpoint import CheckpointWriteError
+    from ten.train.trainstate import DivergedError, ResumeError
 
     return [
         (ResumeError("unsafe changes: d_model"), ExitCode.CONFIG, "resume refused: unsafe"),
@@ -91,7 +91,7 @@ def test_the_end_of_run_sample_is_printed_as_text(tmp_path, corpus, capfd):
 
     from runner.job import load_job
     from runner.run.jobrun import JobRun
-    from ten.stop import Stop
+    from ten.train.stop import Stop
 
     class Model:
         def parameters(self):
@@ -119,7 +119,7 @@ def test_a_cpu_run_says_one_line_about_gpus(tmp_path, corpus, capfd):
     gate and then a monitor that cannot find NVML."""
     from runner.job import load_job
     from runner.run.jobrun import JobRun
-    from ten.stop import Stop
+    from ten.train.stop import Stop
 
     run = JobRun(load_job(write_job(tmp_path, corpus)), Stop(), "The")  # device: cpu
     try:

@@ -11,7 +11,7 @@ from runhelpers import FakeIMDS, write_job
 from runner.job import load_job
 from runner.monitor.events import EventKind
 from runner.run.spot import SpotWatch
-from ten.stop import Stop
+from ten.train.stop import Stop
 
 
 class Events:

@@ -22,7 +22,7 @@ from runner.storage.checkpoints import (
     retained_steps,
     upload_checkpoint,
 )
-from ten import checkpoint as tc
+from ten.train import checkpoint as tc
 
 JOB = "tiny-cpu"
 

@@ -8,7 +8,7 @@ from faultproxy import FaultProxy
 from sandbox import BUCKET
 
 from runner.storage import open_store
-from ten import checkpoint as tc
+from ten.train import checkpoint as tc
 
 
 @pytest.fixture

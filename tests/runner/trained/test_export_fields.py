@@ -4,8 +4,8 @@ An exported folder is rebuilt elsewhere from its config.json alone: a field that
 what the model computes but not config.json would load there as another model, with no
 error. So each field either changes the exported config (or the export refuses the value,
 as the StableLM layout refuses a learned position table), or is declared to change
-nothing an exported model computes: execution-only (``ten.presets.EXECUTION_FIELDS``) or
-read only to make the first weights (``ten.presets.INIT_FIELDS``). A field added to a
+nothing an exported model computes: execution-only (``ten.model.presets.EXECUTION_FIELDS``) or
+read only to make the first weights (``ten.model.presets.INIT_FIELDS``). A field added to a
 model config fails here until it is one or the other (issue 46)."""
 
 import dataclasses
@@ -13,11 +13,12 @@ import dataclasses
 import pytest
 
 from runner.trained.hf_model.layouts import LAYOUTS, layout_of
-from ten import model_config as configs
-from ten.presets import EXECUTION_FIELDS, INIT_FIELDS, model_config
+from ten.config import SCAN_BACKENDS
+from ten.model import config as configs
+from ten.model.presets import EXECUTION_FIELDS, INIT_FIELDS, model_config
 
 CHOICES = (configs.MLP_KINDS, configs.POSITIONS, configs.RESIDUAL_DTYPES,
-           configs.SCAN_BACKENDS)
+           SCAN_BACKENDS)
 
 
 def candidates(value):
@@ -61,7 +62,7 @@ def test_every_model_field_reaches_the_export_or_is_declared_not_to(arch, model_
             unexported.append(field.name)
     assert unexported == [], (f"{arch} model fields config.json does not carry: export them "
                               "(runner/trained/hf_model) or declare them in "
-                              "ten.presets.EXECUTION_FIELDS / INIT_FIELDS")
+                              "ten.model.presets.EXECUTION_FIELDS / INIT_FIELDS")
 
 
 def test_the_declared_fields_are_model_fields():

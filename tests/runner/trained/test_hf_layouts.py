@@ -12,9 +12,9 @@ import torch
 
 from runner.trained.hf_folder import hf_config
 from runner.trained.hf_model.layouts import STABLELM, TEN, layout_of
-from ten.model import TENConfig
-from ten.presets import build_model
-from ten.transformer import TransformerConfig
+from ten.model.presets import build_model
+from ten.model.ten import TENConfig
+from ten.model.transformer import TransformerConfig
 
 transformers = pytest.importorskip("transformers")
 SEED = 20261126

@@ -1,8 +1,8 @@
 """The step: one optimizer update over micro-batches (``train_step``) and the held-out
-loss (``evaluate``). What stops the loop between steps is ``ten.stop.Stop``.
+loss (``evaluate``). What stops the loop between steps is ``ten.train.stop.Stop``.
 
-Both take the objective (``ten.loss.NextTokenLoss``, possibly DDP-wrapped) and return
-device tensors: no host sync on the fused-optimizer path (``ten.nonfinite.step_unless``).
+Both take the objective (``ten.kernels.loss.NextTokenLoss``, possibly DDP-wrapped) and return
+device tensors: no host sync on the fused-optimizer path (``ten.train.nonfinite.step_unless``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ten.lm import LanguageModel
-from ten.loss import NextTokenLoss
-from ten.nonfinite import step_unless
+from ten.kernels.loss import NextTokenLoss
+from ten.model.lm import LanguageModel
+from ten.train.nonfinite import step_unless
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -28,7 +28,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """One optimizer step over ``grad_accum`` micro-batches of (B, T + 1) token ids.
 
     ``model`` is the objective: ``model(inputs, targets) -> mean loss`` (a
-    :class:`ten.loss.NextTokenLoss`, possibly DDP-wrapped or compiled). Returns (mean
+    :class:`ten.kernels.loss.NextTokenLoss`, possibly DDP-wrapped or compiled). Returns (mean
     loss, grad norm before clipping, non-finite flags) as device tensors: no host sync on
     the fused-optimizer path (see :func:`step_unless`). The flags are
     ``[loss not finite, grad norm not finite]`` (int32, 0/1); a flagged step is skipped:

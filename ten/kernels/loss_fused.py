@@ -1,5 +1,5 @@
 """The ``fused`` loss backend's kernel: one chunk's cross-entropy and its gradient in one
-Triton kernel, in place on the chunk's logits (see ``ten.loss``).
+Triton kernel, in place on the chunk's logits (see ``ten.kernels.loss``).
 
 The chunked loss in torch ops passes over a chunk's (R, V) logits about ten times (a
 cast to fp32, max, subtract, exp, sum, divide, scatter, scale, a cast back): ~58 bytes
@@ -12,7 +12,7 @@ is one program that reads its logits twice and writes them once, in the matmul's
 
 ``scale`` is the row's weight in the mean (1/n for a counted row, 0 for an ignored one),
 read from a device tensor: no host sync. Everything is computed in fp32 whatever the
-logits' dtype. Imported only when the ``fused`` backend runs (``ten.loss`` works without
+logits' dtype. Imported only when the ``fused`` backend runs (``ten.kernels.loss`` works without
 triton); under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the
 tests compare it with the torch-ops chunked loss.
 """
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ten.ops import define
+from ten.kernels.ops import define
 
 __all__ = ["INTERPRETED", "cross_entropy_rows"]
 
@@ -91,7 +91,7 @@ def _rows_fake(logits, targets, scale):
     return logits.new_empty(logits.shape[0], dtype=torch.float32)
 
 
-# A torch operator (ten.ops) that writes the logits in place: opaque to torch.compile, and
+# A torch operator (ten.kernels.ops) that writes the logits in place: opaque to torch.compile, and
 # traceable under FakeTensorMode (benchmarks/bench_traffic.py).
 _rows_op = define("cross_entropy_rows(Tensor(a!) logits, Tensor targets, Tensor? scale) "
                   "-> Tensor", _rows_impl, _rows_fake)

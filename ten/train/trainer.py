@@ -2,16 +2,16 @@
 
 Everything that must survive a restart — model, optimizer, scheduler, scaler, RNG
 states, the data cursor, step and tokens seen — is saved together in one atomic
-checkpoint (ten.trainstate, ten.checkpoint), and restoring it continues the run exactly:
+checkpoint (ten.train.trainstate, ten.train.checkpoint), and restoring it continues the run exactly:
 the same batches, the same per-step losses, bit-identical weights. The step itself is
-ten.step; the configuration, ten.config.
+ten.train.step; the configuration, ten.config.
 
 Host syncs are deliberate: the loss is accumulated on the device and read (``.item()``)
 only at the logging interval, evaluation and checkpoints; under DDP the ranks agree on
 stopping every ``STOP_AGREE_EVERY`` steps and at those points, never every step.
 
 The loss never materializes B×T×V fp32 logits: the model's hidden states and head weight
-go to ten.loss (chunked, or Liger's fused kernel on CUDA), in training and evaluation.
+go to ten.kernels.loss (chunked, or Liger's fused kernel on CUDA), in training and evaluation.
 
 A step whose loss or gradient norm is not finite is skipped (no optimizer update), and
 counted on the device; more than ``max_nonfinite_steps`` in a row, or non-finite weights
@@ -33,30 +33,30 @@ from typing import Any
 
 import torch
 
-from ten import seqwarmup
 from ten.config import FieldError, TrainConfig
-from ten.distributed import (
+from ten.kernels.loss import NextTokenLoss
+from ten.model.lm import LanguageModel
+from ten.model.presets import build_model
+from ten.model.probes import repeat_recall
+from ten.model.statehealth import state_health
+from ten.train import seqwarmup
+from ten.train.distributed import (
     DistInfo,
     StopAgreement,
     all_reduce_mean,
     init_from_env,
     shutdown,
 )
-from ten.execution import resolve_execution
-from ten.lm import LanguageModel
-from ten.loss import NextTokenLoss
-from ten.memory import check_fits
-from ten.metrics import MetricKind, MetricsWriter, Sink
-from ten.mfu import hfu, mfu, peak_flops, peak_note
-from ten.nonfinite import NonFiniteCounter
-from ten.presets import build_model
-from ten.probes import repeat_recall
-from ten.progress import eta_seconds, progress_line
-from ten.schedule import Schedule
-from ten.statehealth import state_health
-from ten.step import evaluate, train_step
-from ten.stop import Stop
-from ten.trainstate import (
+from ten.train.execution import resolve_execution
+from ten.train.memory import check_fits
+from ten.train.metrics import MetricKind, MetricsWriter, Sink
+from ten.train.mfu import hfu, mfu, peak_flops, peak_note
+from ten.train.nonfinite import NonFiniteCounter
+from ten.train.progress import eta_seconds, progress_line
+from ten.train.schedule import Schedule
+from ten.train.step import evaluate, train_step
+from ten.train.stop import Stop
+from ten.train.trainstate import (
     CheckpointManager,
     Pretrained,
     TrainState,
@@ -124,7 +124,7 @@ def make_deterministic() -> None:
 def build_optimizer(model: LanguageModel, cfg: TrainConfig, device: torch.device):
     groups = model.optimizer_groups(cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
-        from ten.adamw8bit import AdamW8bit  # bitsandbytes: imported only when asked for
+        from ten.train.adamw8bit import AdamW8bit  # bitsandbytes: imported only when asked for
 
         return AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
@@ -141,12 +141,12 @@ class Trainer:
     called on the main rank after each committed checkpoint, ``on_log(record)`` with each
     train record written to the metrics, ``on_step(step)`` after every step (cheap: it
     runs on the hot path; a liveness watchdog). ``stop``: the process's
-    :class:`ten.stop.Stop` when a runner owns one (else the trainer's own, whose signal
+    :class:`ten.train.stop.Stop` when a runner owns one (else the trainer's own, whose signal
     handlers are installed for the loop only); ``stop.request(reason)`` (thread-safe) ends
     the run after the current step with a checkpoint, like SIGTERM. ``pretrained``: the
     weights a run with no checkpoint of its own starts from (``TrainConfig.init_from``,
     loaded by the caller). ``sinks``: where the main rank's figures go besides
-    metrics.jsonl and TensorBoard (:class:`ten.metrics.Sink`; closed with the run's).
+    metrics.jsonl and TensorBoard (:class:`ten.train.metrics.Sink`; closed with the run's).
     """
 
     def __init__(self, model_config: Any, data: Any, cfg: TrainConfig, run_dir: Path,
@@ -276,7 +276,7 @@ class Trainer:
         if cfg.compile:
             # Regional: each block is compiled in place (its state_dict keys unchanged) and
             # the blocks share one compiled graph, so compile time does not grow with depth;
-            # the loss head is already fused (ten.loss). Errors surface at the first call.
+            # the loss head is already fused (ten.kernels.loss). Errors surface at the first call.
             self.state.model.compile_blocks()
             self._say("compile: every block with torch.compile (TrainConfig.compile)")
         model.train()
@@ -293,7 +293,7 @@ class Trainer:
                   "fresh optimizer and lr schedule (TrainConfig.init_from)")
 
     def _schedule_changed(self, multiplier: float) -> str:
-        """Said when a resume changed the budget or schedule (ten.schedule.Schedule)."""
+        """Said when a resume changed the budget or schedule (ten.train.schedule.Schedule)."""
         cfg, schedule = self.cfg, self.state.schedule
         hint = ("" if cfg.schedule == "wsd" else "; TrainConfig.schedule wsd keeps the peak lr "
                 "until a final decay, so a budget extended before it goes on at the peak")
@@ -488,7 +488,7 @@ class Trainer:
         return loss
 
     def _log_state(self, step: int) -> None:
-        """The state's health per layer (ten.statehealth) on the first held-out batch."""
+        """The state's health per layer (ten.model.statehealth) on the first held-out batch."""
         batch = next(iter(self.data.val_batches(self.cfg.batch_size, 1)))
         with torch.autocast(self.device.type, dtype=self.execution.amp_dtype or torch.float32,
                             enabled=self.execution.amp_dtype is not None):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.block_fused import swiglu_down
-from ten.model_config import MLP_KINDS
+from ten.kernels.block_fused import swiglu_down
+from ten.model.config import MLP_KINDS
 
 
 class MLP(nn.Module):

@@ -1,7 +1,7 @@
 """Named model sizes, and the transformer baseline matched to each.
 
 Parameter counts and FLOPs are computed by building the model on the ``meta`` device
-(no memory, no init cost), never written by hand. ``python -m ten.presets`` prints the
+(no memory, no init cost), never written by hand. ``python -m ten.model.presets`` prints the
 table; ``ten-runner presets`` prints the same.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from ten.config import PRESET_NAMES, UnknownFieldError
-from ten.lm import LanguageModel
-from ten.model import TENLM
-from ten.model_config import ARCHS, LMConfig, TENConfig, TransformerConfig
-from ten.progress import table
-from ten.transformer import TransformerLM
+from ten.model.config import ARCHS, LMConfig, TENConfig, TransformerConfig
+from ten.model.lm import LanguageModel
+from ten.model.ten import TENLM
+from ten.model.transformer import TransformerLM
+from ten.text import table
 
 # chunk_size 64 everywhere. Measured (benchmarks/bench_scan.py, chunked forward+backward,
 # 2 CPU cores, fixed eigenvalues, B=1, T=4096, K=128): Q = 16/32/64/128/256 take
@@ -43,7 +43,7 @@ PRESETS: dict[str, TENConfig] = {
 }
 
 if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema accepts
-    raise ImportError(f"ten.config.PRESET_NAMES {PRESET_NAMES} != ten.presets.PRESETS")
+    raise ImportError(f"ten.config.PRESET_NAMES {PRESET_NAMES} != ten.model.presets.PRESETS")
 
 # Model fields that change how the model computes, not what: the chunked scan is exact for
 # any chunk size, the backends agree, checkpointing recomputes the same activations, and the

@@ -26,7 +26,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-SCHEDULES = ("cosine", "onecycle", "constant", "wsd")
+from ten.config import SCHEDULES
+
 ONECYCLE_START = 1 / 25
 # Two multipliers this close are the same lr (a resume recomputes the saved one in floats).
 SAME_MULTIPLIER = 1e-9

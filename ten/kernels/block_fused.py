@@ -26,8 +26,8 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
                   d x adds itself into the convolution's (no third pass to sum them)
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
-numerics unchanged) and a Triton kernel registered for CUDA (``ten.ops.register_cuda``): the
-device picks, as it does for every aten operator. The kernels (``ten.block_kernels``)
+numerics unchanged) and a Triton kernel registered for CUDA (``ten.kernels.ops.register_cuda``): the
+device picks, as it does for every aten operator. The kernels (``ten.kernels.block_kernels``)
 compute in fp32 whatever the storage dtype; under ``TRITON_INTERPRET=1`` they run on CPU
 tensors there, and the tests hold them to the operators here.
 """
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.ops import define, register_cuda
+from ten.kernels.ops import define, register_cuda
 
 __all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear", "layer_norm",
            "sigmoid_gate", "swiglu_down"]
@@ -57,7 +57,7 @@ def _layer_norm_impl(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """(y in out_dtype, mean (N,), rstd (N,)) of x (N, d); computed in fp32 (fp64 for a
     float64 model) whatever x's dtype, as the kernels do. Here torch's own kernel; on CUDA
-    ten.block_kernels'."""
+    ten.kernels.block_kernels'."""
     y, mean, rstd = torch.native_layer_norm(x.to(_acc(x)), (x.shape[-1],), weight, bias, eps)
     return y.to(out_dtype), mean.view(-1), rstd.view(-1)
 
@@ -163,7 +163,7 @@ _add_layer_norm = define(
 
 def _swiglu_impl(ab: Tensor) -> Tensor:
     """silu(a)·b of ab = [a | b] (..., 2H) -> (..., H). Here torch's own kernels (in ab's
-    dtype, fp32 arithmetic inside for bf16); on CUDA ten.block_kernels'. Its gradient is
+    dtype, fp32 arithmetic inside for bf16); on CUDA ten.kernels.block_kernels'. Its gradient is
     :class:`_SwiGLUDown`'s, with the down projection's."""
     a, b = ab.chunk(2, dim=-1)
     return F.silu(a) * b
@@ -223,7 +223,7 @@ class _SwiGLUDown(torch.autograd.Function):
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
-    """σ(g)·o: the mixer's output gate. Here torch's kernels; on CUDA ten.block_kernels'."""
+    """σ(g)·o: the mixer's output gate. Here torch's kernels; on CUDA ten.kernels.block_kernels'."""
     return torch.sigmoid(g) * o
 
 
@@ -275,7 +275,7 @@ def _causal_conv_impl(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tens
     """y (B, T, d), y[:, t] = bias + sum_j weight[:, j]·xp[:, t + j] for xp = [tail | x]
     along time: the previous W - 1 inputs (B, W-1, d; zeros for None, a sequence's start),
     then this chunk's x (B, T, d); weight (d, W). Here torch's conv on the concatenation
-    (the CPU's numerics as nn.Conv1d's); on CUDA ten.block_kernels', which concatenates
+    (the CPU's numerics as nn.Conv1d's); on CUDA ten.kernels.block_kernels', which concatenates
     nothing."""
     xp = _padded(x, tail, weight.shape[1])
     y = F.conv1d(xp.transpose(1, 2), _conv_weight(xp, weight), bias.to(xp.dtype),
@@ -448,12 +448,12 @@ class LayerNorm(nn.LayerNorm):
             yield out
 
 
-# --- the CUDA kernels (ten.block_kernels), registered where CUDA is -------------------------
+# --- the CUDA kernels (ten.kernels.block_kernels), registered where CUDA is -----------------
 # Only then: a CPU process never imports triton here (the tests choose when triton is first
 # imported, and in which mode: TRITON_INTERPRET).
 
 if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
-    from ten import block_kernels as _k
+    from ten.kernels import block_kernels as _k
 
     register_cuda("layer_norm", _k.layer_norm)
     register_cuda("layer_norm_backward", _k.layer_norm_backward)

@@ -4,7 +4,7 @@ saves, restores and prunes it; RNG states as tensors, a checkpoint's config and 
 state checked before use, the identity a resume must keep, and a model rebuilt from a
 checkpoint. The training loop never touches a file.
 
-Everything here loads with ``weights_only=True`` (ten.checkpoint): a damaged or tampered
+Everything here loads with ``weights_only=True`` (ten.train.checkpoint): a damaged or tampered
 file raises ``CheckpointError`` in one line, never a KeyError or a pickle that runs code.
 """
 
@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ten import checkpoint as ckpt
-from ten.distributed import barrier
-from ten.lm import LanguageModel
-from ten.nonfinite import NonFiniteCounter, NonFiniteStats
-from ten.presets import CONFIG_OF_CLASS, EXECUTION_FIELDS, build_model, config_of
-from ten.schedule import Schedule
+from ten.model.lm import LanguageModel
+from ten.model.presets import CONFIG_OF_CLASS, EXECUTION_FIELDS, build_model, config_of
+from ten.train import checkpoint as ckpt
+from ten.train.distributed import barrier
+from ten.train.nonfinite import NonFiniteCounter, NonFiniteStats
+from ten.train.schedule import Schedule
 
 
 class ResumeError(Exception):
@@ -119,7 +119,7 @@ def check_trainer_state(path: Path, state: Any, step: int) -> None:
 
 def model_proper(identity: dict[str, Any]) -> dict[str, Any]:
     """The identity without the model fields that change how it computes, not what
-    (ten.presets.EXECUTION_FIELDS): a resume may turn on checkpointing to fit a smaller
+    (ten.model.presets.EXECUTION_FIELDS): a resume may turn on checkpointing to fit a smaller
     GPU, or land where another scan backend runs."""
     model = identity.get("model")
     if not isinstance(model, dict):
@@ -338,7 +338,7 @@ class TrainState:
 
     def _load_schedule(self, state: dict[str, Any]) -> None:
         """The saved schedule position, continued under this run's settings: a changed
-        budget or schedule goes on from the multiplier the run had (ten.schedule); a
+        budget or schedule goes on from the multiplier the run had (ten.train.schedule); a
         changed peak lr takes effect at once (the saved scheduler would keep the old)."""
         self.scheduler.load_state_dict(state["scheduler"])
         saved_peak = self.scheduler.base_lrs[0]
@@ -354,7 +354,7 @@ class TrainState:
 
 class CheckpointManager:
     """Saves, restores and prunes a run's :class:`TrainState` under
-    ``<run_dir>/checkpoints`` (ten.checkpoint: atomic folders, manifest last). Only the
+    ``<run_dir>/checkpoints`` (ten.train.checkpoint: atomic folders, manifest last). Only the
     main rank writes; every rank restores. ``identity``: what a resume must keep (the
     model's shape, the tokenizer, ...); ``resolved``: the whole job, saved with each
     checkpoint; ``on_commit(path, seconds)`` after each commit. ``seconds``: the time
@@ -369,7 +369,7 @@ class CheckpointManager:
         self.identity, self.resolved, self.model_config = identity, resolved, model_config
         self.versions = stack_versions()  # recorded in every checkpoint (config.json)
         # (step, loss) the checkpoint resumed from recorded: the first losses after it
-        # should be near (ten.trainer checks)
+        # should be near (ten.train.trainer checks)
         self.resumed_at: tuple[int, float] | None = None
         self.seconds = 0.0
 

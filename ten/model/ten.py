@@ -3,7 +3,7 @@
 Each layer keeps K complex eigenstates per sequence, split into H heads of K/H:
 
     β_t  = γ ⊙ W_in · LN(x_t)                       drive, K complex numbers
-    c_t  = λ_t ⊙ c_{t-1} + β_t                        the scan (ten.scan)
+    c_t  = λ_t ⊙ c_{t-1} + β_t                        the scan (ten.kernels.scan)
     c̃_t  = (I + M_h) c_t   per head                   coupling, re and im alike
     y_t  = σ(W_g · LN(x_t) + b_g) ⊙ W_out [Re c̃_t; Im c̃_t]
 
@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
-from ten.lm import Block, LanguageModel
-from ten.model_config import TENConfig
-from ten.scan import scan
-from ten.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
+from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
+from ten.kernels.scan import scan
+from ten.kernels.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
+from ten.model.config import TENConfig
+from ten.model.lm import Block, LanguageModel
 
 State = tuple[Tensor, ...]  # per layer: the (B, 2K) float32 eigenstates (a pair with conv)
 
@@ -121,7 +121,7 @@ class EigenstateMixer(nn.Module):
 
     def steps_from_start(self, xn: Tensor) -> Tensor:
         """Selective mode's Δ_t (B, T, K) as :meth:`forward` takes them for the layer input
-        xn from a sequence's start (after the convolution, if any). ten.statehealth
+        xn from a sequence's start (after the convolution, if any). ten.model.statehealth
         reports them."""
         return self.step(xn if self.conv is None else self.conv(xn, None)[0])
 
@@ -139,7 +139,7 @@ class EigenstateMixer(nn.Module):
 
     def drive(self, u: Tensor) -> tuple[Tensor, Tensor]:
         """(log λ, β = γ ⊙ W_in·u) for the scan: β (B, T, 2K); log λ (2K,) fixed or (B, T, 2K)
-        selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.selective)
+        selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.kernels.selective)
         on u's two projections, W_in·u and the step's, computed as one."""
         if self.delta is None:
             log_lam, gamma = self.eigenvalues()

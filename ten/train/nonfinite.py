@@ -17,7 +17,7 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     moments and step counts exactly as they were. Other optimizers (the CPU default,
     8-bit AdamW) need the flag on the host: one sync per step, which costs nothing on a
     CPU (about 0.3 us, measured) and stalls the queue once a step for 8-bit AdamW on a
-    GPU (its own per-parameter syncs are gone: ``ten.adamw8bit``)."""
+    GPU (its own per-parameter syncs are gone: ``ten.train.adamw8bit``)."""
     if optimizer.defaults.get("fused"):
         optimizer.found_inf = skip.float()  # read by Adam.step, as GradScaler sets it
         try:

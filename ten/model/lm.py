@@ -8,7 +8,7 @@ eigenstate per layer; transformer: a growing key/value cache). Feeding a sequenc
 pieces with the returned state gives the same logits as feeding it whole, which is
 what generation and long-document evaluation build on. Training never asks for the
 logits: it takes the hidden states and the head's weight to a loss that never holds the
-whole B×T×V (ten.loss).
+whole B×T×V (ten.kernels.loss).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ten.block_fused import LayerNorm
-from ten.mlp import MLP
+from ten.kernels.block_fused import LayerNorm
+from ten.model.mlp import MLP
 
 
 def recomputed_blocks(config: Any) -> int:
@@ -75,7 +75,7 @@ class LanguageModel(nn.Module):
         h, state = self.hidden_states(ids, state)
         return F.linear(h, self.output_weight), state
 
-    # --- the head's input and weight (what ten.loss needs) --------------------------------
+    # --- the head's input and weight (what ten.kernels.loss needs) --------------------------------
 
     def embed_tokens(self, ids: Tensor, state: Any) -> Tensor:
         """ids (B, T) → the blocks' input (B, T, d); positional models add positions here."""

@@ -1,6 +1,6 @@
 """The project's torch operators (``torch.ops.ten.*``): one namespace, defined with torch's
 Library API: a schema, an implementation for every device, a fake (shapes only, for
-``FakeTensorMode``: ten.memory, benchmarks/bench_traffic.py), an autograd formula, and a
+``FakeTensorMode``: ten.train.memory, benchmarks/bench_traffic.py), an autograd formula, and a
 CUDA kernel where there is one (the dispatcher prefers it on CUDA tensors).
 
 Why not ``torch.library.custom_op``: in eager mode its first call imports ``torch._dynamo``,

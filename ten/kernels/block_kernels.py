@@ -1,4 +1,4 @@
-"""Triton kernels for ``ten.block_fused``'s operators (registered there for CUDA): the
+"""Triton kernels for ``ten.kernels.block_fused``'s operators (registered there for CUDA): the
 LayerNorm (alone, or of a residual sum it writes), SwiGLU, the sigmoid gate and the causal
 convolution, each forward and backward. Each launcher has
 the signature of the operator's torch implementation. One program per row (LayerNorm; ROWS

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ten.loss import resolve_loss_backend
-from ten.scan import resolve_scan
+from ten.kernels.loss import resolve_loss_backend
+from ten.kernels.scan import resolve_scan
 
 __all__ = ["Execution", "planned_for_cuda", "resolve_execution", "resolve_precision"]
 

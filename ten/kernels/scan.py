@@ -20,7 +20,7 @@ Backends:
                  algorithm one level up, so no Python loop runs over time or chunks.
                  Selective λ: parallel prefix scans inside chunks and the same one
                  level up (``scan_prefix``), O(B·T·K·log Q) elementwise work.
-    ``fused``    Triton kernels with their own backward (``ten.scan_fused``): O(B·T·K),
+    ``fused``    Triton kernels with their own backward (``ten.kernels.scan_fused``): O(B·T·K),
                  c written once. Needs triton and a CUDA tensor (or, for tests, CPU
                  tensors with TRITON_INTERPRET=1 set before triton is first imported).
     ``auto``     not a backend but a choice: ``fused`` on CUDA when triton imports,
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake  # (torch imports it anyway)
 
-from ten.model_config import SCAN_BACKENDS
+from ten.config import SCAN_BACKENDS
 
 __all__ = ["BACKENDS", "NAMES", "ScanBackendError", "check_backend", "resolve_backend",
            "resolve_scan", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
@@ -227,9 +227,10 @@ def scan_prefix(beta: Tensor, log_lam: Tensor, state: Tensor | None = None,
 
 
 def _fused_module() -> ModuleType:
-    """ten.scan_fused, imported on first use so that ``import ten.scan`` needs no triton."""
+    """ten.kernels.scan_fused, imported on first use so that ``import ten.kernels.scan``
+    needs no triton."""
     try:
-        return importlib.import_module("ten.scan_fused")
+        return importlib.import_module("ten.kernels.scan_fused")
     except ImportError as err:
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ScanBackendError(
@@ -324,7 +325,7 @@ def scan(
     outputs come back in that dtype.
     """
     if not (backend == "fused" and is_fake(beta)):  # a fake runs nothing: fused traces
-        backend = resolve_backend(backend, beta.device)  # anywhere (ten.memory, on a CPU)
+        backend = resolve_backend(backend, beta.device)  # anywhere (ten.train.memory, on a CPU)
     if beta.dim() != 3 or beta.shape[-1] % 2:
         raise ValueError(f"beta must be (B, T, 2K), got {tuple(beta.shape)}")
     B, T, K2 = beta.shape

@@ -12,7 +12,7 @@ signature ``(hidden (N, d), weight (V, d), targets (N,)) -> mean loss (fp32 scal
   backward. Peak memory is one chunk's logits plus grad_h (N×d) and grad_W (V×d, fp32),
   never N×V. Any device; torch ops (~58 bytes of traffic per logit).
 * ``fused``: the same chunks, each chunk's log-softmax and gradient one Triton kernel in
-  place on its logits (``ten.loss_fused``: 6 bytes per logit, no fp32 copy, so chunks 8x
+  place on its logits (``ten.kernels.loss_fused``: 6 bytes per logit, no fp32 copy, so chunks 8x
   larger in the same memory and fewer fp32 grad_W additions). CUDA (or the interpreter).
 * ``liger``: Liger-Kernel's fused linear cross-entropy (Triton, CUDA only), the same
   idea in fused kernels, with a host sync per call. Optional: ``pip install
@@ -78,7 +78,7 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                                ignore_index: int = IGNORE_INDEX,
                                chunk_rows: int | None = None) -> Tensor:
     """:func:`chunked_linear_cross_entropy` with each chunk's softmax and gradient one
-    Triton kernel (``ten.loss_fused``). No host sync."""
+    Triton kernel (``ten.kernels.loss_fused``). No host sync."""
     rows = chunk_rows or default_chunk_rows(*hidden.shape[-2:], weight.shape[0],
                                             FUSED_CHUNK_ELEMENTS)
     return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_fused)
@@ -162,9 +162,10 @@ def _rows_fused(logits: Tensor, t: Tensor, scale: Tensor | None
 
 
 def _fused_module():
-    """ten.loss_fused, imported on first use so that ``import ten.loss`` needs no triton."""
+    """ten.kernels.loss_fused, imported on first use so that ``import ten.kernels.loss``
+    needs no triton."""
     try:
-        return importlib.import_module("ten.loss_fused")
+        return importlib.import_module("ten.kernels.loss_fused")
     except ImportError as err:
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"loss backend 'fused' needs triton, which does not import here "

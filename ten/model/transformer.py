@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.block_fused import LayerNorm
-from ten.lm import Block, LanguageModel
-from ten.model_config import TransformerConfig
+from ten.kernels.block_fused import LayerNorm
+from ten.model.config import TransformerConfig
+from ten.model.lm import Block, LanguageModel
 
 KVCache = tuple[tuple[Tensor, Tensor], ...]  # per layer: keys, values (B, H, T_past, hd)
 

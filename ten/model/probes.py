@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ten.lm import LanguageModel
+from ten.model.lm import LanguageModel
 
 MAX_TOKENS = 2048  # the probe's longest sequence, whatever the training length
 ROWS = 4

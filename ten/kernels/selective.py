@@ -1,6 +1,6 @@
 """Selective mode's eigenvalues and drive as one torch operator (a Triton kernel on CUDA).
 
-Per token and eigenstate (``ten.model``'s docstring has the model):
+Per token and eigenstate (``ten.model.ten``'s docstring has the model):
 
     [p | z - b_Δ] = [W_in; W_Δ]·u        one matmul for both of u's projections
     Δ = softplus(z) / STEP_UNIT          z = W_Δ·u + b_Δ, the step's pre-activation
@@ -18,31 +18,21 @@ u, leaves autograd one gradient for u, not two to add (a (B, T, d) sum per layer
 
 The operator's torch implementation (every device) is the plain formula above, with its
 backward written out and checked against autograd in float64; CUDA runs
-``ten.selective_kernels``.
+``ten.kernels.selective_kernels``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ten.ops import define, register_cuda
+from ten.kernels.ops import define, register_cuda
+from ten.kernels.selective_constants import DELTA_BIAS, MIN_WRITE, STEP_UNIT
 
 __all__ = ["DELTA_BIAS", "MIN_WRITE", "STEP_UNIT", "selective_drive", "step_of"]
-
-# Δ_t = softplus(z_t) / STEP_UNIT, with z's bias starting at softplus⁻¹(STEP_UNIT): the step
-# starts at 1 (the fixed model) but in softplus's exponential part, where each unit of z
-# multiplies it by e (Mamba starts its steps at 0.001-0.1 for this reason). Holding and
-# overwriting are then a few units of z away; at Δ = 1 on softplus's linear part, an
-# eigenstate with |λ| = 0.999 needed z ~ 1000 to overwrite.
-STEP_UNIT = 0.01
-DELTA_BIAS = math.log(math.expm1(STEP_UNIT))
-MIN_WRITE = 1e-24  # 1 - |λ|² is floored here: a step that underflows to 0 gives no NaN
-
 
 def step_of(z: Tensor) -> Tensor:
     """Δ from its pre-activation: at least fp32 (bf16 under autocast), float64 stays."""
@@ -145,10 +135,10 @@ def selective_drive(pz: Tensor, bias: Tensor, nu: Tensor,
     return _drive(pz.contiguous(), bias, nu, theta)
 
 
-# CUDA runs the Triton kernels (ten.selective_kernels). Registered only where CUDA is: a
+# CUDA runs the Triton kernels (ten.kernels.selective_kernels). Registered only where CUDA is: a
 # CPU process never imports triton here (the tests choose when, and in which mode).
 if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
-    from ten import selective_kernels as _k
+    from ten.kernels import selective_kernels as _k
 
     register_cuda("selective_drive", _k.drive)
     register_cuda("selective_drive_backward", _k.drive_backward)

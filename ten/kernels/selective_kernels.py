@@ -1,4 +1,4 @@
-"""Triton kernels for ``ten.selective``'s operator (registered there for CUDA): selective
+"""Triton kernels for ``ten.kernels.selective``'s operator (registered there for CUDA): selective
 mode's eigenvalues and drive, forward and backward, with the operator's signatures.
 
 A program owns BR rows (tokens) and every eigenstate lane (BK ≥ K), so b_Δ, ν and θ are
@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ten.block_kernels import acc, compute_dtype
-from ten.selective import MIN_WRITE, STEP_UNIT
+from ten.kernels.block_kernels import acc, compute_dtype
+from ten.kernels.selective_constants import MIN_WRITE, STEP_UNIT
 
 __all__ = ["drive", "drive_backward"]
 

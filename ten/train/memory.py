@@ -77,13 +77,13 @@ def estimate_training_memory(model_config: Any, batch_size: int, seq_len: int,
                              optimizer: str = "adamw", *, scan_backend: str = "chunked",
                              loss_backend: str = "chunked") -> MemoryEstimate:
     """The peak memory of one training micro-batch of a TEN model (see the module doc),
-    with the scan and loss backends that run (``ten.execution.resolve_execution`` for the
+    with the scan and loss backends that run (``ten.train.execution.resolve_execution`` for the
     job's device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from ten.loss import NextTokenLoss
-    from ten.model import TENLM, TENConfig
+    from ten.kernels.loss import NextTokenLoss
+    from ten.model.ten import TENLM, TENConfig
 
     if not isinstance(model_config, TENConfig):
         raise TypeError(f"memory is estimated for TEN models only, not "
@@ -134,7 +134,7 @@ def fit_problem(estimate: MemoryEstimate, device_bytes: int, device_name: str,
 
 def lowering(model_config: Any, batch_size: int, seq_len: int) -> str:
     """The settings that lower a job's training memory, most effective first."""
-    from ten.lm import recomputed_blocks
+    from ten.model.lm import recomputed_blocks
 
     knobs = []
     if recomputed_blocks(model_config) < model_config.n_layers:
@@ -199,7 +199,7 @@ def rough_training_bytes(model_config: Any, batch_size: int, seq_len: int) -> in
     parameter (weights, gradients, AdamW's moments; 12·d² a layer and the embedding) and
     64 bytes per activation element of the residual stream in every layer. It only
     decides whether the CPU check is worth the seconds the estimate takes. (Not
-    ``ten.presets.count_params``: building even a meta-device model costs ~2 s the first
+    ``ten.model.presets.count_params``: building even a meta-device model costs ~2 s the first
     time in a process, what this guess exists to spare small runs.)"""
     d, layers = model_config.d_model, model_config.n_layers
     params = model_config.vocab_size * d + layers * 12 * d * d
@@ -213,7 +213,7 @@ def check_fits(model_config: Any, batch_size: int, seq_len: int,
     the GPU, or on a CPU the memory the machine has available; else the line to log, or
     None where nothing was checked (no capacity known; the transformer on a CPU; a CPU job
     whose rough size is under a quarter of what is available: the estimate takes seconds)."""
-    from ten.model import TENConfig
+    from ten.model.ten import TENConfig
 
     if device.type == "cpu":
         available = host_available()
@@ -233,7 +233,7 @@ def check_fits_card(model_config: Any, batch_size: int, seq_len: int,
                     amp_dtype: torch.dtype | None, optimizer: str, card: str,
                     scan_backend: str, loss_backend: str) -> str:
     """:func:`check_fits` for a card named in ten.cards, before one is rented (with the
-    backends as they would run on it: ten.execution.planned_for_cuda)."""
+    backends as they would run on it: ten.train.execution.planned_for_cuda)."""
     from ten.cards import CARDS
 
     spec = CARDS[card]
@@ -247,7 +247,7 @@ def fits(model_config: Any, batch_size: int, seq_len: int, amp_dtype: torch.dtyp
          loss_backend: str) -> str:
     """The line to log when a job's estimate fits ``capacity`` (name, bytes) less
     ``reserve``; DeviceMemoryError when it does not."""
-    from ten.model import TENConfig
+    from ten.model.ten import TENConfig
 
     if not isinstance(model_config, TENConfig):
         return "memory: not estimated for the transformer baseline"

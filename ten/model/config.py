@@ -7,7 +7,8 @@ Like :class:`ten.config.TrainConfig`, each field is declared once with its type,
 several fields (heads dividing eigenstates, say) is checked here too, as a
 :class:`~ten.config.FieldError` on the field a user would change.
 
-``ten.model`` and ``ten.transformer`` build the modules; ``ten.presets`` names the sizes.
+``ten.model.ten`` and ``ten.model.transformer`` build the modules; ``ten.model.presets``
+names the sizes.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from ten.config import Doc, FieldError, Range, check_fields
+from ten.config import SCAN_BACKENDS, Doc, FieldError, Range, check_fields
 
 MLP_KINDS = ("swiglu", "gelu")
-SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.scan.BACKENDS, and auto
 POSITIONS = ("rope", "learned")  # the transformer's
 RESIDUAL_DTYPES = ("fp32", "bf16")
 
@@ -36,7 +36,7 @@ class LMConfig:
     """What both families have: a language model's vocabulary, width, depth, training
     length, feed-forward block and initialization, and how much of it recomputes its
     activations. An override of one of these shapes a transformer's TEN reference too
-    (ten.presets.transformer_config)."""
+    (ten.model.presets.transformer_config)."""
 
     vocab_size: Annotated[Count, Doc("tokens in the vocabulary (a job takes its "
                                      "tokenizer's)")] = 4096
@@ -109,7 +109,7 @@ class TENConfig(LMConfig):
 
 @dataclass(frozen=True)
 class TransformerConfig(LMConfig):
-    """The baseline: a pre-LN GPT (``ten.transformer``); with pos: learned its seq_len is
+    """The baseline: a pre-LN GPT (``ten.model.transformer``); with pos: learned its seq_len is
     the longest it runs."""
 
     n_heads: Annotated[Count, Doc("attention heads (divide d_model)")] = 2

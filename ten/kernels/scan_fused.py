@@ -1,7 +1,7 @@
 """The ``fused`` scan backend: Triton kernels for ``c_t = λ_t · c_{t-1} + β_t`` and its
-backward, with the signature and the [re | im] layout of ``ten.scan.scan_ref``.
+backward, with the signature and the [re | im] layout of ``ten.kernels.scan.scan_ref``.
 
-Imported only when the ``fused`` backend is asked for (``ten.scan`` works without
+Imported only when the ``fused`` backend is asked for (``ten.kernels.scan`` works without
 triton). Triton picks compiled-for-the-GPU or interpreted once per process: with
 ``TRITON_INTERPRET=1`` in the environment before triton is first imported (and still
 there at the first launch), the kernels run on CPU tensors (numpy underneath, float64
@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ten.ops import define
+from ten.kernels.ops import define
 
 __all__ = ["INTERPRETED", "Plan", "plan", "scan_fused", "tiles_per_group"]
 
@@ -469,8 +469,8 @@ def _run(x: Tensor, log_lam: Tensor, h0: Tensor | None, p: Plan, *, reverse: boo
     return out, dll
 
 
-# The kernels as torch operators (ten.ops): opaque to torch.compile (no graph break), and
-# traceable under FakeTensorMode by their fakes, which give each output's shape (ten.memory
+# The kernels as torch operators (ten.kernels.ops): opaque to torch.compile (no graph break), and
+# traceable under FakeTensorMode by their fakes, which give each output's shape (ten.train.memory
 # and benchmarks/bench_traffic.py trace through them).
 
 def _forward_impl(beta: Tensor, log_lam: Tensor, state: Tensor | None, block_t: int,
@@ -533,7 +533,7 @@ def scan_fused(beta: Tensor, log_lam: Tensor, state: Tensor | None = None, *,
                group_tiles: int | None = None) -> tuple[Tensor, Tensor]:
     """Fused backend: same signature and result as ``scan_ref`` (see the module doc).
 
-    Expects float32 or float64 inputs on one device (``ten.scan.scan`` casts them);
+    Expects float32 or float64 inputs on one device (``ten.kernels.scan.scan`` casts them);
     block_t / block_k / group_tiles override the launch plan (tests, benchmarks).
     """
     B, T, K2 = beta.shape

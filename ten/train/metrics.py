@@ -21,7 +21,7 @@ class MetricKind(str, enum.Enum):
     START = "start"  # a process began training (resumed or not): device, batch, model
     TRAIN = "train"  # a log step: loss, lr, tokens/s, MFU, ...
     EVAL = "eval"  # a held-out evaluation: loss, perplexity, recall
-    STATE = "state"  # a TEN's state, per layer, at an evaluation (ten.statehealth)
+    STATE = "state"  # a TEN's state, per layer, at an evaluation (ten.model.statehealth)
     END = "end"  # the loop ended: outcome, tokens
 
 
