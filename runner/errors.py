@@ -16,7 +16,7 @@ class UserError(click.ClickException):
     """A user-fixable problem: one-line message (or one line per problem), no traceback."""
 
     def __init__(self, message: str, exit_code: int = ExitCode.CONFIG):
-        from runner.job.library import in_job_terms  # runner.job raises UserError too
+        from runner.keys import in_job_terms
 
         super().__init__(in_job_terms(message))  # the library's field names as job keys
         self.exit_code = int(exit_code)

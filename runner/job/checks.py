@@ -57,7 +57,7 @@ def card_memory(job: Any) -> Found:
     """A job that trains on GPUs (resources.gpus >= 1) whose estimated memory exceeds its
     resources.accelerator's: what ``run`` would refuse once on the card (ten.train.memory, the
     same estimate and margin), said before one is rented. Imports torch; seconds."""
-    from runner.job.library import in_job_terms
+    from runner.keys import in_job_terms
 
     resources, train = job.resources, job.train
     if resources.gpus < 1 or train.device == "cpu":
@@ -78,7 +78,7 @@ def card_memory(job: Any) -> Found:
 
 def _seq_warmup(train: Any, seq_len: int) -> Found:
     """The sequence-length warm-up's start against data.seq_len, and its steps."""
-    from runner.job.library import in_job_terms
+    from runner.keys import in_job_terms
     from ten.train.seqwarmup import lengths
 
     start = train.seq_warmup_start

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runner.job.library import data_config, in_job_terms
+from runner.job.library import data_config
+from runner.keys import in_job_terms
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]

@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from runner.job.errors import show, suggest
-from runner.job.library import FROM_OTHER_SECTIONS
+from runner.keys import DATA_FROM_OTHER_SECTIONS, DATA_NOT_IN_JOBS, FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage import DEFAULT_STORE
 from runner.storage.base import check_prefix
@@ -231,7 +231,7 @@ def _strict(tp: Any, bounds: dict[str, float]) -> Any:
 
 
 # The train section: TrainConfig's fields, less those the job keeps in other sections
-# (runner.job.library.FROM_OTHER_SECTIONS says which and where).
+# (runner.keys.FROM_OTHER_SECTIONS says which and where).
 TrainSection = section_from(ten_config.TrainConfig, "TrainSection",
                             exclude=frozenset(FROM_OTHER_SECTIONS))
 
@@ -251,8 +251,7 @@ _TrainingReads = _train_fields_in("data", "_TrainingReads")  # the loader's work
 # num_workers. A job names its dataset, and always holds some documents out.
 DataSection = section_from(
     DataConfig, "DataSection", base=_TrainingReads,
-    exclude=frozenset({"seed", "shard_tokens", "verify_checksums", "stream_block_docs",
-                       "stream_block_chars", "progress"}),
+    exclude=DATA_NOT_IN_JOBS | set(DATA_FROM_OTHER_SECTIONS),
     tighten={"dataset": {"default": ..., "min_length": 1},
              "val_fraction": {"gt": 0.0, "description": (
                  "documents held out for evaluation, by hash (more than 0: every run ends "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.exit_codes import ExitCode
-from runner.job.library import in_job_terms
+from runner.keys import in_job_terms
 
 Log = Callable[[str], None]
 

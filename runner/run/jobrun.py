@@ -20,7 +20,8 @@ from typing import Any
 from runner.exit_codes import ExitCode
 from runner.job import Job
 from runner.job.layout import run_dir_of
-from runner.job.library import in_job_terms, train_config
+from runner.job.library import train_config
+from runner.keys import in_job_terms
 from runner.run.failures import ThreadDiskErrors, exit_code_of
 from runner.run.log import RunLog, ScrubbedStream
 from runner.run.spot import SpotWatch

@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
-
-# Predicted tokens scored per length by default (``--max-tokens``).
-MAX_TOKENS = 65536
+from runner.trained import MAX_TOKENS
 
 
 class TooShort(UserError):

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import Tensor
 
-from runner.trained.evaluate import MAX_TOKENS
+from runner.trained import MAX_TOKENS
 
 Names = dict[str, list[str]]  # runner parameter -> the transformers parameters it becomes
 

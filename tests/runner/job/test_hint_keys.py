@@ -109,7 +109,7 @@ def test_the_library_names_no_job_key():
 
 def test_every_library_field_named_in_a_message_exists_and_has_its_job_key():
     """``DataConfig.tokenizer.path`` in ten/'s messages: a real field, which
-    runner.job.library.in_job_terms shows as a job key that exists (or leaves as it is,
+    runner.keys.in_job_terms shows as a job key that exists (or leaves as it is,
     for a field no job sets)."""
     import dataclasses
     import typing
@@ -117,7 +117,7 @@ def test_every_library_field_named_in_a_message_exists_and_has_its_job_key():
     import ten.data.config
     import ten.model.ten
     import ten.model.transformer
-    from runner.job.library import LIBRARY_CONFIGS, in_job_terms
+    from runner.keys import LIBRARY_CONFIGS, in_job_terms
 
     classes = {name: getattr(module, name) for module in (ten.config, ten.data.config,
                                                           ten.model.ten, ten.model.transformer)

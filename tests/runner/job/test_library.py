@@ -8,8 +8,9 @@ import pytest
 from runhelpers import MINIMAL_JOB
 
 from runner.job import parse_job
-from runner.job.library import FROM_OTHER_SECTIONS, train_config
+from runner.job.library import train_config
 from runner.job.schema import JobSchema
+from runner.keys import FROM_OTHER_SECTIONS
 from ten.config import TrainConfig
 
 MINIMAL = MINIMAL_JOB
@@ -101,7 +102,7 @@ def test_a_jobs_data_keys_reach_the_library_under_their_own_names():
     ("DataConfig.shard_tokens is library-only", "DataConfig.shard_tokens is library-only"),
 ])
 def test_the_librarys_field_names_are_shown_as_job_keys(said, shown):
-    from runner.job.library import in_job_terms
+    from runner.keys import in_job_terms
 
     assert in_job_terms(said) == shown
 
