@@ -57,7 +57,7 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
 
     Exit codes: 0 all valid, 2 any invalid (also with --json)."""
     from runner.job import JobError
-    from runner.storage.jobfile import load_any
+    from runner.job.jobfile import load_any
 
     bad = 0
     results = []
@@ -279,7 +279,7 @@ def eval_command(target: str, data: str, seq_len: int | None, max_tokens: int,
 
 def _load(job_file: str, sets: tuple[str, ...] = (), check_card: bool = False):
     from runner.job import JobError
-    from runner.storage.jobfile import load_any
+    from runner.job.jobfile import load_any
 
     try:
         return load_any(job_file, sets=sets, check_card=check_card)
@@ -334,8 +334,8 @@ def rm(target: str, job_name: str | None, endpoint_url: str | None, yes: bool,
     TARGET: a run directory or its name in ./runs, a store with one run (--job picks one
     of several), s3://bucket/prefix/JOB, a job file or a submitted job's id. Asks first
     (--yes: does not); a run that is training is refused (--force removes it anyway)."""
+    from runner.monitor.remove import contents, refuse_if_live, remove
     from runner.monitor.source import open_run
-    from runner.storage.remove import contents, refuse_if_live, remove
 
     run = open_run(*resolve_target(target, job_name, endpoint_url).located())
     if not force:

@@ -42,7 +42,7 @@ def resolve_target(target: str, job: str | None, endpoint_url: str | None) -> Ta
         job = spec.name
     elif target.endswith((".yaml", ".yml")):
         from runner.job import JobError
-        from runner.storage.jobfile import load_any
+        from runner.job.jobfile import load_any
 
         try:
             spec = load_any(target, check_model=False)

@@ -121,32 +121,48 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# ten's floors, lowest first. A module imports its own package and the floors below it,
-# nothing beside or above: model and data stand side by side and never import each other.
-TEN_FLOORS = (
-    ("ten.config", "ten.fileio", "ten.cards", "ten.text"),
-    ("ten.kernels",),
-    ("ten.model", "ten.data"),
-    ("ten.train",),
-    ("ten",),  # the package's public names (ten.load_run)
-)
+# Each package's floors, lowest first. A module imports its own part (a package or a
+# top-level module) and the floors below it, nothing beside or above: in ten, model and
+# data stand side by side and never import each other; in runner, storage knows no job.
+FLOORS = {
+    "ten": (
+        ("ten.config", "ten.fileio", "ten.cards", "ten.text"),
+        ("ten.kernels",),
+        ("ten.model", "ten.data"),
+        ("ten.train",),
+        ("ten",),  # the package's public names (ten.load_run)
+    ),
+    "runner": (
+        ("runner.exit_codes", "runner.keys"),
+        ("runner.errors",),
+        ("runner.storage", "runner.preemption", "runner.launch"),
+        ("runner.job",),
+        ("runner.monitor", "runner.trained"),
+        ("runner.provision",),
+        ("runner.run",),
+        ("runner.target",),
+        ("runner.cli",),
+        ("runner",),
+    ),
+}
 
 
-def _unit_of(module: str) -> str:
-    """The package or top-level module of ten a module belongs to."""
-    return module if module.count(".") < 1 else ".".join(module.split(".")[:2])
+def _part_of(module: str) -> str:
+    """The package or top-level module a module belongs to: ten.kernels.scan -> ten.kernels."""
+    return ".".join(module.split(".")[:2])
 
 
-def test_ten_imports_only_downward_by_its_floors():
-    floor = {unit: i for i, units in enumerate(TEN_FLOORS) for unit in units}
-    graph = _module_graph("ten")
-    units = {_unit_of(m) for m in graph}
-    assert units == set(floor), f"a part of ten is on no floor (or a floor names none): " \
-                                f"{sorted(units ^ set(floor))}"
+@pytest.mark.parametrize("top", sorted(FLOORS))
+def test_imports_run_only_downward_by_the_floors(top):
+    floor = {part: i for i, parts in enumerate(FLOORS[top]) for part in parts}
+    graph = _module_graph(top)
+    parts = {_part_of(m) for m in graph}
+    assert parts == set(floor), f"a part of {top} is on no floor (or a floor names none): " \
+                                f"{sorted(parts ^ set(floor))}"
     upward = sorted(f"{m} -> {u}" for m, used in graph.items() for u in used
-                    if u.startswith("ten") and _unit_of(u) != _unit_of(m)
-                    and floor[_unit_of(u)] >= floor[_unit_of(m)])
-    assert not upward, f"ten imports beside or above its floor: {upward}"
+                    if u.startswith(top) and _part_of(u) != _part_of(m)
+                    and floor[_part_of(u)] >= floor[_part_of(m)])
+    assert not upward, f"{top} imports beside or above its floor: {upward}"
 
 
 def test_ten_has_at_most_six_top_level_modules():

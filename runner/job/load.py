@@ -137,7 +137,7 @@ def load_job(path: str | os.PathLike[str], sets: Iterable[str] | None = None, *,
 
     ``fetch(url)``: how an ``s3://`` job file is read — its bytes, None when there is no
     such object, ValueError (one line) when it cannot be read. The job layer does not
-    open stores: the CLI passes ``runner.storage.jobfile.fetch_job_file``."""
+    open stores: the CLI passes ``runner.job.jobfile.fetch_job_file``."""
     source = str(path)
     problems = Problems(source)
     remote = source.lower().startswith("s3://")

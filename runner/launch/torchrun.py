@@ -29,7 +29,7 @@ Several machines: set TEN_NNODES, TEN_NODE_RANK, TEN_MASTER_ADDR and TEN_MASTER_
 --master_addr and --master_port (static rendezvous), and resources.gpus counts the GPUs
 of one machine. Without them the run is a single machine (--standalone). Only rank 0
 writes checkpoints, so the checkpoints must be in a bucket: the first rank of each other
-machine fetches the step rank 0 resumes from (runner.storage.restore.fetch_checkpoint).
+machine fetches the step rank 0 resumes from (runner.run.restore.fetch_checkpoint).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""The kinds of record in a run's ``events.jsonl``: one enum, used by the heartbeat that
-writes them and by the readers (cost, report, status). A str: an event's ``kind`` equals
-the member, and JSON holds its value."""
+"""The kinds of record in a run's ``events.jsonl`` (``runner.storage.mirror.EVENTS_FILE``):
+one enum, used by the heartbeat that writes them and by the readers (cost, report,
+status). A str: an event's ``kind`` equals the member, and JSON holds its value."""
 
 from __future__ import annotations
 
 import enum
-
-EVENTS_FILE = "events.jsonl"
 
 
 class EventKind(str, enum.Enum):

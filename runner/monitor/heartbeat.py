@@ -28,9 +28,9 @@ from typing import Any
 
 from runner.monitor.cost import cost_summary, is_user_stop, lost_work
 from runner.monitor.diagnose import CRITICAL, Diagnosis, diagnose
-from runner.monitor.events import EVENTS_FILE, EventKind
+from runner.monitor.events import EventKind
 from runner.monitor.nvml import summarize
-from runner.storage.mirror import GPU, METRICS, STATUS, RunMirror
+from runner.storage.mirror import EVENTS_FILE, GPU, METRICS, STATUS, RunMirror
 from ten.train.metrics import MetricKind
 
 EVENTS = EVENTS_FILE

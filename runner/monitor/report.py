@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.monitor.cost import cost_summary, format_cost
-from runner.monitor.events import EVENTS_FILE, EventKind
+from runner.monitor.events import EventKind
 from runner.monitor.source import open_run
-from runner.storage.mirror import GPU, METRICS, STATUS
+from runner.storage.mirror import EVENTS_FILE, GPU, METRICS, STATUS
 from ten.train.metrics import MetricKind
 
 TITLE_CHARS = 110  # a title line's width that fits the figure (11 in at 10 pt)

@@ -10,8 +10,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
-from runner.monitor.events import EVENTS_FILE
-from runner.storage.mirror import METRICS, STATUS
+from runner.storage.mirror import EVENTS_FILE, METRICS, STATUS
 
 RUN_MARKERS = (STATUS, METRICS, EVENTS_FILE)
 

@@ -8,9 +8,8 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
-from runner.monitor.events import EVENTS_FILE
 from runner.monitor.source import RunFiles, list_jobs, open_run
-from runner.storage.mirror import METRICS, STATUS
+from runner.storage.mirror import EVENTS_FILE, METRICS, STATUS
 from ten.text import clock, duration, table
 
 STALE_MIN_S = 120.0  # a heartbeat is stale past max(3 x its period, this)

@@ -22,11 +22,11 @@ from runner.job import Job
 from runner.job.layout import run_dir_of
 from runner.job.library import train_config
 from runner.keys import in_job_terms
+from runner.run.datacache import open_data
 from runner.run.failures import ThreadDiskErrors, exit_code_of
 from runner.run.log import RunLog, ScrubbedStream
+from runner.run.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.run.spot import SpotWatch
-from runner.storage.datacache import open_data
-from runner.storage.restore import Bucket, fetch_checkpoint, open_bucket
 from runner.trained.sample import generate_text, ppl, shown_text
 from ten.fileio import atomic_copy, atomic_write
 from ten.train.stop import Interrupted, Stop

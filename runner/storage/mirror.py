@@ -15,9 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from runner.monitor.events import EVENTS_FILE
-
+# The run's files, by name (the run directory's and the bucket copy's alike).
 STATUS = "status.json"
+EVENTS_FILE = "events.jsonl"  # runner.monitor.events: its records' kinds
 GPU = "gpu.jsonl"
 METRICS = "metrics.jsonl"
 RUN_LOG = "run.log"

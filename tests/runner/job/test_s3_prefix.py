@@ -8,9 +8,9 @@ import pytest
 from runhelpers import MINIMAL_JOB
 
 from runner.job import JobError, parse_job
+from runner.job.jobfile import load_any
 from runner.storage import StorageError, open_store
 from runner.storage.base import check_prefix, split_s3_url
-from runner.storage.jobfile import load_any
 
 MINIMAL = MINIMAL_JOB
 BAD = {

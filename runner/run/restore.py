@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.job import Job
+    from runner.run.datacache import BucketDataCache
     from runner.run.log import RunLog
-    from runner.storage.datacache import BucketDataCache
     from runner.storage.sync import CheckpointSync
 
 
@@ -43,7 +43,7 @@ def open_bucket(job: Job, run_dir: Path, log: RunLog,
     """The job's bucket, its newest committed checkpoint brought here
     (:func:`connect_store`), and its uploader started; ``on_lease_lost(reason)`` when
     another run takes the lease."""
-    from runner.storage.datacache import BucketDataCache
+    from runner.run.datacache import BucketDataCache
     from runner.storage.sync import CheckpointSync
 
     store, lease, behind = connect_store(job, run_dir, log)

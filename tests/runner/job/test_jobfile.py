@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from runner.job import JobError, load_job
+from runner.job.jobfile import load_any
 from runner.storage import open_store
-from runner.storage.jobfile import load_any
 
 ROOT = Path(__file__).resolve().parents[3]
 BUCKET = "ten-test"  # created by the moto_endpoint fixture
@@ -44,7 +44,7 @@ def test_a_bucket_error_is_one_line_naming_the_fix(job_url):
 
 def test_the_job_layer_alone_does_not_open_a_bucket(job_url):
     """runner.job never imports the storage layer: an s3:// job file is the CLI's to read
-    (runner.storage.jobfile), and load_job without a fetcher says so in one line."""
+    (runner.job.jobfile), and load_job without a fetcher says so in one line."""
     with pytest.raises(JobError) as err:
         load_job(job_url)
     (line,) = err.value.errors

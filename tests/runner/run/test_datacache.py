@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from runner.storage.datacache import BucketDataCache
+from runner.run.datacache import BucketDataCache
 from runner.storage.datasets import is_committed, upload_dataset
 
 
