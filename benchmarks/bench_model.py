@@ -36,7 +36,7 @@ def run_point(args: argparse.Namespace) -> dict:
     if args.arch == "ten":
         overrides["scan_backend"] = args.backend
     cfg = model_config(args.arch, args.preset, **overrides)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg, device)
     opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4,
                             fused=device.type == "cuda")
     B = max(1, args.tokens // args.T)

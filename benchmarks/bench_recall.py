@@ -209,7 +209,7 @@ def set_lr(opt: torch.optim.Optimizer, step: int, args: argparse.Namespace) -> N
 def train_and_score(cfg: object, task: Task, args: argparse.Namespace, seed: int,
                     device: torch.device) -> dict[str, object]:
     torch.manual_seed(seed)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg, device)
     if args.step_init:
         spread_steps(model, *args.step_init, torch.Generator().manual_seed(20_000 + seed))
     objective = NextTokenLoss(model, "chunked")
@@ -288,7 +288,7 @@ def train_and_score_lm(cfg: object, data, args: argparse.Namespace, seed: int,
     1×, 4× and 16× the training length, over the same held-out tokens at every length."""
     from ten.data.loader import sequential_batches
     torch.manual_seed(seed)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg, device)
     objective = NextTokenLoss(model, "chunked")
     t0 = time.perf_counter()
     loss = train_lm(model, objective, data, args, device)

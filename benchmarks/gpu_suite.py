@@ -147,7 +147,7 @@ class Step:
         run = resolve_execution(cfg, train.precision, train.loss, device)
         run.set_torch_flags()  # TF32 on a GPU, as the trainer sets
         self.amp, self.loss_backend = run.amp_dtype, run.loss
-        self.model = build_model(cfg).to(device)
+        self.model = build_model(cfg, device)
         if train.compile if compile is None else compile:
             self.model.compile_blocks()
         self.optimizer = build_optimizer(self.model, train, device)
@@ -684,7 +684,7 @@ class Suite:
         from ten.model.presets import build_model
         from ten.train.adamw8bit import AdamW8bit
 
-        model = build_model(self.flagship_config()).to(self.device)
+        model = build_model(self.flagship_config(), self.device)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
         fused = self.device.type == "cuda"

@@ -25,6 +25,10 @@ Backends:
                  tensors with TRITON_INTERPRET=1 set before triton is first imported).
     ``auto``     not a backend but a choice: ``fused`` on CUDA when triton imports,
                  ``chunked`` otherwise; ``resolve_backend``/``resolve_scan`` say which.
+                 Decided once, where the model is built for its device (the trainer
+                 builds it with ``ten.train.execution``'s choice; ``build_model(config,
+                 device)`` decides for other callers): :func:`scan` runs a backend and
+                 refuses ``auto``.
 
 Whatever the autocast dtype, the scan runs with autocast off in float32 (float64
 when its inputs are float64): decays raised to powers of hundreds lose everything in
@@ -46,7 +50,7 @@ from torch._subclasses.fake_tensor import is_fake  # (torch imports it anyway)
 
 from ten.config import SCAN_BACKENDS
 
-__all__ = ["BACKENDS", "NAMES", "ScanBackendError", "check_backend", "resolve_backend",
+__all__ = ["BACKENDS", "ScanBackendError", "check_backend", "resolve_backend",
            "resolve_scan", "scan", "scan_chunked", "scan_prefix", "scan_ref"]
 
 
@@ -249,7 +253,6 @@ BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "chunked": scan_chunked,
     "fused": _fused_entry,
 }
-NAMES = SCAN_BACKENDS  # what TENConfig.scan_backend accepts: the above, and auto
 
 
 def check_backend(name: str) -> None:
@@ -258,9 +261,9 @@ def check_backend(name: str) -> None:
     Only the name: a laptop validating a job meant for a GPU must accept ``fused``.
     Whether it can run is decided where the tensors are, by ``resolve_backend``.
     """
-    if name not in NAMES:
+    if name not in SCAN_BACKENDS:
         raise ScanBackendError(
-            f"unknown scan backend {name!r}; choose one of: {', '.join(NAMES)}"
+            f"unknown scan backend {name!r}; choose one of: {', '.join(SCAN_BACKENDS)}"
         )
 
 
@@ -319,13 +322,18 @@ def scan(
     backend: str = "chunked",
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
-    """Run ``c_t = λ_t c_{t-1} + β_t`` with the named backend (see the module docstring).
+    """Run ``c_t = λ_t c_{t-1} + β_t`` with the named backend (see the module docstring):
+    one of :data:`BACKENDS`, decided before (``auto`` is refused, not decided per call).
 
     Computes in float32 (float64 for float64 inputs) with autocast disabled; the
     outputs come back in that dtype.
     """
+    if backend not in BACKENDS:
+        raise ScanBackendError(
+            f"scan() runs one of the backends {', '.join(BACKENDS)}, got {backend!r}: decide "
+            "'auto' once for the device first (resolve_backend, or build_model(config, device))")
     if not (backend == "fused" and is_fake(beta)):  # a fake runs nothing: fused traces
-        backend = resolve_backend(backend, beta.device)  # anywhere (ten.train.memory, on a CPU)
+        resolve_backend(backend, beta.device)  # anywhere (ten.train.memory, on a CPU)
     if beta.dim() != 3 or beta.shape[-1] % 2:
         raise ValueError(f"beta must be (B, T, 2K), got {tuple(beta.shape)}")
     B, T, K2 = beta.shape

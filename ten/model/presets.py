@@ -16,7 +16,7 @@ import torch
 from ten.config import PRESET_NAMES, UnknownFieldError
 from ten.model.config import ARCHS, LMConfig, TENConfig, TransformerConfig
 from ten.model.lm import LanguageModel
-from ten.model.ten import TENLM
+from ten.model.ten import TENLM, scan_decided
 from ten.model.transformer import TransformerLM
 from ten.text import table
 
@@ -123,11 +123,19 @@ def model_config(arch: str, preset: str, **overrides: Any) -> TENConfig | Transf
     raise _unknown("arch", arch, list(ARCHS))
 
 
-def build_model(config: TENConfig | TransformerConfig) -> LanguageModel:
-    """Instantiate the model for a config (on the current default device)."""
+def build_model(config: TENConfig | TransformerConfig,
+                device: str | torch.device | None = None) -> LanguageModel:
+    """Instantiate the model for a config on ``device`` (None: torch's default device).
+
+    A TEN's scan backend is decided here, once: ``auto`` becomes the backend that runs
+    on that device (an explicit one is kept, and checked where it runs). The trainer
+    passes its Execution's choice instead (ten.train.execution), decided with the rest
+    of how it computes."""
     if isinstance(config, TENConfig):
-        return TENLM(config)
-    return TransformerLM(config)
+        model = TENLM(scan_decided(config, device))
+    else:
+        model = TransformerLM(config)
+    return model if device is None else model.to(device)
 
 
 # A saved model's class, as checkpoints and exported folders name it -> its config.

@@ -34,6 +34,7 @@ There is no position table: the recurrence carries position, so any length runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
-from ten.kernels.scan import scan
+from ten.kernels.scan import resolve_backend, scan
 from ten.kernels.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
 from ten.model.config import TENConfig
 from ten.model.lm import Block, LanguageModel
@@ -85,13 +86,24 @@ class ShortConv(nn.Module):
         return torch.cat([before, x], dim=1)[:, T:]
 
 
+def scan_decided(config: TENConfig, device: str | torch.device | None = None) -> TENConfig:
+    """``config`` with its scan backend decided for ``device`` (None: torch's default
+    device): ``auto`` becomes the backend that runs there; an explicit one is kept, and
+    checked where it runs. Once, as the model is built: the scan runs what it is given."""
+    if config.scan_backend != "auto":
+        return config
+    where = torch.get_default_device() if device is None else device
+    return dataclasses.replace(config, scan_backend=resolve_backend("auto", where))
+
+
 class EigenstateMixer(nn.Module):
-    """One TEN mixing layer: input is the pre-normed x, output goes on the residual."""
+    """One TEN mixing layer: input is the pre-normed x, output goes on the residual. Its
+    scan backend is decided as it is built (:func:`scan_decided`)."""
 
     def __init__(self, cfg: TENConfig):
         super().__init__()
         d, K, H = cfg.d_model, cfg.n_eigenstates, cfg.n_heads
-        self.cfg = cfg
+        self.cfg = cfg = scan_decided(cfg)
         self.in_proj = nn.Linear(d, 2 * K, bias=False)
         self.out_proj = nn.Linear(2 * K, d, bias=False)
         self.gate = nn.Linear(d, d)
@@ -196,11 +208,13 @@ class EigenstateMixer(nn.Module):
 
 
 class TENLM(LanguageModel):
-    """Embedding (tied to the head) → blocks → final LayerNorm → logits."""
+    """Embedding (tied to the head) → blocks → final LayerNorm → logits. Built for torch's
+    default device (its scan backend decided there: :func:`scan_decided`);
+    ``ten.model.presets.build_model(config, device)`` builds one for another."""
 
     def __init__(self, config: TENConfig):
         super().__init__()
-        self.config = config
+        self.config = config = scan_decided(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(
             Block(EigenstateMixer(config), config.d_model, config.mlp_hidden, config.mlp,

@@ -7,6 +7,7 @@ measures is what the trainer runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,13 @@ class Execution:
     scan: str | None
     loss: str
     notes: tuple[str, ...]
+
+    def model_config(self, config: Any) -> Any:
+        """``config`` as the model is built to run here: a TEN's scan backend is this
+        decision's (the saved config keeps the job's, ``auto`` included)."""
+        if self.scan is None or getattr(config, "scan_backend", None) is None:
+            return config
+        return dataclasses.replace(config, scan_backend=self.scan)
 
     def set_torch_flags(self) -> None:
         """torch's process-wide switches this needs; before the first matmul. (Under bf16

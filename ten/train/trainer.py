@@ -239,7 +239,7 @@ class Trainer:
                              run.amp_dtype, cfg.optimizer, self.device,
                              scan_backend=run.scan or "chunked", loss_backend=run.loss))
         self.data.check_splits(cfg.batch_size)  # before any step, not at the first eval
-        model = build_model(self.model_config).to(self.device)
+        model = build_model(run.model_config(self.model_config), self.device)
         optimizer = build_optimizer(model, cfg, self.device)
         self.state = TrainState(
             model=model, optimizer=optimizer,

@@ -234,7 +234,7 @@ def load_model(checkpoint_dir: Path, device: str | torch.device = "cpu") -> Lang
     path = Path(checkpoint_dir)
     saved = read_config(path)
     try:
-        model = build_model(config_of(saved["model_class"], saved["model_config"])).to(device)
+        model = build_model(config_of(saved["model_class"], saved["model_config"]), device)
         model.load_state_dict(ckpt.load(path, "model.pt", device))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise ckpt.CheckpointError(f"{path}: the model does not load "

@@ -27,6 +27,17 @@ def test_a_model_without_a_scan_has_none_and_only_the_loss_note():
     assert len(run.notes) == 1 and run.notes[0].startswith("loss: chunked")
 
 
+def test_the_model_is_built_with_the_decided_scan_and_the_saved_config_keeps_auto():
+    from ten.model.presets import build_model
+
+    job = TENConfig(vocab_size=64, d_model=16, n_layers=1, n_eigenstates=4, n_heads=1)
+    run = Execution(None, False, "ref", "chunked", ())  # a decision auto would not make here
+    model = build_model(run.model_config(job), CPU)
+    assert {b.mixer.cfg.scan_backend for b in model.blocks} == {"ref"}  # not decided again
+    assert job.scan_backend == "auto"  # what a checkpoint records: the job's own setting
+    assert run.model_config(TransformerConfig()) == TransformerConfig()
+
+
 def test_a_fused_scan_that_cannot_run_here_raises_before_any_work(monkeypatch):
     # triton installed, its kernels built for a GPU: the fused scan cannot take CPU tensors
     monkeypatch.setitem(sys.modules, "ten.kernels.scan_fused", SimpleNamespace(INTERPRETED=False))

@@ -1,5 +1,6 @@
 """The chunked scan must equal the reference loop, in values and gradients."""
 
+import dataclasses
 import math
 import sys
 from types import SimpleNamespace
@@ -100,6 +101,8 @@ def test_unknown_backend_raises_with_the_choices():
     beta, log_lam, _ = _inputs(4, selective=False)
     with pytest.raises(ScanBackendError, match="unknown scan backend 'cuda'.*auto, chunked, "
                        "fused, ref"):
+        resolve_backend("cuda", "cpu")
+    with pytest.raises(ScanBackendError, match="backends ref, chunked, fused, got 'cuda'"):
         scan(beta, log_lam, backend="cuda")
 
 
@@ -143,10 +146,25 @@ def test_auto_picks_chunked_off_cuda_and_says_so():
     assert resolve_scan("chunked", "cpu") == ("chunked", "scan backend: chunked")
     with pytest.raises(ScanBackendError, match="unknown scan backend 'fast'"):
         resolve_scan("fast", "cpu")
+
+
+def test_scan_runs_a_decided_backend_and_refuses_auto():
+    # auto is decided once where the model is built for its device, not again per call
     beta, log_lam, state = _inputs(9, selective=True)
-    c_auto, _ = scan(beta, log_lam, state, backend="auto", chunk_size=4)
-    c_chk, _ = scan(beta, log_lam, state, backend="chunked", chunk_size=4)
-    assert torch.equal(c_auto, c_chk)
+    with pytest.raises(ScanBackendError, match="decide 'auto' once"):
+        scan(beta, log_lam, state, backend="auto", chunk_size=4)
+
+
+def test_build_model_decides_auto_for_its_device():
+    from ten.model.presets import build_model, model_config
+
+    auto = model_config("ten", "tiny", vocab_size=64, d_model=16, n_layers=1)
+    assert auto.scan_backend == "auto"
+    model = build_model(auto, "cpu")
+    assert model.config.scan_backend == "chunked"
+    assert {block.mixer.cfg.scan_backend for block in model.blocks} == {"chunked"}
+    explicit = build_model(dataclasses.replace(auto, scan_backend="ref"), "cpu")
+    assert explicit.config.scan_backend == "ref"
 
 
 def test_shape_errors_are_clear():

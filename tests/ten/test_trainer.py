@@ -569,8 +569,8 @@ def poison_steps(monkeypatch, steps):
     real = trainer_mod.build_model
     calls = {"n": 0}
 
-    def build(cfg):
-        model = real(cfg)
+    def build(cfg, device=None):
+        model = real(cfg, device)
         add = model.norm.add  # the final norm: the last residual sum and its norm
 
         def poisoned(x, r):
