@@ -49,6 +49,7 @@ class Job(JobSchema):
     _written: dict[Path_, str] = PrivateAttr(default_factory=dict)
     _secrets: tuple[str, ...] = PrivateAttr(())
     _scrubber: Any = PrivateAttr(None)
+    _models: dict[int | None, Any] = PrivateAttr(default_factory=dict)  # model_settings'
 
     @property
     def source_path(self) -> Path | None:
@@ -88,14 +89,18 @@ class Job(JobSchema):
     def model_settings(self, vocab_size: int | None = None) -> Any:
         """The TENConfig / TransformerConfig this job trains (imports torch): the preset,
         the job's overrides, data.seq_len, and ``vocab_size`` (the tokenizer's, known once
-        the data is prepared; the preset's when not given)."""
+        the data is prepared; the preset's when not given). Built once per vocabulary and
+        kept (the job and the config are frozen): a transformer's build counts parameters
+        on three meta models, and a run asks for its model in several places."""
         from ten.model.presets import model_config
 
-        fixed = {"seq_len": self.data.seq_len}
-        if vocab_size is not None:
-            fixed["vocab_size"] = vocab_size
-        return model_config(self.model.arch, self.model.preset,
-                            **{**self.model.overrides, **fixed})
+        if vocab_size not in self._models:
+            fixed = {"seq_len": self.data.seq_len}
+            if vocab_size is not None:
+                fixed["vocab_size"] = vocab_size
+            self._models[vocab_size] = model_config(self.model.arch, self.model.preset,
+                                                    **{**self.model.overrides, **fixed})
+        return self._models[vocab_size]
 
     def model_text(self, vocab_size: int | None = None) -> str:
         """The model this job trains, in a line: arch/preset, its shape, and each value

@@ -294,3 +294,18 @@ def test_validate_refuses_a_job_too_big_for_its_accelerator():
     result = validate(str(ROOT / "jobs/tiny-cpu.yaml"), *big,
                       "--set", "resources.accelerator=H200")
     assert result.exit_code == 0, result.output
+
+
+def test_a_jobs_model_config_is_built_once_per_vocabulary(monkeypatch):
+    # A run asks for its model in several places (identity, the model line, the memory
+    # check, the trainer): the config is built once per vocabulary, not at each.
+    import ten.model.presets as presets
+
+    built = []
+    real = presets.model_config
+    monkeypatch.setattr(presets, "model_config", lambda *a, **k: built.append(k) or real(*a, **k))
+    job = parse_job(MINIMAL_JOB)
+    built.clear()  # the load's own model check
+    first = job.model_settings(300)
+    assert job.model_settings(300) is first and len(built) == 1
+    assert job.model_settings().vocab_size != 300 and len(built) == 2
