@@ -139,9 +139,9 @@ class Bench:
         if s3:
             url = f"s3://{BUCKET}/p{self.count}"
             storage = f"{{url: '{url}', endpoint_url: '{s3}'}}"
-            from runner.job.layout import store_key
+            from runner.storage import StoreURL
 
-            run_dir = cache / "runs" / store_key(url, s3) / name
+            run_dir = cache / "runs" / StoreURL.parse(url).key(s3) / name
         else:
             storage, run_dir = f"{{url: '{folder / 'store'}'}}", folder / "store" / name
         path = folder / f"{name}.yaml"

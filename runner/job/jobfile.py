@@ -1,6 +1,6 @@
 """Job files in the bucket, for the CLI: ``ten-runner run s3://bucket/runs/JOB/submitted/
 ID.yaml`` is how ``submit --to aws`` hands an instance its job. Reading one needs the
-storage layer, which the job layer never imports: the CLI passes :func:`fetch_job_file`
+storage layer, which loading a job does not import: the CLI passes :func:`fetch_job_file`
 to ``runner.job.load_job`` (:func:`load_any` does both).
 """
 
@@ -17,13 +17,13 @@ def fetch_job_file(url: str) -> bytes | None:
     when the URL is malformed or the bucket cannot be read. The endpoint comes from
     AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (a job's own endpoint_url is inside the file),
     credentials from the AWS chain."""
-    from runner.storage import StorageError, open_store
-    from runner.storage.base import split_s3_url
+    from runner.storage import StorageError, StoreURL, open_store
 
     parent, _, key = url.rpartition("/")
     if "/" not in url[len("s3://"):] or not key:
         raise ValueError("expected s3://bucket/path/job.yaml")
-    split_s3_url(parent)  # ValueError: the prefix is malformed (one line)
+    if not StoreURL.parse(parent).is_remote:  # StoreURLError: a malformed bucket or prefix
+        raise ValueError("expected s3://bucket/path/job.yaml")
     try:
         return open_store(parent).get_bytes(key)
     except StorageError as e:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,17 +15,8 @@ def run_dir_of(job: Job) -> Path:
     store: two bucket jobs of the same name in different buckets, prefixes or endpoints
     never share one, so neither resumes from the other's checkpoints."""
     if job.storage.is_remote:
-        key = store_key(job.storage.url, job.storage.endpoint_url or None)
-        return _data_config(job).cache_path / "runs" / key / job.name
+        return _data_config(job).cache_path / "runs" / job.storage.key() / job.name
     return job.storage.local_path() / job.name
-
-
-def store_key(url: str, endpoint_url: str | None = None) -> str:
-    """A folder name for a store: its URL made path-safe (readable), and a digest of the
-    URL and endpoint (distinct however the readable part collides or is cut)."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.split("://", 1)[-1]).strip("_.")[:80]
-    digest = hashlib.sha256(f"{endpoint_url or ''}\n{url}".encode()).hexdigest()[:8]
-    return f"{readable or 'store'}-{digest}"
 
 
 def _data_config(job: Job):

@@ -10,6 +10,7 @@ and the dataset name live in :mod:`runner.job.checks`; this module never imports
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import types
@@ -36,7 +37,7 @@ from runner.job.errors import show, suggest
 from runner.keys import DATA_FROM_OTHER_SECTIONS, DATA_NOT_IN_JOBS, FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage import DEFAULT_STORE
-from runner.storage.base import check_prefix
+from runner.storage.url import StoreURL, StoreURLError
 from ten import config as ten_config
 from ten.cards import ACCELERATORS, DEFAULT_ACCELERATOR
 from ten.data.config import DataConfig
@@ -323,32 +324,22 @@ class StorageSection(Section):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-        if not url.strip():
-            raise job_error("must be a local path, file:// or s3:// URL", show_value=False)
         if len(url) > MAX_URL_CHARS:  # S3 keys stop at 1024 bytes; paths soon after
             raise job_error(f"is {len(url):,} characters; at most {MAX_URL_CHARS:,}",
                             show_value=False)
-        if scheme == "s3":
-            bucket = url.split("://", 1)[1].split("/", 1)[0]
-            if not bucket or "@" in bucket or ":" in bucket:
-                raise job_error("needs a bucket: s3://bucket/prefix",
-                                hint="credentials go in the environment, never in the URL",
-                                show_value=False)
-            try:  # the same rule open_store applies, so library users are covered too
-                check_prefix(url.split("://", 1)[1].partition("/")[2])
-            except ValueError as e:
-                raise job_error(str(e), show_value=False) from None
-        elif scheme not in ("", "file"):
-            raise job_error(f"unsupported scheme {scheme + '://'!r}",
-                            hint="use a local path, file:// or s3://", show_value=False)
-        elif looks := _LOOKS_LIKE_URL.match(url):  # s3:/bucket would train into ./s3:
+        try:  # the parse open_store and every reader of the job's store take
+            where = StoreURL.parse(url)
+        except StoreURLError as e:
+            raise job_error(e.problem, hint=e.hint or None, show_value=False) from None
+        if where.is_remote:
+            return url
+        if looks := _LOOKS_LIKE_URL.match(url):  # s3:/bucket would train into ./s3:
             word = looks[1]
             hint = (f"did you mean {word}://{url[len(word) + 1:].lstrip('/')}?"
                     if word.lower() in ("s3", "file") else "use a local path, file:// or s3://")
             raise job_error(f"{url!r} looks like a URL but is not one (a scheme takes '://')",
                             hint=f"{hint}; a local folder named so: ./{url}", show_value=False)
-        elif system := system_directory(url.split("://", 1)[-1]):
+        elif system := system_directory(str(where.path)):
             raise job_error(f"is {system}: runs would be written among the system's files",
                             hint="use a folder of their own, e.g. ./runs or /data/runs",
                             show_value=False)
@@ -369,9 +360,14 @@ class StorageSection(Section):
                             show_value=False)
         return url
 
+    @functools.cached_property
+    def address(self) -> StoreURL:
+        """``url`` parsed, once (the section is frozen)."""
+        return StoreURL.parse(self.url)
+
     @property
     def is_remote(self) -> bool:
-        return self.url.lower().startswith("s3://")
+        return self.address.is_remote
 
     def open(self) -> Any:
         """The job's store (:func:`runner.storage.open_store`, with this section's
@@ -382,12 +378,11 @@ class StorageSection(Section):
 
     def local_path(self) -> Path:
         """The directory runs go under (``file://`` stripped, ``~`` expanded)."""
-        url = self.url
-        if url.lower().startswith("file://"):
-            url = url[len("file://"):]
-            if url.startswith("localhost/"):
-                url = url[len("localhost"):]
-        return Path(url).expanduser()
+        return self.address.path
+
+    def key(self) -> str:
+        """This store's folder name on a machine (:meth:`StoreURL.key`)."""
+        return self.address.key(self.endpoint_url or None)
 
 
 class AwsSection(Section):

@@ -37,11 +37,11 @@ from runner.storage.base import (
     SettingNames,
     StorageError,
     Store,
-    split_s3_url,
 )
+from runner.storage.url import StoreURL, StoreURLError
 
 __all__ = ["COMMAND_SETTINGS", "DEFAULT_STORE", "ObjectInfo", "SettingNames", "StorageError",
-           "Store", "open_store", "run_by_name"]
+           "Store", "StoreURL", "open_store", "run_by_name"]
 
 DEFAULT_STORE = "./runs"  # a job's storage.url when it names none; the CLI's default TARGET
 
@@ -63,38 +63,17 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
     For S3 the bucket is checked once (a one-key listing) so wrong credentials, a missing
     bucket or an unreachable endpoint fail here with a one-line :class:`StorageError`.
     """
-    if not isinstance(url, str) or not url.strip():
-        raise StorageError(f"{names.url} is empty; use a local path, file:// or s3://bucket")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "s3":
-        rest = url.split("://", 1)[1]
-        bucket, _, prefix = rest.partition("/")
-        if not bucket or "@" in bucket or ":" in bucket:
-            raise StorageError(f"{names.url} {url.split('@')[-1]!r} has no valid bucket; "
-                               "use s3://bucket/prefix (credentials go in the environment)")
-        try:  # library callers get the same check as a job's storage.url
-            bucket, prefix = split_s3_url(url)
-        except ValueError as e:
-            raise StorageError(f"{names.url}: {e}") from None
+    try:
+        where = StoreURL.parse(url)
+    except StoreURLError as e:
+        raise StorageError(f"{names.url}: {e}") from None
+    if where.is_remote:
         from runner.storage.s3 import S3Store  # boto3 only when needed
 
-        return S3Store(bucket, prefix, endpoint_url=endpoint_url, region=region, names=names,
-                       **options)
+        return S3Store(where.bucket, where.prefix, endpoint_url=endpoint_url, region=region,
+                       names=names, **options)
     if endpoint_url:
         raise StorageError(f"{names.endpoint_url} applies to s3:// URLs, not {url!r}")
-    if scheme == "file":
-        path = url[len("file://"):]
-        if path.startswith("localhost/"):
-            path = path[len("localhost"):]
-        if not path.startswith("/"):
-            raise StorageError(f"{names.url} {url!r}: file:// URLs need an absolute path "
-                               "(file:///abs/path)")
-        from runner.storage.local import LocalStore
-
-        return LocalStore(Path(path), url=url)
-    if scheme:
-        raise StorageError(f"{names.url} has unsupported scheme {scheme + '://'!r}; "
-                           "use a local path, file:// or s3://")
     from runner.storage.local import LocalStore
 
-    return LocalStore(Path(url))
+    return LocalStore(where.path, url=url if url.lower().startswith("file://") else None)

@@ -15,7 +15,7 @@ from runner.exit_codes import ExitCode
 from ten.fileio import sha256_file
 
 __all__ = ["COMMAND_SETTINGS", "JOB_SETTINGS", "ObjectInfo", "SettingNames", "StorageError",
-           "Store", "check_key", "check_prefix", "sha256_file", "split_s3_url"]
+           "Store", "check_key", "check_prefix", "sha256_file"]
 
 
 @dataclass(frozen=True)
@@ -79,21 +79,6 @@ def check_prefix(prefix: str) -> str:
             raise ValueError(f"the s3 prefix has {what}; write s3://bucket/a/b with plain "
                              "names between the slashes")
     return body
-
-
-def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; ValueError (one line, naming the fix,
-    never echoing the URL: it may hold credentials) for a missing or invalid bucket or a
-    bad prefix (:func:`check_prefix`)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "s3":
-        raise ValueError("expected an s3://bucket/prefix URL")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket or "@" in bucket or ":" in bucket:
-        raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix (credentials go in "
-                         "the environment, never in the URL)")
-    return bucket, check_prefix(prefix)
-
 
 
 class Store:

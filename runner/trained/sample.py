@@ -159,10 +159,10 @@ def sample_cache_dir(store_url: str, job: str) -> Path:
     """Where a bucket run's checkpoint is kept for sampling: under ``$TEN_CACHE_DIR`` (or
     ~/.cache/ten), apart from any training working copy (``<cache>/runs/<store>/<job>``) so
     sampling never touches a run in progress on this machine."""
-    from runner.job.layout import store_key
+    from runner.storage import StoreURL
     from ten.data.config import cache_root
 
-    return cache_root() / "samples" / store_key(store_url) / job
+    return cache_root() / "samples" / StoreURL.parse(store_url).key() / job
 
 
 def fetch_remote_run(url: str, job: str | None, endpoint_url: str | None = None,

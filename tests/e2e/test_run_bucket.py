@@ -25,8 +25,7 @@ from runhelpers import (
 )
 
 from runner.exit_codes import ExitCode
-from runner.job.layout import store_key
-from runner.storage import open_store
+from runner.storage import StoreURL, open_store
 from runner.storage.checkpoints import committed_steps, latest_committed
 
 # whole runs in subprocesses (seconds each): skipped by the inner loop, -m "not slow"
@@ -41,7 +40,7 @@ def bucket_job(tmp_path, corpus, endpoint, name, extra="", **kw):
     text = job.read_text().replace(f"storage: {{url: {tmp_path / 'store'}}}",
                                    f"storage: {{url: '{url}', endpoint_url: '{endpoint}'}}")
     job.write_text(text + extra)
-    local = corpus / "cache" / "runs" / store_key(url, endpoint) / name
+    local = corpus / "cache" / "runs" / StoreURL.parse(url).key(endpoint) / name
     return job, open_store(url, endpoint_url=endpoint), local
 
 

@@ -13,8 +13,7 @@ from patience import communicate
 from runhelpers import final_weights, losses, same_weights, wait_for_step
 
 from runner.exit_codes import ExitCode
-from runner.job.layout import store_key
-from runner.storage import open_store
+from runner.storage import StoreURL, open_store
 from runner.storage.checkpoints import latest_committed
 
 pytestmark = [pytest.mark.slow, pytest.mark.image]
@@ -80,7 +79,7 @@ def test_sigterm_to_pid_1_commits_and_fresh_containers_resume_bit_exactly(
         return args, url
 
     def run_dir(box: oci.Container, url: str):
-        return box.cache / "ten" / "runs" / store_key(url, rclone_endpoint) / "tiny-cpu"
+        return box.cache / "ten" / "runs" / StoreURL.parse(url).key(rclone_endpoint) / "tiny-cpu"
 
     def stop_at(box: oci.Container, args: list[str], url: str, step: int) -> int:
         proc = box.start(*args, env=env)

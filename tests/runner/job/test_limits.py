@@ -135,7 +135,8 @@ def test_a_5000_digit_integer_in_a_file_is_one_line_with_its_place(tmp_path):
 # issue 23, fault 15: validate accepted these, and a run wrote (or failed to write) there
 SYSTEM_DIRECTORIES = {"/": "the file system's root", "/etc": "/etc", "/proc/self": "under /proc",
                       "/dev/null": "under /dev", "file:///sys/kernel": "under /sys",
-                      "//usr/": "/usr", "/boot/../etc/runs": "under /etc"}
+                      "//usr/": "/usr", "/boot/../etc/runs": "under /etc",
+                      "file://localhost/etc": "/etc"}  # its path, not "localhost/etc"
 
 
 @pytest.mark.parametrize("url", SYSTEM_DIRECTORIES)

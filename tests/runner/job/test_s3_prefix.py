@@ -9,8 +9,8 @@ from runhelpers import MINIMAL_JOB
 
 from runner.job import JobError, parse_job
 from runner.job.jobfile import load_any
-from runner.storage import StorageError, open_store
-from runner.storage.base import check_prefix, split_s3_url
+from runner.storage import StorageError, StoreURL, open_store
+from runner.storage.base import check_prefix
 
 MINIMAL = MINIMAL_JOB
 BAD = {
@@ -33,14 +33,15 @@ GOOD = {
 @pytest.mark.parametrize("url,what", BAD.items())
 def test_split_rejects(url, what):
     with pytest.raises(ValueError) as info:
-        split_s3_url(url)
+        StoreURL.parse(url)
     assert str(info.value) == f"the s3 prefix has {what}; write s3://bucket/a/b with plain " \
                               "names between the slashes"
 
 
 @pytest.mark.parametrize("url,parts", GOOD.items())
 def test_split_accepts(url, parts):
-    assert split_s3_url(url) == parts
+    where = StoreURL.parse(url)
+    assert (where.bucket, where.prefix) == parts and where.is_remote
 
 
 def test_check_prefix_alone():

@@ -84,8 +84,8 @@ def test_url_forms(tmp_path, monkeypatch):
     assert open_store("./runs").root == tmp_path / "runs"
     assert open_store(f"file://{tmp_path}/r").root == tmp_path / "r"
     for bad, msg in [("", "empty"), ("gs://b/x", "unsupported scheme"),
-                     ("file://relative", "absolute"), ("s3://", "no valid bucket"),
-                     ("s3://AKIA:secret@bucket/x", "no valid bucket")]:
+                     ("file://relative", "absolute"), ("s3://", "needs a bucket"),
+                     ("s3://AKIA:secret@bucket/x", "needs a bucket")]:
         with pytest.raises(StorageError, match=msg) as e:
             open_store(bad)
         assert "secret" not in str(e.value)
