@@ -173,3 +173,12 @@ def test_ten_has_at_most_six_top_level_modules():
 @pytest.mark.parametrize("top", ["ten", "runner"])
 def test_no_module_imports_itself_back(top):
     assert _circles(_module_graph(top)) == []
+
+
+@pytest.mark.parametrize("top", ["ten", "runner"])
+def test_each_test_folder_is_named_for_the_package_it_tests(top):
+    folders = [d.name for d in (ROOT / "tests" / top).iterdir()
+               if d.is_dir() and d.name != "__pycache__"]
+    assert folders
+    strays = [f for f in folders if not (ROOT / top / f / "__init__.py").is_file()]
+    assert not strays, f"tests/{top}/ folders that name no package of {top}: {strays}"

@@ -191,7 +191,7 @@ def _tile_total(x_ptr, ll_ptr, b, r0, k, T, K, BT: tl.constexpr, SELECTIVE: tl.c
     (``_tile``) and picking out the last row cost the summary pass 15% more instructions
     (selective) or twice as many (fixed); see benchmarks/kernel_check.py. The sums span
     one tile, so the angles stay small: float32 keeps ~2e-6 of the largest value over 256
-    steps (tests/ten/test_scan_fused.py). Steps as in ``_tile``; invalid rows: log λ = 0.
+    steps (tests/ten/kernels/test_scan_fused.py). Steps as in ``_tile``; invalid rows: log λ = 0.
     """
     xr, xi, row, t, ok, i, m2, off, lam_row, lam_ok = _tile_inputs(x_ptr, b, r0, k, T, K, BT,
                                                                    REVERSE)

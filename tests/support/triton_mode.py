@@ -6,7 +6,8 @@ decorated when ``triton`` is first imported, and the interpreter must still be o
 first launch. So, on a machine without CUDA, a kernel test module calls
 :func:`interpret_without_cuda` when it is collected, before anything has imported triton
 (``import torch`` and the rest of the suite do not); nothing else there could use compiled
-Triton anyway. By hand: ``TRITON_INTERPRET=1 python -m pytest tests/ten/test_scan_fused.py``.
+Triton anyway. By hand:
+``TRITON_INTERPRET=1 python -m pytest tests/ten/kernels/test_scan_fused.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sequence-length warm-up (ten.train.seqwarmup): shorter rows that predict the same tokens,
 and a schedule that is a function of the step. The trainer's use of it (a resume in the
-middle of it is bit-exact): tests/ten/test_trainer.py."""
+middle of it is bit-exact): tests/ten/train/test_trainer.py."""
 
 import pytest
 import torch
