@@ -73,7 +73,7 @@ def validate(files: tuple[str, ...], sets: tuple[str, ...], no_path_checks: bool
                     click.echo(line, err=True)
             continue
         warnings = [] if no_path_checks else _credentials_missing(job)
-        model = job.model_text(job.data.tokenizer.vocab_size)
+        model = job.model_text()
         results.append({"file": path, "ok": True, "errors": [], "warnings": warnings,
                         "summary": job.summary(), "model": model})
         if not as_json:

@@ -102,14 +102,27 @@ class Job(JobSchema):
                                                     **{**self.model.overrides, **fixed})
         return self._models[vocab_size]
 
-    def model_text(self, vocab_size: int | None = None) -> str:
+    @property
+    def vocabulary_from(self) -> str | None:
+        """The setting whose tokenizer decides the model's vocabulary, once it is read
+        (``data.tokenizer.path``, ``train.init_from``); None: data.tokenizer.vocab_size."""
+        if self.train.init_from is not None:
+            return "train.init_from"
+        return "data.tokenizer.path" if self.data.tokenizer.path is not None else None
+
+    def model_text(self) -> str:
         """The model this job trains, in a line: arch/preset, its shape, and each value
         the job set over the preset's (which setting won); scrubbed. Imports torch."""
         from ten.model.presets import model_config
 
         preset = dataclasses.asdict(model_config(self.model.arch, self.model.preset))
-        chosen = dataclasses.asdict(self.model_settings(vocab_size))
-        shape = ", ".join(f"{k} {chosen[k]:,}" for k in SHAPE_FIELDS if k in chosen)
+        chosen = dataclasses.asdict(self.model_settings(self.data.tokenizer.vocab_size))
+        given = self.vocabulary_from
+        if given is not None:  # not known before that tokenizer is read: never a guess
+            chosen["vocab_size"] = preset["vocab_size"]
+        shape = ", ".join(f"{k} {chosen[k]:,}" if k != "vocab_size" or given is None
+                          else f"vocab_size from {given}'s tokenizer"
+                          for k in SHAPE_FIELDS if k in chosen)
         origin = {"seq_len": "data.seq_len", "vocab_size": "data.tokenizer.vocab_size",
                   **{k: f"model.{k}" for k in self.model.overrides}}
         won = sorted(f"{origin.get(k, k)} {v} (preset {preset[k]})"

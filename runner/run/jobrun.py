@@ -53,7 +53,7 @@ def identity_of(job: Job, data: Any = None) -> dict[str, Any]:
         model = dataclasses.asdict(job.model_settings(data.tokenizer.vocab_size))
     else:
         model = dataclasses.asdict(job.model_settings(job.data.tokenizer.vocab_size))
-        if job.data.tokenizer.path is not None or job.train.init_from is not None:
+        if job.vocabulary_from is not None:
             del model["vocab_size"]  # a given tokenizer's (init_from: the source's)
     identity = {"arch": job.model.arch, "model": model,
                 "data": {"seq_len": job.data.seq_len, "mode": job.data.mode},
@@ -198,7 +198,7 @@ class JobRun:
         job, log = self.job, self.log
         log(f"job {job.name}: {job.model.arch}/{job.model.preset}, data {job.data.dataset} "
             f"({job.data.mode}), run dir {self.run_dir}")
-        log(job.model_text(job.data.tokenizer.vocab_size))
+        log(job.model_text())
         from runner.monitor.trackers import check_trackers
 
         check_trackers(job)  # a tracker asked for and not installed: before anything is spent

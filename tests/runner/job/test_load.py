@@ -309,3 +309,16 @@ def test_a_jobs_model_config_is_built_once_per_vocabulary(monkeypatch):
     first = job.model_settings(300)
     assert job.model_settings(300) is first and len(built) == 1
     assert job.model_settings().vocab_size != 300 and len(built) == 2
+
+
+@pytest.mark.parametrize("setting,given", [
+    ("data.tokenizer.path=/models/tok.model", "data.tokenizer.path"),
+    ("train.init_from=runs/base", "train.init_from"),
+])
+def test_the_model_line_names_where_a_given_tokenizers_vocabulary_comes_from(setting, given):
+    # it printed the preset's (or the job's unused) vocab_size as the model's, before the
+    # tokenizer that decides it was read (issue 44's fine-tuning, left over)
+    job = parse_job(MINIMAL_JOB, sets=[setting], check_model=False)
+    line = job.model_text()
+    assert f"vocab_size from {given}'s tokenizer" in line
+    assert "data.tokenizer.vocab_size" not in line, line
