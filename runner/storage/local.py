@@ -8,6 +8,7 @@ which is atomic on POSIX file systems.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from runner.storage.base import ObjectInfo, StorageError, Store, check_key, sha256_file
 from ten.fileio import fsync_dir
+
+REMOVE_ATTEMPTS = 5  # passes over a folder that gains files while it is removed
 
 _TMP = ".tmp-"  # temporary files start with this; never listed
 
@@ -164,11 +167,16 @@ class LocalStore(Store):
                 parent = parent.parent
 
     def delete_folder(self, prefix: str) -> None:
-        """The folder itself goes, with what no key names (temporary files)."""
+        """The folder itself goes, with what no key names (temporary files). A file that
+        appears while it goes (``rm --force`` of a run still writing its last lines) is
+        removed by going over the folder again, a few times, not reported as a failure."""
         folder = self.root / check_key(prefix.rstrip("/")) if prefix else self.root
-        try:
-            shutil.rmtree(folder)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise self._fail("delete", prefix, e) from None
+        for attempt in range(REMOVE_ATTEMPTS):
+            try:
+                shutil.rmtree(folder)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                if e.errno != errno.ENOTEMPTY or attempt == REMOVE_ATTEMPTS - 1:
+                    raise self._fail("delete", prefix, e) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -168,3 +169,24 @@ def test_importing_the_store_pulls_neither_boto3_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_removing_a_folder_that_gains_a_file_meanwhile_goes_over_it_again(tmp_path,
+                                                                         monkeypatch):
+    # rm --force of a run still writing: a file created between rmtree's listing and its
+    # rmdir failed the removal with "Directory not empty" (exit 4)
+    import shutil
+
+    store = LocalStore(tmp_path)
+    store.put_bytes("run/a", b"x")
+    real, late = shutil.rmtree, []
+
+    def rmtree_while_a_writer_adds_one_file(path, *a, **k):
+        if not late:
+            late.append((Path(path) / "last-line").write_bytes(b"y"))
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_while_a_writer_adds_one_file)
+    store.delete_folder("run")
+    assert not (tmp_path / "run").exists() and late
