@@ -31,6 +31,12 @@ pairs and their queries grow with the length). Chance is printed beside each sco
     python benchmarks/bench_recall.py --tasks copy_first --seq-warmup 64   # 64 -> 128 -> 256
     python benchmarks/bench_recall.py --tasks mqar --schedule cosine      # the trainer's decay
     python benchmarks/bench_recall.py --device cuda --steps 2000 --d-model 128
+    # Zoology's MQAR protocol: pairs and key/value vocabularies of its small settings,
+    # each model at several learning rates, its best reported (recurrent models train in
+    # a narrow lr window)
+    python benchmarks/bench_recall.py --tasks mqar --T 64 --mqar-pairs 4 8 \
+        --mqar-keys 2048 --mqar-values 2048 --lrs 1e-3 3e-3 1e-2 \
+        --models ten_selective_conv transformer
 
 The tables print accuracies measured in this one run; --out writes them as JSON.
 """
@@ -352,26 +358,50 @@ def run_lm(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
     return rows
 
 
+def tasks_of(args: argparse.Namespace) -> list[Task]:
+    """The recall tasks asked for: ``mqar`` once per ``--mqar-pairs``, with its key and
+    value vocabularies."""
+    found = []
+    for name in args.tasks:
+        if name == "mqar":
+            found += [mqar(n, args.mqar_values, args.mqar_keys) for n in args.mqar_pairs]
+        elif name != "lm":
+            found.append(TASKS[name]())
+    return found
+
+
+def best_lr(cfg: object, task: Task, args: argparse.Namespace,
+            device: torch.device) -> dict[str, object]:
+    """Every seed at each of ``--lrs`` (or ``--lr`` alone): the row of the lr with the
+    best mean accuracy at the training length, and each lr's mean there (Zoology's
+    protocol: a model's best lr, as recurrent models train in a narrow window)."""
+    by_lr = {}
+    for lr in args.lrs or [args.lr]:
+        at = argparse.Namespace(**{**vars(args), "lr": lr})
+        runs = [train_and_score(cfg, task, at, seed, device) for seed in args.seeds]
+        mean = {T: statistics.fmean(r["accuracy"][T] for r in runs) for T in runs[0]["accuracy"]}
+        by_lr[lr] = {"seeds": args.seeds, "runs": runs, "mean": mean, "lr": lr}
+    trained = str(args.T)
+    best = max(by_lr.values(), key=lambda row: row["mean"][trained])
+    return {**best, "by_lr": {str(lr): row["mean"][trained] for lr, row in by_lr.items()}}
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     device = torch.device(args.device)
     results: dict[str, object] = {"args": vars(args), "tasks": {}}
-    for name in args.tasks:
-        if name == "lm":
-            results["tasks"]["lm"] = run_lm(args, device)
-            continue
-        task = TASKS[name]()
+    if "lm" in args.tasks:
+        results["tasks"]["lm"] = run_lm(args, device)
+    for task in tasks_of(args):
         rows: dict[str, object] = {"chance": task.chance}
         for model_name, cfg in model_configs(args, task.vocab, args.T).items():
             if model_name not in args.models:
                 continue
-            runs = [train_and_score(cfg, task, args, seed, device) for seed in args.seeds]
-            rows[model_name] = {"seeds": args.seeds, "runs": runs,
-                                "mean": {T: statistics.fmean(r["accuracy"][T] for r in runs)
-                                         for T in runs[0]["accuracy"]}}
-            step_ms = 1000 * statistics.fmean(r["train_s"] for r in runs) / args.steps
+            rows[model_name] = row = best_lr(cfg, task, args, device)
+            step_ms = 1000 * statistics.fmean(r["train_s"] for r in row["runs"]) / args.steps
+            swept = f", lr {row['lr']:g} best of {len(row['by_lr'])}" if args.lrs else ""
             print(f"  {task.name} {model_name}: " + ", ".join(
-                f"T={T} {100 * a:.1f}%" for T, a in rows[model_name]["mean"].items())
-                + f" ({step_ms:.0f} ms/step)", file=sys.stderr)
+                f"T={T} {100 * a:.1f}%" for T, a in row["mean"].items())
+                + f" ({step_ms:.0f} ms/step{swept})", file=sys.stderr)
         results["tasks"][task.name] = rows
     return results
 
@@ -398,8 +428,10 @@ def table(results: dict[str, object]) -> str:
             r = rows[m]
             per_seed = ", ".join(f"{100 * run['accuracy'][lengths[0]]:.1f}"
                                  for run in r["runs"])
+            swept = ("   lr " + ", ".join(f"{lr}: {100 * a:.1f}%" for lr, a in r["by_lr"].items())
+                     if len(r["by_lr"]) > 1 else "")
             lines.append(f"  {m:<16} " + "  ".join(f"{100 * r['mean'][T]:7.1f}%"
-                                                   for T in lengths) + f"   [{per_seed}]")
+                                                   for T in lengths) + f"   [{per_seed}]{swept}")
     return "\n".join(lines)
 
 
@@ -425,6 +457,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "at every length (0: off)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lrs", type=float, nargs="+", metavar="LR",
+                   help="train each model at each of these and report its best (not --lr)")
+    p.add_argument("--mqar-pairs", type=int, nargs="+", default=[8], metavar="N",
+                   help="mqar: key-value pairs per sequence (one task each)")
+    p.add_argument("--mqar-keys", type=int, default=32, help="mqar: the keys' vocabulary")
+    p.add_argument("--mqar-values", type=int, default=32, help="mqar: the values' vocabulary")
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
                    help="after the warm-up: hold the peak lr, or a half cosine down to a tenth "
                         "of it (the trainer's default schedule)")
@@ -463,6 +501,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--seq-warmup-steps must be between 1 and --steps")
     if args.step_init and not 0 < args.step_init[0] <= args.step_init[1]:
         p.error("--step-init needs 0 < LO <= HI")
+    if "mqar" in args.tasks and args.mqar_keys < max(args.mqar_pairs):
+        p.error(f"--mqar-keys must be at least the most pairs ({max(args.mqar_pairs)}): "
+                "each sequence's keys are distinct")
     if args.T not in args.lengths:
         args.lengths = [args.T, *args.lengths]
     return args

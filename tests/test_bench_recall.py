@@ -192,3 +192,26 @@ def test_step_init_spreads_each_selective_layers_steps_over_the_range():
         assert step0.min() >= 0.1 - 1e-6 and step0.max() <= 10.0 + 1e-6
         assert step0.max() / step0.min() > 3  # spread, not one value
     assert br.spread_steps(build_model(cfgs["ten"]), 0.1, 10.0, g) == 0  # fixed: no steps
+
+
+def test_mqar_runs_one_task_per_pair_count_and_reports_each_models_best_lr(monkeypatch):
+    # Zoology's protocol: a model's best learning rate of a sweep is its score
+    args = br.parse_args(["--tasks", "mqar", "--T", "24", "--mqar-pairs", "2", "4",
+                          "--mqar-keys", "64", "--mqar-values", "16", "--steps", "1",
+                          "--batch", "2", "--eval-batches", "1", "--seeds", "0",
+                          "--models", "transformer", "--lrs", "1e-3", "1e-2",
+                          "--d-model", "16", "--eigenstates", "4"])
+    by_lr = {1e-3: 0.25, 1e-2: 0.5}  # what each lr scores here, by construction
+    monkeypatch.setattr(br, "train_and_score", lambda cfg, task, at, seed, device: {
+        "accuracy": {"24": by_lr[at.lr]}, "final_loss": 1.0, "train_s": 0.1, "params": 1})
+    tasks = br.run(args)["tasks"]
+    assert list(tasks) == ["mqar_2", "mqar_4"]
+    row = tasks["mqar_4"]["transformer"]
+    assert row["lr"] == 1e-2 and row["by_lr"] == {"0.001": 0.25, "0.01": 0.5}
+    assert row["mean"] == {"24": 0.5} and tasks["mqar_4"]["chance"] == 1 / 16
+    assert "lr 0.001: 25.0%, 0.01: 50.0%" in br.table({"tasks": tasks})
+
+
+def test_mqar_keys_fewer_than_its_pairs_are_refused():
+    with pytest.raises(SystemExit):
+        br.parse_args(["--tasks", "mqar", "--mqar-pairs", "16", "--mqar-keys", "8"])
