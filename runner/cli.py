@@ -14,10 +14,15 @@ import click
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
+from runner.job.clouds import CLOUDS
 from runner.storage import DEFAULT_STORE
 from runner.target import resolve_target, submitted_record
 from runner.trained.evaluate import MAX_TOKENS
 from ten.model.config import ARCHS
+
+# `submit --to`: each cloud's form and what it is (runner/job/clouds/)
+TO_FORMS = "|".join(cloud.form for cloud in CLOUDS)
+TO_HELP = "; ".join(f"{cloud.form}: {cloud.summary}" for cloud in CLOUDS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -404,9 +409,8 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
 
 @cli.command()
 @click.argument("job_file", type=click.Path())
-@click.option("--to", "target", required=True, metavar="local|aws|ssh://user@host[:port]",
-              help="Where the job runs: this machine, an EC2 spot instance, or an ssh host "
-                   "with docker.")
+@click.option("--to", "target", required=True, metavar=TO_FORMS,
+              help=f"Where the job runs: {TO_HELP}.")
 @click.option("--wait", is_flag=True,
               help="Supervise in the foreground until the job ends (Ctrl-C hands it to "
                    "a background controller; it never stops the training).")

@@ -17,12 +17,9 @@ import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import SplitResult, urlsplit
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -33,7 +30,18 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runner.job.clouds import CLOUDS
 from runner.job.errors import show, suggest
+from runner.job.fields import (
+    Bool,
+    Float,
+    Int,
+    Section,
+    Str,
+    bounded,
+    job_error,
+    parsed_url,
+)
 from runner.keys import DATA_FROM_OTHER_SECTIONS, DATA_NOT_IN_JOBS, FROM_OTHER_SECTIONS
 from runner.preemption.notices import PROVIDERS
 from runner.storage import DEFAULT_STORE
@@ -53,72 +61,6 @@ SPOT_NOTICES = ("auto", "none", *PROVIDERS)  # resources.spot_notice
 TRACKERS = ("wandb",)  # monitor.report_to (runner.monitor.trackers)
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024
-
-
-def _integral(value: Any) -> Any:
-    """``max_tokens: 1e9`` is an integer written as a float: accept it."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-# Every number a job holds ends up in a 64-bit integer (steps, tokens, seeds: torch's
-# generators take at most 2^64 - 1) or takes part in float arithmetic that must not
-# overflow (lr x a schedule): bounds for all of them, on top of each field's own.
-MAX_INT = 2**63 - 1
-MAX_FLOAT = 1e15
-
-
-def _int64(value: int) -> int:
-    if not -MAX_INT - 1 <= value <= MAX_INT:
-        raise job_error(f"is too large: at most {MAX_INT:,} (a 64-bit integer)",
-                        show_value=False)
-    return value
-
-
-def _bounded(value: float) -> float:
-    if abs(value) > MAX_FLOAT:
-        raise job_error(f"is too large: at most {MAX_FLOAT:g} in size")
-    return value
-
-
-def bounded(kind: type, **bounds: float) -> Any:
-    """A strict number of the job (:data:`Int`, :data:`Float`) within ``bounds`` (``ge=1``).
-    The bounds come before the validators, so that they stay the number's own and the
-    editor schema shows them as JSON Schema's ``minimum`` and the like, also in
-    ``bounded(int, ge=1) | None``."""
-    if kind is int:  # 1e9 is an integer written as a float; 2.5, "3" and true are not
-        return Annotated[int, Strict(), Field(**bounds), BeforeValidator(_integral),
-                         AfterValidator(_int64)]
-    # ints are accepted as floats, strings and bools are not
-    return Annotated[float, Strict(), Field(**bounds), AfterValidator(_bounded)]
-
-
-Int = bounded(int)
-Float = bounded(float)
-Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict()]
-
-
-def job_error(message: str, hint: str = "", show_value: bool = True) -> PydanticCustomError:
-    """A validation error carrying a hint; the value shown is added by the formatter."""
-    return PydanticCustomError("job", message.replace("{", "{{").replace("}", "}}"),
-                               {"hint": hint, "show_value": show_value})
-
-
-def parsed_url(url: str, hint: str, show_value: bool = True) -> SplitResult:
-    """``url`` split as HTTP clients split it; "is not a URL" (with ``hint``) when it does
-    not parse, its port included (parsed on access)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number, or out of range
-    except ValueError as e:
-        raise job_error(f"is not a URL ({e})", hint=hint, show_value=show_value) from None
-    return parts
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _by_arch(schema: dict[str, Any]) -> None:
@@ -385,25 +327,7 @@ class StorageSection(Section):
         return self.address.key(self.endpoint_url or None)
 
 
-class AwsSection(Section):
-    """What ``submit --to aws`` asks EC2 for; nothing else reads it."""
-
-    instance_type: Str = Field("g6e.xlarge", description="EC2 instance type (g6e.xlarge: "
-                               "one L40S)")
-    region: Str | None = Field(None, description="AWS region; null: the AWS default chain "
-                               "(AWS_REGION, profile)")
-    max_price: bounded(float, gt=0.0) | None = Field(None, description="spot bid, USD per hour; "
-                                    "null: up to the on-demand price")
-    on_demand_fallback: Bool = Field(False, description="launch on-demand when no spot "
-                                     "capacity is found")
-    ami: Str | None = Field(None, description="machine image with docker and the NVIDIA "
-                            "container toolkit; null: the AWS Deep Learning Base GPU AMI "
-                            "(Ubuntu 22.04) of the region")
-    instance_profile: Str | None = Field(None, description="IAM instance profile giving the "
-                                         "machine its bucket access")
-
-
-class ResourcesSection(Section):
+class _Resources(Section):
     """The machine a submitted job asks for: GPUs, spot, image, cloud, price."""
 
     gpus: Int = Field(0, ge=0, description="GPUs per machine: more than 1 runs that many "
@@ -435,13 +359,20 @@ class ResourcesSection(Section):
     # Where `ten-runner submit` puts the job (see runner/provision/).
     image: Str = Field("ghcr.io/ten-runner/ten-runner:latest",
                        description="container image run by `submit` and `export`")
-    aws: AwsSection = Field(default_factory=AwsSection,
-                            description="`submit --to aws` only: the EC2 machine")
     max_restarts: Int = Field(3, ge=0, description="managed jobs: relaunches after a crash "
                               "(preemptions always relaunch)")
     max_preemptions: bounded(int, ge=0) | None = Field(
         None, description="managed jobs: relaunches after a preemption, at most this "
         "many (a process killed for memory also reads as one); null: no limit")
+
+
+# Each cloud's own keys, under its name (resources.aws): declared by its module in
+# runner/job/clouds/, so adding a cloud edits no list here.
+ResourcesSection = create_model(
+    "ResourcesSection", __base__=_Resources, __doc__=_Resources.__doc__,
+    **{cloud.name: (cloud.section, Field(default_factory=cloud.section, description=(
+        f"`submit --to {cloud.name}` only: {cloud.summary}")))
+       for cloud in CLOUDS if cloud.section is not None})
 
 
 class MonitorSection(Section):

@@ -1,14 +1,15 @@
-"""Where ``submit --to`` sends a job: one :class:`Destination` per scheme, found in
-:data:`REGISTRY`.
+"""Where ``submit --to`` sends a job: one :class:`Destination` per cloud, in the module
+its declaration names (``runner.job.clouds``).
 
 A destination is what a kind of machine needs around its :class:`Provider`: checks that
 refuse a job before anything is recorded or created (``preflight``), putting the job
 where the machine reads it (``stage``), and building the provider for a recorded job
 (``provider``). The first two default to doing nothing.
 
-Adding a cloud is one module under ``runner/provision/`` that defines its provider and a
-``DESTINATION`` (a subclass of :class:`Destination`), and one line in :data:`REGISTRY`.
-A destination's module is imported only when a job goes there (``aws`` pulls in boto3).
+Adding a cloud is its declaration under ``runner/job/clouds/`` and one module under
+``runner/provision/`` that defines its provider and a ``DESTINATION`` (a subclass of
+:class:`Destination`). A destination's module is imported only when a job goes there
+(``aws`` pulls in boto3).
 """
 
 from __future__ import annotations
@@ -18,25 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.job.clouds import CLOUDS, forms
 from runner.provision.base import Provider, ProvisionError
 
 Log = Callable[[str], None]
 
-# scheme -> the module whose DESTINATION serves it. ``--to local``, ``--to aws``,
-# ``--to ssh://user@host[:port]``.
-REGISTRY: dict[str, str] = {
-    "local": "runner.provision.local",
-    "aws": "runner.provision.aws",
-    "ssh": "runner.provision.ssh",
-}
-FORMS = "local, aws or ssh://user@host[:port]"
+FORMS = forms()  # "local, aws or ssh://user@host[:port]": each cloud's --to form
 
 
 class Destination:
-    """A scheme's hooks around its provider; subclasses override what they need.
-    ``takes_url``: the target is ``scheme://...`` (ssh), not the bare name (local, aws)."""
-
-    takes_url = False
+    """A scheme's hooks around its provider; subclasses override what they need."""
 
     def preflight(self, job: Any, job_file: Path, target: str, *, check: bool,
                   log: Log) -> str:
@@ -61,9 +53,9 @@ def scheme_of(target: str) -> str:
 
 
 def destination(target: str) -> Destination:
-    """The destination serving ``target``; a ProvisionError naming the forms otherwise."""
-    module = REGISTRY.get(scheme_of(target))
-    found = None if module is None else importlib.import_module(module).DESTINATION
-    if found is None or found.takes_url != ("://" in target):
+    """The destination serving ``target``; a ProvisionError naming the forms otherwise (a
+    bare name where the cloud takes a URL, or the other way round, included)."""
+    cloud = next((c for c in CLOUDS if c.name == scheme_of(target)), None)
+    if cloud is None or cloud.takes_url != ("://" in target):
         raise ProvisionError(f"--to {target!r}: use {FORMS}")
-    return found
+    return importlib.import_module(cloud.destination).DESTINATION

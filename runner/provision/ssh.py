@@ -286,8 +286,6 @@ def _remote_home(result: SshResult, target: SshTarget) -> str:
 class SshDestination(Destination):
     """``--to ssh://user@host[:port]``: the host is checked before the job is recorded."""
 
-    takes_url = True
-
     def preflight(self, job: Any, job_file: Path, target: str, *, check: bool,
                   log: Callable[[str], None]) -> str:
         from runner.provision.env import credential_warning

@@ -1,12 +1,14 @@
 """Which module serves a ``--to`` target (runner.provision.destinations), and that adding
-a cloud is a module and a registry line: a destination written here, registered, runs a
-managed job with nothing else changed."""
+a cloud is its declaration and its destination: a destination written here, declared,
+runs a managed job with nothing else changed (the declaration's own module, its job
+section and help: tests/runner/job/test_clouds.py)."""
 
 import sys
 
 import pytest
 from fakecloud import FakeCloud, Script, exited
 
+from runner.job.clouds import Cloud
 from runner.provision import destinations
 from runner.provision.base import ProvisionError
 from runner.provision.destinations import Destination, destination
@@ -32,7 +34,8 @@ def test_an_unknown_target_names_the_forms(target):
         destination(target)
 
 
-def test_a_new_cloud_is_one_module_and_one_registry_line(tmp_path, corpus, monkeypatch):
+def test_a_declared_cloud_runs_a_managed_job_with_nothing_else_changed(tmp_path, corpus,
+                                                                       monkeypatch):
     from runhelpers import write_job
 
     from runner.job import load_job
@@ -48,7 +51,8 @@ def test_a_new_cloud_is_one_module_and_one_registry_line(tmp_path, corpus, monke
         "        return CLOUD\n"
         "DESTINATION = MyCloud()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(destinations.REGISTRY, "mycloud", "mycloud")
+    declared = Cloud("mycloud", form="mycloud", summary="a test's", destination="mycloud")
+    monkeypatch.setattr(destinations, "CLOUDS", (*destinations.CLOUDS, declared))
     import mycloud
     monkeypatch.setattr(mycloud, "CLOUD", cloud, raising=False)
 
