@@ -3,15 +3,13 @@ which adds a model field (issue 46). The next release is this code, copied, with
 added to TENConfig as a release would add it; the resume runs the copy in a subprocess."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from patience import communicate
-from runhelpers import cli, losses, write_job
+from runhelpers import cli, copy_of_the_code, losses, write_job
 
-ROOT = Path(__file__).resolve().parents[2]
 NEW_FIELD = '''    future_knob: Annotated[float, Doc("a knob a later release adds")] = 0.0
 
     def __post_init__(self) -> None:
@@ -21,9 +19,7 @@ NEW_FIELD = '''    future_knob: Annotated[float, Doc("a knob a later release add
 
 def next_release(where: Path) -> Path:
     """This code with one model field more (at its default, the model computes the same)."""
-    for package in ("ten", "runner"):
-        shutil.copytree(ROOT / package, where / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    copy_of_the_code(where)
     config = where / "ten" / "model" / "config.py"
     text = config.read_text()
     anchor = NEW_FIELD.split("\n", 2)[2]

@@ -5,6 +5,7 @@ import http.server
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -68,6 +69,17 @@ def write_job(tmp_path, corpus, name="t", arch="ten", mode="pretokenized", steps
         text += f"resources: {{gpus: {gpus}}}\n"
     path.write_text(text)
     return path
+
+
+def copy_of_the_code(where: Path) -> Path:
+    """This checkout's ``ten`` and ``runner`` under ``where``: a next release to change in
+    a test (a model field added, a cloud's module) and run with ``cwd=where`` and
+    ``PYTHONPATH=where``, which come before the installed project."""
+    root = Path(__file__).resolve().parents[2]
+    for package in ("ten", "runner"):
+        shutil.copytree(root / package, where / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return where
 
 
 def cli(*args, **kw):

@@ -3,16 +3,14 @@
 its module. Checked on a copy of this code with one module added, as a new cloud adds
 it, in fresh interpreters (the schema is built when it is imported)."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from runhelpers import MINIMAL_JOB
+from runhelpers import MINIMAL_JOB, copy_of_the_code
 
 from runner.job.clouds import CLOUDS, forms
 
-ROOT = Path(__file__).resolve().parents[3]
 NEW_CLOUD = '''"""A cloud a test adds."""
 
 from pydantic import Field
@@ -33,9 +31,7 @@ CLOUD = Cloud("thunder", form="thunder", summary="a test's GPU cloud",
 
 
 def with_a_new_cloud(where: Path) -> Path:
-    for package in ("ten", "runner"):
-        shutil.copytree(ROOT / package, where / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    copy_of_the_code(where)
     (where / "runner" / "job" / "clouds" / "thunder.py").write_text(NEW_CLOUD)
     return where
 
