@@ -4,7 +4,7 @@ A module here declares its cloud as ``CLOUD`` (a :class:`Cloud`): the name a ``-
 target and the job's ``resources.<name>`` section use, the target's form and what the
 CLI's help says of it, the module whose ``DESTINATION`` serves it (imported only when a
 job goes there, so its SDK is needed only then), and its job section, if it takes keys.
-The job schema, ``submit``'s help and the destinations' registry all read
+The job schema, ``submit``'s help and ``runner.provision.destinations`` all read
 :data:`CLOUDS`, found here: a new cloud is a module here and its provider
 (runner/README.md, "Adding a cloud"), no list to edit.
 """
