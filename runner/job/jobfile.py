@@ -20,9 +20,8 @@ def fetch_job_file(url: str) -> bytes | None:
     from runner.storage import StorageError, StoreURL, open_store
 
     parent, _, key = url.rpartition("/")
-    if "/" not in url[len("s3://"):] or not key:
-        raise ValueError("expected s3://bucket/path/job.yaml")
-    if not StoreURL.parse(parent).is_remote:  # StoreURLError: a malformed bucket or prefix
+    # StoreURL.parse raises its own line (a ValueError) for a malformed bucket or prefix
+    if "/" not in url[len("s3://"):] or not key or not StoreURL.parse(parent).is_remote:
         raise ValueError("expected s3://bucket/path/job.yaml")
     try:
         return open_store(parent).get_bytes(key)
