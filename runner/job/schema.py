@@ -43,7 +43,7 @@ from runner.job.fields import (
     parsed_url,
 )
 from runner.keys import DATA_FROM_OTHER_SECTIONS, DATA_NOT_IN_JOBS, FROM_OTHER_SECTIONS
-from runner.preemption.notices import PROVIDERS
+from runner.preemption.providers import NAMES as SPOT_PROVIDERS
 from runner.storage import DEFAULT_STORE
 from runner.storage.url import StoreURL, StoreURLError
 from ten import config as ten_config
@@ -57,7 +57,7 @@ Arch = Literal[MODEL_ARCHS]
 Preset = Literal[ten_config.PRESET_NAMES]
 ARCHS: tuple[str, ...] = get_args(Arch)
 PRESETS: tuple[str, ...] = get_args(Preset)
-SPOT_NOTICES = ("auto", "none", *PROVIDERS)  # resources.spot_notice
+SPOT_NOTICES = ("auto", "none", *SPOT_PROVIDERS)  # resources.spot_notice
 TRACKERS = ("wandb",)  # monitor.report_to (runner.monitor.trackers)
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_URL_CHARS = 1024

@@ -8,8 +8,9 @@ import time
 import traceback
 from collections.abc import Callable
 
-from runner.preemption.metadata import _POLLERS, DEFAULT_ENDPOINTS, _describe
-from runner.preemption.notices import _NAMES, MetadataError, Notice, _check_provider, time_left_s
+from runner.preemption.http import describe
+from runner.preemption.notices import MetadataError, Notice, time_left_s
+from runner.preemption.providers import spot_provider
 
 
 class _ErrorThrottle:
@@ -64,13 +65,14 @@ class NoticeWatcher:
         timeout_s: float = 1.0,
         error_log_every_s: float = 60.0,
     ) -> None:
-        self.provider = _check_provider(provider)
-        self.endpoint = (endpoint or DEFAULT_ENDPOINTS[provider]).rstrip("/")
+        declared = spot_provider(provider)
+        self.provider, self._title = declared.name, declared.title
+        self.endpoint = (endpoint or declared.endpoint).rstrip("/")
         self.interval_s = interval_s
         self.notice: Notice | None = None
         self._on_notice = on_notice
         self._log = log
-        self._poller = _POLLERS[provider](self.endpoint, timeout_s)
+        self._poller = declared.poller(self.endpoint, timeout_s)
         self._join_s = timeout_s + 1.0
         self._throttle = _ErrorThrottle(error_log_every_s)
         self._stop = threading.Event()
@@ -96,8 +98,7 @@ class NoticeWatcher:
         self.stop()
 
     def _run(self) -> None:
-        name = _NAMES[self.provider]
-        self._log(f"preemption: watching {name} spot notices at {self.endpoint} "
+        self._log(f"preemption: watching {self._title} spot notices at {self.endpoint} "
                   f"every {self.interval_s:g} s")
         while not self._stop.is_set():
             notice = self._poll_once()
@@ -114,7 +115,7 @@ class NoticeWatcher:
             return None
         failed = self._throttle.on_success()
         if failed:
-            self._log(f"preemption: {_NAMES[self.provider]} metadata service answers again "
+            self._log(f"preemption: {self._title} metadata service answers again "
                       f"after {failed} failed poll(s)")
         return notice
 
@@ -123,15 +124,15 @@ class NoticeWatcher:
         if skipped is None:
             return
         more = f" ({skipped} more since the last report)" if skipped else ""
-        reason = str(err) if isinstance(err, MetadataError) else _describe(err)
-        self._log(f"preemption: cannot read the {_NAMES[self.provider]} spot notice from "
+        reason = str(err) if isinstance(err, MetadataError) else describe(err)
+        self._log(f"preemption: cannot read the {self._title} spot notice from "
                   f"{self.endpoint}: {reason}; retrying every {self.interval_s:g} s{more}")
 
     def _fire(self, notice: Notice) -> None:
         self.notice = notice
         left = time_left_s(notice, notice.received_at)
         until = "deadline unknown" if left is None else f"{left:.0f} s until the deadline"
-        self._log(f"preemption: {_NAMES[self.provider]} notice ({notice.detail}): {until}")
+        self._log(f"preemption: {self._title} notice ({notice.detail}): {until}")
         try:
             self._on_notice(notice)
         except Exception as err:  # noqa: BLE001 — the watcher thread must not die loudly
