@@ -414,7 +414,9 @@ def report(target: str, job_name: str | None, endpoint_url: str | None, out_dir:
 @click.option("--wait", is_flag=True,
               help="Supervise in the foreground until the job ends (Ctrl-C hands it to "
                    "a background controller; it never stops the training).")
-@click.option("--region", default=None, help="aws: override resources.aws.region.")
+@click.option("--region", default=None,
+              help="The cloud's region: --set resources.<cloud>.region=REGION for a cloud "
+                   "whose section has one (aws).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a job key, as for `run` (repeatable); the job submitted is "
                    "the file with these written into it.")
@@ -428,6 +430,8 @@ def submit(job_file: str, target: str, wait: bool, region: str | None,
     runs the job's container there. Secrets travel only in the environment (ssh: a 0600
     env file removed after start; aws: the instance profile), never on a command line or
     in a file we upload."""
+    if region is not None:
+        sets = (*sets, *_region_setting(target, region))
     job = _load(job_file, sets, check_card=True)
 
     def say(line: str) -> None:
@@ -436,10 +440,26 @@ def submit(job_file: str, target: str, wait: bool, region: str | None,
     from runner.provision.jobs import submit_managed
 
     record = submit_managed(job, Path(job_file), target, detach=not wait, log=say,
-                            details={"region": region} if region else None, sets=sets)
+                            sets=sets)
     click.echo(record.job_id)
     if wait and record.state in ("FAILED", "CANCELLED"):
         raise SystemExit(record.exit_code or int(ExitCode.CRASH))
+
+
+def _region_setting(target: str, region: str) -> tuple[str, ...]:
+    """``--region R`` as the ``--set`` it stands for, for the cloud ``target`` names;
+    a usage error (exit 2) where that cloud takes no region."""
+    from runner.provision.destinations import scheme_of
+
+    cloud = next((c for c in CLOUDS if c.name == scheme_of(target)), None)
+    if cloud is None:  # no cloud of that name: submit says which --to forms there are
+        return ()
+    if cloud.section is None or "region" not in cloud.section.model_fields:
+        with_regions = [c.name for c in CLOUDS
+                        if c.section is not None and "region" in c.section.model_fields]
+        raise click.UsageError(f"--region: --to {target} takes no region (clouds with one: "
+                               f"{', '.join(with_regions)})")
+    return (f"resources.{cloud.name}.region={region}",)
 
 
 @cli.command()

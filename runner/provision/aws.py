@@ -427,16 +427,17 @@ def _provider(job: Any, region: str, user_data: Callable[[LaunchSpec], str]) -> 
                        instance_profile=r.instance_profile, user_data=user_data)
 
 
-def check_submit(job: Any, region: str | None = None) -> str:
+def check_submit(job: Any) -> str:
     """Everything ``submit --to aws`` can check before it creates anything (region,
     credentials, instance type, machine image); returns the AMI id."""
     require_bucket(job)
-    region = resolve_region(region or job.resources.aws.region)
+    region = resolve_region(job.resources.aws.region)
     return _provider(job, region, user_data=lambda spec: "").prepare()
 
 
 def provider_for(job: Any, record: Any) -> AWSProvider:
     """The provider for a submitted job (``runner.job.Job`` and its registry record)."""
+    # A record's "region": `submit --region` of releases before it became a --set.
     region = resolve_region(record.details.get("region") or job.resources.aws.region)
 
     def user_data(spec: LaunchSpec) -> str:
@@ -455,16 +456,13 @@ def provider_for(job: Any, record: Any) -> AWSProvider:
 class AwsDestination(Destination):
     """``--to aws``: the job YAML goes to the job's bucket, where the instance reads it."""
 
-    def stage(self, job: Any, job_copy: Path, job_id: str, details: dict[str, Any], *,
-              check: bool) -> dict[str, Any]:
+    def stage(self, job: Any, job_copy: Path, job_id: str, *, check: bool) -> dict[str, Any]:
         """Check what can be checked before anything is created in the cloud (``check``),
         then put the job YAML into its bucket: the s3:// URL the instance runs."""
-        if "job_url" in details:
-            return {}
         from runner.provision.env import upload_job
 
         if check:
-            check_submit(job, details.get("region"))
+            check_submit(job)
         return {"job_url": upload_job(job, job_copy, job_id)}
 
     def provider(self, record: Any, job: Callable[[], Any],

@@ -37,8 +37,7 @@ class Destination:
         the caller built the provider)."""
         return target
 
-    def stage(self, job: Any, job_copy: Path, job_id: str, details: dict[str, Any], *,
-              check: bool) -> dict[str, Any]:
+    def stage(self, job: Any, job_copy: Path, job_id: str, *, check: bool) -> dict[str, Any]:
         """Put the job where its machine will read it; what to add to the record."""
         return {}
 

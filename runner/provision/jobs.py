@@ -126,15 +126,14 @@ def controller_for(record: JobRecord, provider: Provider | None = None, *,
 def submit_managed(job: Any, job_file: Path | str, target: str, *,
                    provider: Provider | None = None, detach: bool = True,
                    poll_s: float = 5.0, limits: Limits | None = None,
-                   details: dict[str, Any] | None = None, sets: Sequence[str] = (),
+                   sets: Sequence[str] = (),
                    log: Callable[[str], None] = print) -> JobRecord:
     """Create the job's record (state PENDING, a copy of the job YAML beside it; for
     ``aws`` the YAML also goes to the job's bucket, where the instance reads it) and
     supervise it: in a background controller (``detach``, the default; returns at once)
     or here until it ends. ``target``: ``local``, ``aws`` or ``ssh://user@host[:port]``
     (the host is checked first). A Ctrl-C in the foreground hands the job over to a
-    background controller instead of stopping it. ``details``: more for the record
-    (e.g. a region override), never secrets. ``sets``: the ``--set`` overrides ``job``
+    background controller instead of stopping it. ``sets``: the ``--set`` overrides ``job``
     was loaded with, written into the record's copy of the YAML (the file that runs)."""
     from runner.job.load import with_sets
 
@@ -150,8 +149,7 @@ def submit_managed(job: Any, job_file: Path | str, target: str, *,
         copy.touch(mode=0o600)  # the YAML may name secrets
         text = Path(job_file).read_text(encoding="utf-8-sig")
         copy.write_text(with_sets(text, sets, str(job_file)), encoding="utf-8")
-        extra = dict(details or {})
-        extra.update(where.stage(job, copy, job_id, extra, check=provider is None))
+        extra = where.stage(job, copy, job_id, check=provider is None)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)  # no half-submitted job is listed
         raise

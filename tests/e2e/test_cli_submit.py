@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import yaml
+from fakeaws import REGION
 from patience import wait_until
 from runhelpers import write_job
 
@@ -62,6 +63,9 @@ def test_submit_errors_are_one_line_with_their_exit_code(tmp_path, corpus):
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "--to 'gcp'" in p.stderr
     p = ten("submit", job, "--to", "aws", home=home, check=False)  # a local store
     assert p.returncode == 2 and "use an s3:// storage.url" in p.stderr
+    p = ten("submit", job, "--to", "local", "--region", "eu-west-1", home=home, check=False)
+    assert p.returncode == 2 and "--region: --to local takes no region (clouds with one: aws)" \
+        in p.stderr, p.stderr
     p = ten("submit", job, "--to", "ssh://-oProxyCommand=x", home=home, check=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     p = ten("status", "no-such-job-abc123", home=home, check=False)
@@ -109,9 +113,11 @@ def test_submit_to_aws_launches_a_tagged_spot_instance_and_cancel_removes_it(
         return subprocess.run([sys.executable, "-m", "runner.cli", *map(str, args)], env=env,
                               capture_output=True, text=True, timeout=120)
 
-    out = cli("submit", job, "--to", "aws")
+    out = cli("submit", job, "--to", "aws", "--region", REGION)
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
+    submitted = yaml.safe_load((home / "jobs" / job_id / "job.yaml").read_text())
+    assert submitted["resources"]["aws"]["region"] == REGION  # --region is that --set
 
     def instances():
         found = ec2.describe_instances(Filters=[

@@ -45,7 +45,7 @@ def test_a_declared_cloud_runs_a_managed_job_with_nothing_else_changed(tmp_path,
     (tmp_path / "mycloud.py").write_text(
         "from runner.provision.destinations import Destination\n"
         "class MyCloud(Destination):\n"
-        "    def stage(self, job, job_copy, job_id, details, *, check):\n"
+        "    def stage(self, job, job_copy, job_id, *, check):\n"
         "        return {'staged': job_id}\n"
         "    def provider(self, record, job, log):\n"
         "        return CLOUD\n"
