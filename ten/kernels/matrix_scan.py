@@ -1,0 +1,149 @@
+"""The matrix-state recurrence: eigenstates that hold value vectors (docs/model.md,
+"Eigenstates that hold values").
+
+Per head, N = K/H eigenstates, each a row of P complex numbers, C_t (N × P):
+
+    C_t = λ_t ⊙ C_{t-1} + k_t v_tᵀ        k_t ∈ ℂ^N the drive (the key), v_t ∈ ℝ^P the value
+    y_t = Re(q_tᴴ C_t) ∈ ℝ^P               q_t ∈ ℂ^N the query
+
+λ_t broadcast along a row: eigenstate n decays and turns its whole row by λ_t[n]. It is
+the vector scan's recurrence with a value vector where a number was, read by a query
+instead of a fixed projection: linear attention whose decay is TEN's eigenvalues.
+
+Layouts (complex numbers as ``[re | im]`` halves of the last dimension, as
+:mod:`ten.kernels.scan` keeps them; heads contiguous inside each half):
+
+    k, q     (B, T, 2K)       keys (already scaled by γ) and queries
+    v        (B, T, H·P)      values
+    log_lam  (2K,)            fixed eigenvalues, [log|λ| | arg λ]
+             (B, T, 2K)       selective eigenvalues, same layout
+    state    (B, H, N, P)     complex C_{-1}, or None for zeros
+    returns  y (B, T, H·P) and C_{T-1} (B, H, N, P) complex, to carry on
+
+Backends:
+    ``ref``      a plain loop over time: the oracle.
+    ``chunked``  exact for any chunk of Q tokens: inside a chunk every output is a
+                 causal (Q × Q) mix of the chunk's values plus the query's read of the
+                 state entering it; the state goes from chunk to chunk (a loop over T/Q).
+                 Decays are formed from differences of cumulative log-eigenvalues, never
+                 as exp(A_j)·exp(-A_s), which overflows. O(B·H·T·Q·(N + P)) work and a
+                 (Q × Q × N) decay tensor per head and chunk.
+
+Like the vector scan it computes in float32 (float64 for float64 inputs) with autocast
+off, and runs the backend it is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+BACKENDS = ("ref", "chunked")
+
+__all__ = ["BACKENDS", "matrix_scan", "matrix_scan_chunked", "matrix_scan_ref"]
+
+
+def _complex_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, T, 2K) [re | im] -> (B, H, T, N) complex."""
+    B, T, K2 = x.shape
+    K = K2 // 2
+    c = torch.complex(x[..., :K], x[..., K:])
+    return c.view(B, T, heads, K // heads).transpose(1, 2)
+
+
+def _complex_eigenvalues(log_lam: Tensor, heads: int) -> Tensor:
+    """log λ as complex, (H, 1, N) fixed (broadcast over batch and time) or (B, H, T, N)."""
+    if log_lam.dim() == 1:
+        K = log_lam.shape[0] // 2
+        a = torch.complex(log_lam[:K], log_lam[K:])
+        return a.view(heads, 1, K // heads)
+    return _complex_heads(log_lam, heads)
+
+
+def _as_inputs(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, heads: int):
+    B, T, _ = k.shape
+    return (_complex_heads(k, heads), v.view(B, T, heads, -1).transpose(1, 2),
+            _complex_heads(q, heads), _complex_eigenvalues(log_lam, heads))
+
+
+def _heads_out(y: Tensor) -> Tensor:
+    """(B, H, T, P) -> (B, T, H·P)."""
+    B, H, T, P = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * P)
+
+
+def matrix_scan_ref(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None,
+                    heads: int) -> tuple[Tensor, Tensor]:
+    """One step per token. Slow, obviously correct."""
+    kc, vh, qc, a = _as_inputs(k, v, q, log_lam, heads)
+    B, H, T, N = kc.shape
+    P = vh.shape[-1]
+    C = kc.new_zeros(B, H, N, P) if state is None else state
+    lam = torch.exp(a)
+    outs = []
+    for t in range(T):
+        lam_t = lam[..., 0, :] if lam.shape[-2] == 1 else lam[:, :, t]  # (·, H, N)
+        C = lam_t[..., None] * C + kc[:, :, t, :, None] * vh[:, :, t, None, :]
+        outs.append((qc[:, :, t, :, None].conj() * C).sum(-2).real)
+    y = torch.stack(outs, dim=2) if T else vh.new_zeros(B, H, 0, P)
+    return _heads_out(y), C
+
+
+def matrix_scan_chunked(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor,
+                        state: Tensor | None, heads: int,
+                        chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Chunk by chunk: for a chunk's positions j and s ≤ j, with A_j the cumulative sum
+    of log λ from the chunk's start (A_j = a_0 + … + a_j),
+
+        y_j   = Σ_s Re(Σ_n conj(q_jn) exp(A_jn − A_sn) k_sn) v_s     the chunk's own tokens:
+                                                                  a causal Q × Q score matrix
+              + Re Σ_n conj(q_jn) exp(A_jn) C_in[n]               the state entering it
+        C_out = exp(A_{Q-1}) ⊙ C_in + Σ_s exp(A_{Q-1} − A_s) k_s v_sᵀ
+
+    Every exponent's real part is ≤ 0 (|λ| < 1), so nothing here overflows."""
+    kc, vh, qc, a = _as_inputs(k, v, q, log_lam, heads)
+    B, H, T, N = kc.shape
+    P = vh.shape[-1]
+    C = kc.new_zeros(B, H, N, P) if state is None else state
+    vc = vh.to(kc.dtype)
+    outs = []
+    for start in range(0, T, chunk_size):
+        end = min(start + chunk_size, T)
+        Q = end - start
+        a_chunk = a.expand(B, H, T, N)[:, :, start:end] if a.shape[-2] == 1 else a[:, :, start:end]
+        A = torch.cumsum(a_chunk, dim=2)  # (B, H, Q, N)
+        causal = torch.ones(Q, Q, dtype=torch.bool, device=k.device).tril()
+        lag = A[:, :, :, None, :] - A[:, :, None, :, :]  # (B, H, Q(j), Q(s), N)
+        decay = torch.polar(torch.exp(lag.real.masked_fill(~causal[..., None], -math.inf)),
+                            lag.imag)
+        qn = qc[:, :, start:end].conj()
+        scores = torch.einsum("bhjn,bhjsn,bhsn->bhjs", qn, decay, kc[:, :, start:end]).real
+        y = torch.einsum("bhjs,bhsp->bhjp", scores, vh[:, :, start:end])
+        y = y + torch.einsum("bhjn,bhnp->bhjp", qn * torch.exp(A), C).real
+        outs.append(y)
+        to_end = torch.exp(A[:, :, -1:] - A)  # (B, H, Q, N): from s to the chunk's last
+        C = (torch.exp(A[:, :, -1, :, None]) * C
+             + torch.einsum("bhsn,bhsp->bhnp", to_end * kc[:, :, start:end], vc[:, :, start:end]))
+    y = torch.cat(outs, dim=2) if outs else vh.new_zeros(B, H, 0, P)
+    return _heads_out(y), C
+
+
+def matrix_scan(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None, *,
+                heads: int, backend: str = "chunked",
+                chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Run the matrix-state recurrence with the named backend (the module docstring):
+    returns (y (B, T, H·P), the last state (B, H, N, P) complex), in float32 (float64
+    for float64 inputs) whatever the autocast."""
+    if backend not in BACKENDS:
+        raise ValueError(f"the matrix-state scan runs one of the backends "
+                         f"{', '.join(BACKENDS)}, got {backend!r}")
+    dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+    cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+    with torch.autocast(k.device.type, enabled=False):
+        k, v, q, log_lam = (x.to(dtype) for x in (k, v, q, log_lam))
+        state = None if state is None else state.to(cdtype)
+        if backend == "ref":
+            return matrix_scan_ref(k, v, q, log_lam, state, heads)
+        return matrix_scan_chunked(k, v, q, log_lam, state, heads, chunk_size)
