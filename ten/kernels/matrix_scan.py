@@ -24,10 +24,11 @@ Backends:
     ``ref``      a plain loop over time: the oracle.
     ``chunked``  exact for any chunk of Q tokens: inside a chunk every output is a
                  causal (Q × Q) mix of the chunk's values plus the query's read of the
-                 state entering it; the state goes from chunk to chunk (a loop over T/Q).
-                 Decays are formed from differences of cumulative log-eigenvalues, never
-                 as exp(A_j)·exp(-A_s), which overflows. O(B·H·T·Q·(N + P)) work and a
-                 (Q × Q × N) decay tensor per head and chunk.
+                 state entering it, every chunk at once; then the states between chunks
+                 (a loop over T/Q of one multiply-add). Decays are formed from
+                 differences of cumulative log-eigenvalues, never as exp(A_j)·exp(-A_s),
+                 which overflows. O(B·H·T·(Q·(N + P) + N·P)) work and a (Q × Q × N)
+                 decay tensor per head and chunk.
 
 Like the vector scan it computes in float32 (float64 for float64 inputs) with autocast
 off, and runs the backend it is given.
@@ -94,40 +95,68 @@ def matrix_scan_ref(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Ten
 def matrix_scan_chunked(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor,
                         state: Tensor | None, heads: int,
                         chunk_size: int = 64) -> tuple[Tensor, Tensor]:
-    """Chunk by chunk: for a chunk's positions j and s ≤ j, with A_j the cumulative sum
-    of log λ from the chunk's start (A_j = a_0 + … + a_j),
+    """Every chunk at once, then the states between them. For a chunk's positions j and
+    s ≤ j, with A_j = R_j + iφ_j the cumulative sum of log λ from the chunk's start,
 
-        y_j   = Σ_s Re(Σ_n conj(q_jn) exp(A_jn − A_sn) k_sn) v_s     the chunk's own tokens:
-                                                                  a causal Q × Q score matrix
-              + Re Σ_n conj(q_jn) exp(A_jn) C_in[n]               the state entering it
-        C_out = exp(A_{Q-1}) ⊙ C_in + Σ_s exp(A_{Q-1} − A_s) k_s v_sᵀ
+        y_j   = Σ_s Re(Σ_n conj(q_jn) exp(A_jn − A_sn) k_sn) v_s     the chunk's own tokens
+              + Re Σ_n conj(q_jn) exp(A_jn) S[n]                  the state S entering it
+        U     = Σ_s exp(A_{Q-1} − A_s) k_s v_sᵀ                   what the chunk writes
+        S'    = exp(A_{Q-1}) ⊙ S + U                              the state leaving it
 
-    Every exponent's real part is ≤ 0 (|λ| < 1), so nothing here overflows."""
-    kc, vh, qc, a = _as_inputs(k, v, q, log_lam, heads)
-    B, H, T, N = kc.shape
-    P = vh.shape[-1]
-    C = kc.new_zeros(B, H, N, P) if state is None else state
-    vc = vh.to(kc.dtype)
-    outs = []
-    for start in range(0, T, chunk_size):
-        end = min(start + chunk_size, T)
-        Q = end - start
-        a_chunk = a.expand(B, H, T, N)[:, :, start:end] if a.shape[-2] == 1 else a[:, :, start:end]
-        A = torch.cumsum(a_chunk, dim=2)  # (B, H, Q, N)
-        causal = torch.ones(Q, Q, dtype=torch.bool, device=k.device).tril()
-        lag = A[:, :, :, None, :] - A[:, :, None, :, :]  # (B, H, Q(j), Q(s), N)
-        decay = torch.polar(torch.exp(lag.real.masked_fill(~causal[..., None], -math.inf)),
-                            lag.imag)
-        qn = qc[:, :, start:end].conj()
-        scores = torch.einsum("bhjn,bhjsn,bhsn->bhjs", qn, decay, kc[:, :, start:end]).real
-        y = torch.einsum("bhjs,bhsp->bhjp", scores, vh[:, :, start:end])
-        y = y + torch.einsum("bhjn,bhnp->bhjp", qn * torch.exp(A), C).real
-        outs.append(y)
-        to_end = torch.exp(A[:, :, -1:] - A)  # (B, H, Q, N): from s to the chunk's last
-        C = (torch.exp(A[:, :, -1, :, None]) * C
-             + torch.einsum("bhsn,bhsp->bhnp", to_end * kc[:, :, start:end], vc[:, :, start:end]))
-    y = torch.cat(outs, dim=2) if outs else vh.new_zeros(B, H, 0, P)
-    return _heads_out(y), C
+    The rotation is folded into the keys and queries, k̂_s = k_s e^{-iφ_s} and
+    q̂_j = q_j e^{-iφ_j} (phases from the chunk's start, so they stay small), leaving a
+    real decay between them: conj(q_j) exp(A_j − A_s) k_s = exp(R_j − R_s) conj(q̂_j) k̂_s.
+    That decay is formed per eigenstate from the difference R_j − R_s ≤ 0 (|λ| < 1),
+    never as exp(R_j)·exp(-R_s), which overflows; the rest is real matrix products. The
+    sequence is padded to whole chunks with steps that change nothing (λ = 1, k = 0)."""
+    B, T, K2 = k.shape
+    K = K2 // 2
+    N = K // heads
+    P = v.shape[-1] // heads
+    Q = max(1, min(chunk_size, T))
+    n = -(-T // Q)
+    pad = n * Q - T
+
+    def chunks(x: Tensor) -> Tensor:  # (B, T, H·w) -> (B, H, n, Q, w), zeros after T
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.view(B, n, Q, heads, -1).permute(0, 3, 1, 2, 4)
+
+    if log_lam.dim() == 1:
+        log_lam = log_lam.expand(B, T, K2)
+    R, phi = chunks(log_lam[..., :K]).cumsum(3), chunks(log_lam[..., K:]).cumsum(3)
+    cos, sin = torch.cos(phi), torch.sin(phi)
+    kr, ki, qr, qi = chunks(k[..., :K]), chunks(k[..., K:]), chunks(q[..., :K]), chunks(q[..., K:])
+    vc = chunks(v)  # (B, H, n, Q, P)
+    khr, khi = kr * cos + ki * sin, ki * cos - kr * sin  # k̂ = k e^{-iφ}
+    qhr, qhi = qr * cos + qi * sin, qi * cos - qr * sin  # q̂ = q e^{-iφ}
+
+    causal = torch.ones(Q, Q, dtype=torch.bool, device=k.device).tril()[..., None]
+    decay = torch.exp((R[..., :, None, :] - R[..., None, :, :]).masked_fill(~causal, -math.inf))
+    pairs = (qhr[..., :, None, :] * khr[..., None, :, :]  # Re(conj(q̂_j) k̂_s) per eigenstate
+             + qhi[..., :, None, :] * khi[..., None, :, :])
+    y = (decay * pairs).sum(-1) @ vc  # (B, H, n, Q, P)
+
+    to_end = torch.exp(R[..., -1:, :] - R)  # (B, H, n, Q, N)
+    write_r = (to_end * khr).transpose(-1, -2) @ vc  # Û = Σ_s e^{R_end - R_s} k̂_s v_sᵀ
+    write_i = (to_end * khi).transpose(-1, -2) @ vc
+    end_cos, end_sin = cos[..., -1, :, None], sin[..., -1, :, None]  # U = e^{iφ_end} Û
+    written_r = end_cos * write_r - end_sin * write_i
+    written_i = end_sin * write_r + end_cos * write_i
+    across = torch.exp(R[..., -1, :, None])  # (B, H, n, N, 1): a whole chunk's |decay|
+    if state is None:
+        Sr = Si = k.new_zeros(B, heads, N, P)
+    else:
+        Sr, Si = state.real, state.imag
+    entering = []
+    for c in range(n):
+        entering.append(torch.cat([Sr, Si], dim=-2))  # (B, H, 2N, P)
+        ar, ai = across[:, :, c] * end_cos[:, :, c], across[:, :, c] * end_sin[:, :, c]
+        Sr, Si = (ar * Sr - ai * Si + written_r[:, :, c],
+                  ai * Sr + ar * Si + written_i[:, :, c])
+    reads = torch.exp(R)  # Re(conj(q_j) e^{A_j} S) = Re(conj(q̂_j) e^{R_j} S)
+    y = y + torch.cat([qhr * reads, qhi * reads], dim=-1) @ torch.stack(entering, dim=2)
+    y = y.reshape(B, heads, n * Q, P)[:, :, :T]
+    return _heads_out(y), torch.complex(Sr, Si)
 
 
 def matrix_scan(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None, *,

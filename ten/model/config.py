@@ -22,6 +22,7 @@ from ten.config import SCAN_BACKENDS, Doc, FieldError, Range, check_fields
 MLP_KINDS = ("swiglu", "gelu")
 POSITIONS = ("rope", "learned")  # the transformer's
 RESIDUAL_DTYPES = ("fp32", "bf16")
+STATES = ("vector", "matrix")  # what a TEN's eigenstate holds
 
 Count = Annotated[int, Range(ge=1)]
 
@@ -64,9 +65,10 @@ class TENConfig(LMConfig):
     length, whatever its seq_len."""
 
     n_eigenstates: Annotated[Count, Doc("K: complex eigenstates per layer")] = 64
-    n_heads: Annotated[Count, Doc("coupling blocks of K/H eigenstates (divides "
-                                  "n_eigenstates)")] = 4
-    chunk_size: Annotated[Count, Doc("Q, the chunked scan's chunk (exact for any Q)")] = 64
+    n_heads: Annotated[Count, Doc("heads of K/H eigenstates (divides n_eigenstates): "
+                                  "the coupling's blocks, or a matrix state's heads")] = 4
+    chunk_size: Annotated[Count, Doc("Q, the chunked scan's chunk (exact for any Q; 16 is "
+                                     "a matrix state's fastest on a CPU)")] = 64
     scan_backend: Annotated[Literal[SCAN_BACKENDS], Doc(
         "the scan: auto (fused on CUDA, else chunked), chunked, fused (Triton) or ref "
         "(sequential)")] = "auto"
@@ -92,12 +94,26 @@ class TENConfig(LMConfig):
     gate_bias: Annotated[float, Doc(
         "the output gate's bias at initialization: σ(-2) = 0.12 (measured better than "
         "0: BENCHMARKS.md)")] = -2.0
+    state: Annotated[Literal[STATES], Doc(
+        "what an eigenstate holds: vector (a complex number; the layer reads them all "
+        "through a fixed projection) or matrix (a complex value vector, written with the "
+        "drive as its key and read by a query: linear attention with TEN's eigenvalues; "
+        "docs/model.md)")] = "vector"
+    value_dim: Annotated[int | None, Range(ge=1), Doc(
+        "state: matrix: P, the width of each eigenstate's value vector (per head); null: "
+        "d_model / n_heads")] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.n_eigenstates % self.n_heads:
             raise FieldError("n_heads", f"must divide n_eigenstates={self.n_eigenstates}",
                              self.n_heads)
+        if not self.has_fused_scan and self.scan_backend == "fused":
+            raise FieldError("scan_backend", "state: matrix has no fused kernel yet: use "
+                             "auto, chunked or ref", self.scan_backend)
+        if self.state == "matrix" and self.value_dim is None and self.d_model % self.n_heads:
+            raise FieldError("value_dim", f"state: matrix with n_heads={self.n_heads} not "
+                             f"dividing d_model={self.d_model} needs value_dim set")
         if not self.lambda_min < self.lambda_max:
             raise FieldError("lambda_min", f"must be < lambda_max={self.lambda_max}",
                              self.lambda_min)
@@ -105,6 +121,17 @@ class TENConfig(LMConfig):
     @property
     def mlp_hidden(self) -> int:
         return mlp_hidden_size(self.d_model, self.mlp_ratio)
+
+    @property
+    def has_fused_scan(self) -> bool:
+        """Whether a fused (Triton) scan exists for this state: the vector state's only,
+        so far; ``auto`` chooses among the rest."""
+        return self.state == "vector"
+
+    @property
+    def head_value_dim(self) -> int:
+        """P: a matrix state's value width per head (value_dim, or d_model / n_heads)."""
+        return self.value_dim or self.d_model // self.n_heads
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,9 @@ def state_health(model: Any, ids: torch.Tensor) -> dict[str, float]:
         out |= _quantiles(f"L{i}/decay", torch.exp(-rate * (1.0 if step is None else step)))
         if step is not None:
             out |= _quantiles(f"L{i}/step", step)
-        eig = state[i][0] if isinstance(state[i], tuple) else state[i]  # (B, 2K): re | im
-        re, im = eig.float().chunk(2, dim=-1)
+        eig = state[i][0] if isinstance(state[i], tuple) else state[i]
+        # a vector state: (B, 2K) as re | im; a matrix state: (B, H, K/H, P) complex
+        re, im = (eig.real, eig.imag) if eig.is_complex() else eig.float().chunk(2, dim=-1)
         energy = float((re.square().sum() + im.square().sum()).clamp_min(1e-30))
         out[f"L{i}/imag_share"] = float(im.square().sum()) / energy
     return out

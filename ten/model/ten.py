@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
+from ten.kernels.matrix_scan import matrix_scan
 from ten.kernels.scan import resolve_backend, scan
 from ten.kernels.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
 from ten.model.config import TENConfig
@@ -88,12 +89,14 @@ class ShortConv(nn.Module):
 
 def scan_decided(config: TENConfig, device: str | torch.device | None = None) -> TENConfig:
     """``config`` with its scan backend decided for ``device`` (None: torch's default
-    device): ``auto`` becomes the backend that runs there; an explicit one is kept, and
-    checked where it runs. Once, as the model is built: the scan runs what it is given."""
+    device): ``auto`` becomes the backend that runs there (chunked for a matrix state,
+    which has no fused kernel yet); an explicit one is kept, and checked where it runs.
+    Once, as the model is built: the scan runs what it is given."""
     if config.scan_backend != "auto":
         return config
     where = torch.get_default_device() if device is None else device
-    return dataclasses.replace(config, scan_backend=resolve_backend("auto", where))
+    return dataclasses.replace(config, scan_backend=resolve_backend(
+        "auto", where, fused=config.has_fused_scan))
 
 
 class EigenstateMixer(nn.Module):
@@ -105,11 +108,18 @@ class EigenstateMixer(nn.Module):
         d, K, H = cfg.d_model, cfg.n_eigenstates, cfg.n_heads
         self.cfg = cfg = scan_decided(cfg)
         self.in_proj = nn.Linear(d, 2 * K, bias=False)
-        self.out_proj = nn.Linear(2 * K, d, bias=False)
         self.gate = nn.Linear(d, d)
         self.nu = nn.Parameter(torch.empty(K))  # log decay rate: |λ| = exp(-exp(ν))
         self.theta = nn.Parameter(torch.empty(K))  # rotation per step
-        self.coupling = nn.Parameter(torch.empty(H, K // H, K // H))  # M_h in R_h = I + M_h
+        if cfg.state == "vector":
+            self.out_proj = nn.Linear(2 * K, d, bias=False)
+            self.coupling = nn.Parameter(torch.empty(H, K // H, K // H))  # M_h: R_h = I + M_h
+        else:  # value vectors, written with the drive as key and read by a query
+            P = cfg.head_value_dim
+            self.query = nn.Linear(d, 2 * K, bias=False)
+            self.value = nn.Linear(d, H * P, bias=False)
+            self.out_proj = nn.Linear(H * P, d, bias=False)
+            self.coupling = None
         self.delta = nn.Linear(d, K) if cfg.selective else None  # Δ_t's pre-activation
         self.conv = ShortConv(d, cfg.conv_width) if cfg.conv_width else None
         self.reset_eigen_parameters()
@@ -120,8 +130,8 @@ class EigenstateMixer(nn.Module):
             mag = torch.empty_like(self.nu).uniform_(cfg.lambda_min, cfg.lambda_max)
             self.nu.copy_(torch.log(-torch.log(mag)))
             self.theta.uniform_(0.0, cfg.theta_max)
-            r = K // cfg.n_heads
-            self.coupling.normal_(0.0, 0.01 / math.sqrt(r))
+            if self.coupling is not None:
+                self.coupling.normal_(0.0, 0.01 / math.sqrt(K // cfg.n_heads))
             if self.delta is not None:
                 self.delta.weight.normal_(0.0, 1.0 / math.sqrt(cfg.d_model))
                 self.delta.bias.fill_(DELTA_BIAS)
@@ -169,17 +179,24 @@ class EigenstateMixer(nn.Module):
         return x.shape[0] * x.shape[1] >= self.cfg.d_model
 
     def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
-        """``state``: the eigenstates (B, 2K), and with a convolution the pair
-        (eigenstates, the convolution's last inputs (B, conv_width - 1, d))."""
+        """``state``: the eigenstates (B, 2K) (a matrix state's: (B, H, K/H, P) complex),
+        and with a convolution the pair (eigenstates, the convolution's last inputs
+        (B, conv_width - 1, d))."""
         eig, tail = (state, None) if self.conv is None or state is None else state
         if self.conv is None:
             u, g = xn, self.gate(xn)
         else:  # xn's two readers, the convolution and the gate, in one
             u, g, tail = self.conv.with_linear(xn, tail, self.gate)
         log_lam, beta = self.drive(u)
-        c, eig = scan(beta, log_lam, eig,
-                      backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
-        y = sigmoid_gate(g, self.project(c))
+        if self.coupling is None:  # matrix state: β is the key, read by a query
+            read, eig = matrix_scan(beta, self.value(u), self.query(u), log_lam, eig,
+                                    heads=self.cfg.n_heads, backend=self.cfg.scan_backend,
+                                    chunk_size=self.cfg.chunk_size)
+            y = sigmoid_gate(g, self.out_proj(read.to(g.dtype)))
+        else:
+            c, eig = scan(beta, log_lam, eig,
+                          backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
+            y = sigmoid_gate(g, self.project(c))
         return y, (eig if self.conv is None else (eig, tail))
 
     def project(self, c: Tensor) -> Tensor:
@@ -247,8 +264,10 @@ class TENLM(LanguageModel):
         The heads' coupling is folded into the output projection's weight once per forward
         in training (:meth:`EigenstateMixer.project`): no work per token. The chunked scan's
         forward does a dense Q×Q complex matrix-vector product per chunk and eigenstate
-        (8·Q real FLOPs per state per token) plus O(K) between chunks; backward is counted
-        as twice the forward, as for the matmuls.
+        (8·Q real FLOPs per state per token) plus O(K) between chunks. A matrix state's
+        does, per head of N = K/H eigenstates and P values: the Q scores of a token
+        (8·Q·N, complex), their mix of real values (2·Q·P) and the state's read and
+        write (8·N·P each). Backward is counted as twice the forward, as for the matmuls.
         """
         cfg = self.config
         seq_len = cfg.seq_len if seq_len is None else seq_len
@@ -256,5 +275,9 @@ class TENLM(LanguageModel):
         matmul += self.embed.weight.numel()  # the tied LM head
         matmul += sum(b.mixer.conv.conv.weight.numel() for b in self.blocks if b.mixer.conv)
         q = min(cfg.chunk_size, seq_len)
-        scan_fwd = cfg.n_layers * (8 * q + 16) * cfg.n_eigenstates
+        if cfg.state == "vector":
+            scan_fwd = cfg.n_layers * (8 * q + 16) * cfg.n_eigenstates
+        else:
+            N, P = cfg.n_eigenstates // cfg.n_heads, cfg.head_value_dim
+            scan_fwd = cfg.n_layers * cfg.n_heads * (8 * q * N + 2 * q * P + 16 * N * P)
         return 6.0 * matmul + 3.0 * scan_fwd

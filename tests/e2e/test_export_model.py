@@ -87,6 +87,28 @@ def test_transformers_gives_the_runners_logits(folder, run):
     assert torch.allclose(torch.cat([first.logits, rest], 1), got, atol=1e-5, rtol=0)
 
 
+def test_a_matrix_state_exports_with_the_runners_logits_and_carried_state(tmp_path, corpus):
+    """A run with value-vector eigenstates (model.state: matrix): the folder's own code
+    computes them as the trainer does, read at once or continued from its state."""
+    job = write_job(tmp_path, corpus, name="m", steps=2, every=2)
+    code, _, err = run_to_end("run", job, "--no-sample", "--set", "model.state=matrix")
+    assert code == 0, err
+    run, out = tmp_path / "store" / "m", tmp_path / "m-hf"
+    result = CliRunner().invoke(cli, ["export-model", str(run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["state"] == "matrix"
+    mine, theirs = load_model(ckpt.latest_valid(run / "checkpoints").path), hf_model(out)
+    ids = torch.randint(0, mine.config.vocab_size, (2, 37), generator=torch.Generator()
+                        .manual_seed(0))  # chunks of 16, the last one short
+    with torch.no_grad():
+        want, _ = mine(ids)
+        got = theirs(ids).logits
+        first = theirs(ids[:, :20])
+        rest = theirs(ids[:, 20:], state=first.state).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    assert torch.allclose(torch.cat([first.logits, rest], 1), got, atol=1e-5, rtol=0)
+
+
 def test_auto_tokenizer_encodes_as_the_run_did(folder, run):
     tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     mine = Tokenizer(run / "tokenizer.model")

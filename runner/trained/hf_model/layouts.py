@@ -70,7 +70,7 @@ class Layout:
 # -- TEN: its own code, its own names -------------------------------------------------
 # TENConfig fields the exported model reads (configuration_ten.TENConfig's arguments).
 TEN_FIELDS = ("vocab_size", "d_model", "n_layers", "n_eigenstates", "n_heads", "mlp",
-              "selective", "conv_width", "norm_eps", "chunk_size", "seq_len")
+              "selective", "conv_width", "norm_eps", "chunk_size", "seq_len", "state")
 
 
 # A TEN model has no position limit (its state carries any length), but tools size their
@@ -84,6 +84,7 @@ def _ten_config(cfg: Any) -> dict[str, Any]:
             "auto_map": {"AutoConfig": "configuration_ten.TENConfig",
                          "AutoModelForCausalLM": "modeling_ten.TENForCausalLM"},
             **{f: getattr(cfg, f) for f in TEN_FIELDS}, "mlp_hidden": cfg.mlp_hidden,
+            "value_dim": cfg.head_value_dim,
             "max_position_embeddings": TEN_MAX_LENGTH}
 
 
@@ -97,8 +98,9 @@ def _ten_names(cfg: Any) -> Names:
 
 
 def _ten_shape(cfg: Any, preset: str) -> str:
+    values = (f", each holding {cfg.head_value_dim} values" if cfg.state == "matrix" else "")
     return (f"TEN {preset}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
-            f"{cfg.n_eigenstates} eigenstates{', selective' if cfg.selective else ''}"
+            f"{cfg.n_eigenstates} eigenstates{values}{', selective' if cfg.selective else ''}"
             f"{f', conv {cfg.conv_width}' if cfg.conv_width else ''}")
 
 

@@ -10,7 +10,10 @@ Each layer keeps K complex eigenstates c per sequence, in H heads of K/H::
     y_t = σ(W_g·x̂_t + b_g) ⊙ W_out·[Re c̃_t; Im c̃_t],        c̃ = (I + M_h) c per head
 
 with x̂ = LayerNorm(x), u = x̂ or its short causal convolution, γ = sqrt(1 - |λ|²), and
-the step Δ = softplus(W_Δ·u + b_Δ)/0.01 in selective mode (1 otherwise). Generation
+the step Δ = softplus(W_Δ·u + b_Δ)/0.01 in selective mode (1 otherwise). With
+``state: matrix`` each eigenstate holds a value vector instead, written with β as its key
+and read by a query: C_t = λ_t ⊙ C_{t-1} + β_t (W_v·u_t)ᵀ, y_t = σ(W_g·x̂_t + b_g) ⊙
+W_out·Re((W_q·u_t)ᴴ C_t) per head. Generation
 carries every layer's state (the eigenstates, and the convolution's last inputs), so a
 new token costs the same however long the text before it.
 """
@@ -62,6 +65,45 @@ def scan(beta: Tensor, log_lam: Tensor, state: Tensor | None, chunk: int
     return torch.cat([c.real, c.imag], dim=-1), torch.cat([s.real, s.imag], dim=-1)
 
 
+def matrix_scan(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None,
+                heads: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """A matrix state's recurrence, per head of N eigenstates holding P values:
+    C_t = λ_t ⊙ C_{t-1} + k_t v_tᵀ, read as y_t = Re(q_tᴴ C_t). k, q (B, T, 2K) and
+    log λ as in :func:`scan`, v (B, T, H·P), state (B, H, N, P) complex or None. Returns
+    y (B, T, H·P) and the last state, in float32. Inside a chunk
+    y_j = Re Σ_{s≤j} (q_jᴴ (exp(A_j - A_s) ⊙ k_s)) v_s + Re q_jᴴ (exp(A_j) ⊙ C_prev)."""
+    B, T, K2 = k.shape
+    K = K2 // 2
+
+    def heads_of(x: Tensor, dtype: torch.dtype) -> Tensor:  # -> (B, H, T, N) complex
+        c = torch.complex(x[..., :K].to(dtype), x[..., K:].to(dtype))
+        return c.view(B, T, heads, K // heads).transpose(1, 2)
+
+    kc, qc = heads_of(k, torch.float32), heads_of(q, torch.float32).conj()
+    a = heads_of(log_lam.expand(B, T, K2) if log_lam.dim() == 1 else log_lam, torch.float64)
+    vh = v.float().view(B, T, heads, -1).transpose(1, 2)  # (B, H, T, P)
+    C = (kc.new_zeros(B, heads, K // heads, vh.shape[-1]) if state is None
+         else state.to(kc.dtype))
+    outs = []
+    for start in range(0, T, chunk):
+        acc = a[:, :, start:start + chunk].cumsum(2)  # (B, H, Q, N)
+        n = acc.shape[2]
+        causal = torch.ones(n, n, dtype=torch.bool, device=k.device).tril()[:, :, None]
+        gap = acc[:, :, :, None] - acc[:, :, None, :]  # (B, H, Q_j, Q_s, N): A_j - A_s
+        gap = torch.where(causal, gap, torch.full_like(gap, float("-inf")))
+        decay = torch.exp(gap).to(kc.dtype)
+        qs, ks, vs = qc[:, :, start:start + n], kc[:, :, start:start + n], vh[:, :, start:start + n]
+        scores = torch.einsum("bhjn,bhjsn,bhsn->bhjs", qs, decay, ks).real
+        y = scores @ vs + torch.einsum("bhjn,bhnp->bhjp", qs * torch.exp(acc).to(kc.dtype),
+                                       C).real
+        to_end = torch.exp(acc[:, :, -1:] - acc).to(kc.dtype)
+        C = (torch.exp(acc[:, :, -1]).to(kc.dtype)[..., None] * C
+             + torch.einsum("bhsn,bhsp->bhnp", to_end * ks, vs.to(kc.dtype)))
+        outs.append(y)
+    y = torch.cat(outs, dim=2) if outs else vh
+    return y.transpose(1, 2).reshape(B, T, -1), C
+
+
 class ShortConv(nn.Module):
     """A causal depthwise convolution over the last ``width`` inputs; its state is the
     last ``width - 1`` of them."""
@@ -85,11 +127,17 @@ class EigenstateMixer(nn.Module):
         d, K, H = cfg.d_model, cfg.n_eigenstates, cfg.n_heads
         self.cfg = cfg
         self.in_proj = nn.Linear(d, 2 * K, bias=False)
-        self.out_proj = nn.Linear(2 * K, d, bias=False)
         self.gate = nn.Linear(d, d)
         self.nu = nn.Parameter(torch.zeros(K))
         self.theta = nn.Parameter(torch.zeros(K))
-        self.coupling = nn.Parameter(torch.zeros(H, K // H, K // H))
+        if cfg.state == "matrix":  # value vectors, read by a query
+            self.query = nn.Linear(d, 2 * K, bias=False)
+            self.value = nn.Linear(d, H * cfg.value_dim, bias=False)
+            self.out_proj = nn.Linear(H * cfg.value_dim, d, bias=False)
+            self.coupling = None
+        else:
+            self.out_proj = nn.Linear(2 * K, d, bias=False)
+            self.coupling = nn.Parameter(torch.zeros(H, K // H, K // H))
         self.delta = nn.Linear(d, K) if cfg.selective else None
         self.conv = ShortConv(d, cfg.conv_width) if cfg.conv_width else None
 
@@ -113,6 +161,11 @@ class EigenstateMixer(nn.Module):
         if self.conv is not None:
             u, tail = self.conv(xn, tail)
         log_lam, beta = self.drive(u)
+        if self.coupling is None:
+            read, eig = matrix_scan(beta, self.value(u), self.query(u), log_lam, eig, H,
+                                    self.cfg.chunk_size)
+            y = torch.sigmoid(self.gate(xn)) * self.out_proj(read.to(xn.dtype))
+            return y, (eig, tail)
         c, eig = scan(beta, log_lam, eig, self.cfg.chunk_size)
         cv = c.view(B, T, 2, H, K // H)
         c = (cv + torch.einsum("btzhs,hrs->btzhr", cv, self.coupling.float())).reshape(B, T, 2 * K)

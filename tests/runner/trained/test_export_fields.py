@@ -18,10 +18,12 @@ from ten.model import config as configs
 from ten.model.presets import EXECUTION_FIELDS, INIT_FIELDS, model_config
 
 CHOICES = (configs.MLP_KINDS, configs.POSITIONS, configs.RESIDUAL_DTYPES,
-           SCAN_BACKENDS)
+           configs.STATES, SCAN_BACKENDS)
 
 
 def candidates(value):
+    if value is None:  # an optional count, e.g. value_dim
+        return [1, 2, 8]
     if isinstance(value, bool):
         return [not value]
     if isinstance(value, int):

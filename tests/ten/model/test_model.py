@@ -31,6 +31,9 @@ ARCHS = [
     pytest.param("ten", {"selective": True}, id="ten-selective"),
     pytest.param("ten", {"conv_width": 3}, id="ten-conv"),
     pytest.param("ten", {"selective": True, "conv_width": 4}, id="ten-selective-conv"),
+    pytest.param("ten", {"state": "matrix"}, id="ten-matrix"),
+    pytest.param("ten", {"state": "matrix", "selective": True, "conv_width": 4,
+                         "value_dim": 6}, id="ten-matrix-selective-conv"),
     pytest.param("transformer", {}, id="transformer-rope"),
     pytest.param("transformer", {"pos": "learned"}, id="transformer-learned"),
 ]
@@ -104,6 +107,16 @@ def test_ten_state_is_constant_size_during_generation():
     for _ in range(50):
         _, state = model(torch.randint(0, V, (1, 1)), state)
     assert shapes(state) == sizes == [((1, 16), (1, 3, 32))] * 2
+
+
+def test_a_matrix_state_is_constant_size_during_generation():
+    """A matrix state is K/H × P complex numbers a head whatever the length read."""
+    model = tiny("ten", state="matrix", conv_width=4)
+    _, state = model(torch.randint(0, V, (1, 3)))
+    for _ in range(20):
+        _, state = model(torch.randint(0, V, (1, 1)), state)
+    assert [(tuple(eig.shape), eig.dtype) for eig, _ in state] == [
+        ((1, 2, 4, 16), torch.complex128)] * 2  # H 2, K/H 4, P = d_model / H
 
 
 @pytest.mark.parametrize("arch", ["ten", "transformer"])
@@ -392,3 +405,21 @@ def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_d
     without_marker = torch.cat([torch.zeros(1, 8, dtype=torch.float64), noise])[None]
     forgot = fixed(xn, None)[1] - fixed(without_marker, None)[1]  # |λ|^4095 <= 0.99^4095
     assert forgot.abs().max() < 1e-12 * written.abs().max()
+
+
+def test_a_matrix_state_has_no_fused_scan_and_auto_runs_the_chunked_one_anywhere():
+    from ten.kernels.scan import resolve_scan
+
+    with pytest.raises(FieldError, match="scan_backend: state: matrix has no fused kernel yet"):
+        TENConfig(state="matrix", scan_backend="fused")
+    assert resolve_scan("auto", "cuda", fused=TENConfig(state="matrix").has_fused_scan) == (
+        "chunked", "scan backend: auto -> chunked (no fused kernel for a matrix state yet)")
+
+
+def test_a_matrix_states_flops_count_its_values():
+    """MFU counts the work done: wider value vectors, more work a token."""
+    narrow = TENLM(ten_config("tiny", state="matrix", value_dim=8))
+    wide = TENLM(ten_config("tiny", state="matrix", value_dim=64))
+    cfg = wide.config
+    weights = 2 * cfg.n_layers * cfg.d_model * cfg.n_heads * (64 - 8)  # value and out_proj
+    assert wide.flops_per_token(256) - narrow.flops_per_token(256) > 6 * weights

@@ -30,6 +30,21 @@ def test_the_imaginary_share_is_zero_without_imaginary_drive_or_rotation():
     assert state_health(model, ids)["L0/imag_share"] > 0.1
 
 
+def test_a_matrix_states_imaginary_share_is_zero_without_imaginary_keys_or_rotation():
+    """The value vectors are real: a key with no imaginary half and no rotation write
+    none; rotation turns the rows written into the imaginary part."""
+    model = tiny(selective=False, conv_width=0, state="matrix")
+    mixer = model.blocks[0].mixer
+    with torch.no_grad():
+        mixer.in_proj.weight[8:].zero_()
+        mixer.theta.zero_()
+    ids = torch.randint(0, 100, (2, 64))
+    assert state_health(model, ids)["L0/imag_share"] == 0.0
+    with torch.no_grad():
+        mixer.theta.fill_(0.5)
+    assert state_health(model, ids)["L0/imag_share"] > 0.1
+
+
 def test_a_fixed_decay_is_reported_as_its_eigenvalues_moduli():
     model = tiny(selective=False, conv_width=0)
     with torch.no_grad():
