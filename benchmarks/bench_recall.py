@@ -2,9 +2,11 @@
 fixed TEN vs selective TEN vs the transformer at equal size, budget and data.
 
 Models: ``ten`` (fixed eigenvalues), ``ten_conv`` (with the short convolution),
-``ten_selective`` (the input-dependent step), ``ten_selective_conv`` (both), and the
-transformer matched to the fixed TEN's parameter count (the convolution and the step add
-~5% at the default size).
+``ten_selective`` (the input-dependent step), ``ten_selective_conv`` (both),
+``ten_matrix`` (both, with eigenstates that hold value vectors read by a query:
+``state: matrix``), and the transformer matched to the fixed TEN's parameter count (the
+convolution and the step add ~5% at the default size, the matrix state's query and
+values more: the table prints each model's parameters).
 
 Tasks (each a stream of fresh random sequences; loss and accuracy only where an answer
 is due, every other position is ignored):
@@ -158,7 +160,8 @@ TASKS = {"copy_first": copy_first, "selective_copy": selective_copy, "mqar": mqa
 
 MIN_LR_RATIO = TrainConfig.min_lr_ratio  # the cosine schedule's floor, as in a job
 
-MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "transformer"]
+MODELS = ["ten", "ten_conv", "ten_selective", "ten_selective_conv", "ten_matrix",
+          "transformer"]
 
 
 # --- models, training, scoring --------------------------------------------------------------
@@ -175,6 +178,11 @@ def model_configs(args: argparse.Namespace, vocab: int, T: int) -> dict[str, obj
             "ten_selective": ten_config("tiny", **{**ten, "selective": True}),
             "ten_selective_conv": ten_config("tiny", **{**ten, "selective": True,
                                                         "conv_width": conv}),
+            # the presets' mode with value-vector eigenstates (docs/model.md), at the
+            # matrix scan's fastest chunk on a CPU
+            "ten_matrix": ten_config("tiny", **{**ten, "selective": True, "conv_width": conv,
+                                                "state": "matrix",
+                                                "chunk_size": min(16, T)}),
             "transformer": transformer_config("tiny", **ten)}
 
 
@@ -423,15 +431,19 @@ def table(results: dict[str, object]) -> str:
             continue
         lines.append(f"{task} (chance {100 * rows['chance']:.1f}%)")
         lines.append("  model            " + "  ".join(f"T={T:>6}" for T in lengths)
-                     + "   per seed (training T)")
+                     + "   params  ms/step   per seed (training T)")
+        steps = results["args"]["steps"]
         for m in models:
             r = rows[m]
             per_seed = ", ".join(f"{100 * run['accuracy'][lengths[0]]:.1f}"
                                  for run in r["runs"])
             swept = ("   lr " + ", ".join(f"{lr}: {100 * a:.1f}%" for lr, a in r["by_lr"].items())
                      if len(r["by_lr"]) > 1 else "")
+            cost = (f"{r['runs'][0]['params'] / 1e3:6.0f}K  "
+                    f"{1e3 * statistics.mean(run['train_s'] for run in r['runs']) / steps:7.0f}")
             lines.append(f"  {m:<16} " + "  ".join(f"{100 * r['mean'][T]:7.1f}%"
-                                                   for T in lengths) + f"   [{per_seed}]{swept}")
+                                                   for T in lengths)
+                         + f"   {cost}   [{per_seed}]{swept}")
     return "\n".join(lines)
 
 

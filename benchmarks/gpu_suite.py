@@ -93,6 +93,11 @@ class Sizes:
     e2e: dict[str, Any] = field(default_factory=lambda: {
         "corpus_bytes": 40_000_000, "vocab": 8000, "steps": 40, "every": 10, "stop_at": 15,
         "kill_at": 27, "sample_s": 1.0, "eval_tokens": 65536, "sets": ()})
+    # recall: Zoology's MQAR at its small settings ((T, pairs)), each model at each lr
+    recall: dict[str, Any] = field(default_factory=lambda: {
+        "settings": ((64, 4), (128, 8), (256, 16)), "keys": 64, "steps": 1500,
+        "lrs": (1e-3, 3e-3, 1e-2), "seeds": (0,),
+        "models": ("ten_selective_conv", "ten_matrix", "transformer")})
 
 
 FULL = Sizes()
@@ -101,7 +106,9 @@ SMOKE = Sizes(batches=(1, 2), lengths=(32, 64), tokens_per_step=128, chunks=(16,
               baseline_compile=False,  # minutes of CPU compiling; the compile section has it
               e2e={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 12, "every": 4,
                    "stop_at": 5, "kill_at": 9, "sample_s": 1.0, "eval_tokens": 256,
-                   "sets": ("data.num_workers=0",)})
+                   "sets": ("data.num_workers=0",)},
+              recall={"settings": ((32, 4),), "keys": 16, "steps": 2, "lrs": (1e-3,),
+                      "seeds": (0,), "models": ("ten_matrix", "transformer")})
 
 
 def sizes_of(smoke: bool) -> Sizes:
@@ -533,6 +540,31 @@ class Suite:
         return {"off": off, "on": on, "speedup": ratio, "job_compiles": self.train.compile,
                 "compile_s": on.get("warmup_s")}
 
+    def recall(self) -> dict[str, Any]:
+        """Multi-query associative recall by Zoology's protocol (benchmarks/bench_recall.py,
+        issue 47): per (T, pairs) setting, selective TEN with vector and with matrix
+        eigenstates and the transformer, d 64, 2 layers, each at every lr, its best
+        reported, with ms a step and parameters."""
+        from bench_recall import parse_args, run
+
+        r, out = self.sizes.recall, {}
+        for T, pairs in r["settings"]:
+            args = parse_args([
+                "--tasks", "mqar", "--T", str(T), "--lengths", str(T),
+                "--mqar-pairs", str(pairs), "--mqar-keys", str(r["keys"]),
+                "--mqar-values", str(r["keys"]), "--steps", str(r["steps"]),
+                "--lrs", *map(str, r["lrs"]), "--seeds", *map(str, r["seeds"]),
+                "--models", *r["models"], "--device", self.device.type])
+            rows = run(args)["tasks"][f"mqar_{pairs}"]
+            out[f"T{T}_pairs{pairs}"] = {
+                m: {"accuracy": row["mean"][str(T)], "lr": row["lr"], "by_lr": row["by_lr"],
+                    "ms_per_step": 1e3 * statistics.fmean(x["train_s"] for x in row["runs"])
+                    / r["steps"], "params": row["runs"][0]["params"]}
+                for m, row in rows.items() if m != "chance"}
+            out[f"T{T}_pairs{pairs}"]["chance"] = rows["chance"]
+            _free()
+        return out
+
     def recompute(self) -> dict[str, Any]:
         """The job's micro-batch (its batch, an optimizer step each) with 0 to n_layers of
         its blocks recomputed in backward: tokens/s, MFU and peak memory against
@@ -946,17 +978,21 @@ def environment(device: Any) -> dict[str, Any]:
 # the earlier sections on an H100; e2e adds ~4 minutes.
 SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile", "scan",
             "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk", "selective",
-            "recompute")
+            "recompute", "recall")
 # The recipe's device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("e2e", "flagship", "memory"),
          2: ("ten_vs_transformer", "selective"),
          3: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
-         4: ("compile", "graphs", "recompute")}
+         4: ("compile", "graphs", "recompute"),
+         5: ("recall",)}
+# What a call without --part runs on a GPU: parts 1-4 (part 5 needs a call of its own);
+# --smoke runs every section.
+ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5])
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "optimizer": 90,
-             "e2e": 480, "gpu_tests": 240}
+             "e2e": 480, "gpu_tests": 240, "recall": 540}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 
@@ -1137,6 +1173,16 @@ def markdown(r: dict[str, Any]) -> str:
                   f"bitsandbytes' {f(opt['bitsandbytes']['ms'])} ms, ten.train.adamw8bit's "
                   f"{f(opt['ten_adamw8bit']['ms'])} ms ({f(opt['speedup'])}×); torch's AdamW "
                   f"{f(opt['torch_adamw']['ms'])} ms."]
+    recall = {k: v for k, v in (r.get("recall") or {}).items() if k != "error"}
+    if recall:
+        lines += ["", "MQAR (best lr of each model; accuracy, ms a step):", "",
+                  "| setting | chance | " + " | ".join(
+                      m for m in next(iter(recall.values())) if m != "chance") + " |",
+                  "|---" * (2 + len(next(iter(recall.values()))) - 1) + "|"]
+        for setting, row in recall.items():
+            lines.append(f"| {setting} | {100 * row['chance']:.1f}% | " + " | ".join(
+                f"{100 * x['accuracy']:.1f}% ({x['ms_per_step']:.0f} ms, lr {x['lr']:g})"
+                for m, x in row.items() if m != "chance") + " |")
     errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]
@@ -1177,7 +1223,8 @@ def main(argv: list[str] | None = None) -> int:
             print("gpu_suite: no CUDA device; run with --smoke for the CPU check",
                   file=sys.stderr)
             return 2
-        sections = PARTS[args.part] if args.part else tuple(args.sections or SECTIONS)
+        sections = PARTS[args.part] if args.part else tuple(
+            args.sections or (SECTIONS if args.smoke else ONE_CALL))
         tag = f"part{args.part}" if args.part else ""
         results = run_suite(args.smoke, device, args.out, sections, tag, args.budget_s)
     for path in results.pop("_paths"):
