@@ -204,12 +204,17 @@ def test_mqar_runs_one_task_per_pair_count_and_reports_each_models_best_lr(monke
     by_lr = {1e-3: 0.25, 1e-2: 0.5}  # what each lr scores here, by construction
     monkeypatch.setattr(br, "train_and_score", lambda cfg, task, at, seed, device: {
         "accuracy": {"24": by_lr[at.lr]}, "final_loss": 1.0, "train_s": 0.1, "params": 1})
-    tasks = br.run(args)["tasks"]
+    results = br.run(args)
+    tasks = results["tasks"]
     assert list(tasks) == ["mqar_2", "mqar_4"]
     row = tasks["mqar_4"]["transformer"]
     assert row["lr"] == 1e-2 and row["by_lr"] == {"0.001": 0.25, "0.01": 0.5}
     assert row["mean"] == {"24": 0.5} and tasks["mqar_4"]["chance"] == 1 / 16
-    assert "lr 0.001: 25.0%, 0.01: 50.0%" in br.table({"tasks": tasks})
+    lines = br.table(results).splitlines()
+    assert "params  ms/step" in lines[1]
+    row_line = next(line for line in lines if line.strip().startswith("transformer"))
+    assert row_line.split()[1:4] == ["50.0%", "0K", "100"]  # 1 parameter, 0.1 s a step
+    assert row_line.endswith("lr 0.001: 25.0%, 0.01: 50.0%")
 
 
 def test_mqar_keys_fewer_than_its_pairs_are_refused():
