@@ -29,6 +29,11 @@ feeds it gets a gradient.
 the step, so both can depend on the last few tokens, not the current one alone: what
 the recall tasks need (benchmarks/bench_recall.py; BENCHMARKS.md "Recall").
 
+With ``state: matrix`` each eigenstate holds a value vector instead (docs/model.md,
+"Eigenstates that hold values"): per head, C_t = λ_t ⊙ C_{t-1} + β_t (W_v u_t)ᵀ read as
+Re((W_q u_t)ᴴ C_t), then gated and projected by W_out (ten.kernels.matrix_scan). Its
+query and value weights keep torch's Linear initialisation (what BENCHMARKS.md measured).
+
 There is no position table: the recurrence carries position, so any length runs.
 """
 
@@ -188,7 +193,7 @@ class EigenstateMixer(nn.Module):
         else:  # xn's two readers, the convolution and the gate, in one
             u, g, tail = self.conv.with_linear(xn, tail, self.gate)
         log_lam, beta = self.drive(u)
-        if self.coupling is None:  # matrix state: β is the key, read by a query
+        if self.cfg.state == "matrix":  # β is the key of a value vector, read by a query
             read, eig = matrix_scan(beta, self.value(u), self.query(u), log_lam, eig,
                                     heads=self.cfg.n_heads, backend=self.cfg.scan_backend,
                                     chunk_size=self.cfg.chunk_size)
