@@ -14,7 +14,7 @@ import click
 
 from runner.errors import UserError
 from runner.exit_codes import ExitCode
-from runner.job.clouds import CLOUDS
+from runner.job.clouds import CLOUDS, cloud_of
 from runner.storage import DEFAULT_STORE
 from runner.target import resolve_target, submitted_record
 from runner.trained.evaluate import MAX_TOKENS
@@ -449,14 +449,11 @@ def submit(job_file: str, target: str, wait: bool, region: str | None,
 def _region_setting(target: str, region: str) -> tuple[str, ...]:
     """``--region R`` as the ``--set`` it stands for, for the cloud ``target`` names;
     a usage error (exit 2) where that cloud takes no region."""
-    from runner.provision.destinations import scheme_of
-
-    cloud = next((c for c in CLOUDS if c.name == scheme_of(target)), None)
+    cloud = cloud_of(target)
     if cloud is None:  # no cloud of that name: submit says which --to forms there are
         return ()
-    if cloud.section is None or "region" not in cloud.section.model_fields:
-        with_regions = [c.name for c in CLOUDS
-                        if c.section is not None and "region" in c.section.model_fields]
+    if not cloud.has_key("region"):
+        with_regions = [c.name for c in CLOUDS if c.has_key("region")]
         raise click.UsageError(f"--region: --to {target} takes no region (clouds with one: "
                                f"{', '.join(with_regions)})")
     return (f"resources.{cloud.name}.region={region}",)

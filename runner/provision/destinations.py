@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.job.clouds import CLOUDS, forms
+from runner.job.clouds import cloud_of, forms
 from runner.provision.base import Provider, ProvisionError
 
 Log = Callable[[str], None]
@@ -46,15 +46,10 @@ class Destination:
         raise NotImplementedError
 
 
-def scheme_of(target: str) -> str:
-    """``ssh://user@host`` -> ``ssh``; ``local`` -> ``local``."""
-    return target.split("://", 1)[0].lower() if "://" in target else target
-
-
 def destination(target: str) -> Destination:
     """The destination serving ``target``; a ProvisionError naming the forms otherwise (a
     bare name where the cloud takes a URL, or the other way round, included)."""
-    cloud = next((c for c in CLOUDS if c.name == scheme_of(target)), None)
+    cloud = cloud_of(target)
     if cloud is None or cloud.takes_url != ("://" in target):
         raise ProvisionError(f"--to {target!r}: use {FORMS}")
     return importlib.import_module(cloud.destination).DESTINATION

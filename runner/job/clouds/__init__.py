@@ -35,6 +35,10 @@ class Cloud:
     def takes_url(self) -> bool:
         return "://" in self.form
 
+    def has_key(self, key: str) -> bool:
+        """Whether its ``resources.<name>`` section has ``key`` (``region``, say)."""
+        return self.section is not None and key in self.section.model_fields
+
 
 def _declared() -> tuple[Cloud, ...]:
     found = [importlib.import_module(f"{__name__}.{info.name}").CLOUD
@@ -43,6 +47,16 @@ def _declared() -> tuple[Cloud, ...]:
 
 
 CLOUDS: tuple[Cloud, ...] = _declared()
+
+
+def scheme_of(target: str) -> str:
+    """``ssh://user@host`` -> ``ssh``; ``local`` -> ``local``."""
+    return target.split("://", 1)[0].lower() if "://" in target else target
+
+
+def cloud_of(target: str) -> Cloud | None:
+    """The cloud a ``--to`` target names by its scheme, or None (the form unchecked)."""
+    return next((c for c in CLOUDS if c.name == scheme_of(target)), None)
 
 
 def forms() -> str:

@@ -8,8 +8,8 @@ import sys
 import pytest
 from fakecloud import FakeCloud, Script, exited
 
+from runner.job import clouds
 from runner.job.clouds import Cloud
-from runner.provision import destinations
 from runner.provision.base import ProvisionError
 from runner.provision.destinations import Destination, destination
 
@@ -52,7 +52,7 @@ def test_a_declared_cloud_runs_a_managed_job_with_nothing_else_changed(tmp_path,
         "DESTINATION = MyCloud()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     declared = Cloud("mycloud", form="mycloud", summary="a test's", destination="mycloud")
-    monkeypatch.setattr(destinations, "CLOUDS", (*destinations.CLOUDS, declared))
+    monkeypatch.setattr(clouds, "CLOUDS", (*clouds.CLOUDS, declared))  # what cloud_of reads
     import mycloud
     monkeypatch.setattr(mycloud, "CLOUD", cloud, raising=False)
 
