@@ -39,8 +39,11 @@ def repeat_recall(model: LanguageModel, seq_len: int, device: torch.device,
     was_training = model.training
     model.eval()
     try:
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
-                            enabled=amp_dtype is not None):
+        # eagerly under train.compile: the probe's rows and length are not a batch's, and
+        # compiling the blocks again for them is minutes of a GPU run
+        with torch.compiler.set_stance("force_eager"), \
+                torch.autocast(device.type, dtype=amp_dtype or torch.float32,
+                               enabled=amp_dtype is not None):
             hidden, _ = model.hidden_states(ids[:, :-1])
         hidden = hidden[:, half:]  # the positions that predict the repeat's 2nd token on
         targets = ids[:, half + 1:]

@@ -39,7 +39,10 @@ def state_health(model: Any, ids: torch.Tensor) -> dict[str, float]:
     was_training = model.training
     model.eval()
     try:
-        _, state = model.hidden_states(ids)
+        # eagerly under train.compile: compiled blocks run without the hooks (their guards
+        # do not see them), and compiling again for a figure is minutes of a GPU run
+        with torch.compiler.set_stance("force_eager"):
+            _, state = model.hidden_states(ids)
     finally:
         for hook in hooks:
             hook.remove()

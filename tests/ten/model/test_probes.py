@@ -44,3 +44,24 @@ def test_the_probe_is_seeded_short_and_leaves_the_model_as_it_was():
     b = probes.repeat_recall(model, 8192, torch.device("cpu"))
     assert a == b and 0.0 <= a <= 1.0 and model.training
     assert shapes == [(probes.ROWS, probes.MAX_TOKENS - 1)] * 2  # not 8192
+
+
+def test_the_probe_compiles_nothing_in_a_compiled_model():
+    """train.compile compiles every block; the probe's rows and length are not a batch's,
+    so running the compiled blocks would compile them again for its shapes (with dynamic
+    shapes: on a GPU, minutes of a run; here it had doubled the compile test's time). It
+    runs eagerly."""
+    torch.manual_seed(0)
+    model = build_model(model_config("ten", "tiny", vocab_size=V, d_model=32, n_layers=2,
+                                     seq_len=16))
+    for block in model.blocks:
+        block.compile(backend="eager")  # dynamo traces and guards; no inductor
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    with torch.no_grad():
+        model.hidden_states(torch.randint(0, V, (3, 16)))
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled >= 1
+    score = probes.repeat_recall(model, 16, torch.device("cpu"))  # 4 rows of 15 tokens
+    assert 0.0 <= score <= 1.0
+    assert counters["stats"]["unique_graphs"] == compiled

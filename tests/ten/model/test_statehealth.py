@@ -73,3 +73,21 @@ def test_the_selective_step_is_reported_as_the_steps_the_layer_took():
     for q in (10, 50, 90):
         assert math.isclose(health[f"L0/step_p{q}"], float(torch.quantile(steps, q / 100)),
                             rel_tol=1e-5)
+
+
+def test_compiled_blocks_report_the_eager_figures_and_compile_nothing_new():
+    """Under train.compile the figures are the eager model's: the compiled blocks had run
+    without the hooks that read a selective model's steps (its step figures missing, its
+    decay read at a step of 1), and no graph is compiled for the figures."""
+    model = tiny(selective=True)
+    ids = torch.randint(0, 100, (2, 64))
+    eager = state_health(model, ids)
+    for block in model.blocks:
+        block.compile(backend="eager")  # dynamo traces and guards; no inductor
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    with torch.no_grad():
+        model.hidden_states(ids)
+    compiled = counters["stats"]["unique_graphs"]
+    assert state_health(model, ids) == eager
+    assert counters["stats"]["unique_graphs"] == compiled

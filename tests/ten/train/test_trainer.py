@@ -780,7 +780,7 @@ def test_ddp_ranks_agree_on_stopping_only_at_agreement_points(
         assert len(fake.calls) == agreed  # host syncs: only at agreement points
 
 
-@pytest.mark.slow  # ~30 s: inductor compiles the blocks (cold cache)
+@pytest.mark.slow  # ~60 s: inductor compiles the blocks (cold cache)
 def test_compile_trains_the_same_model_with_compiled_blocks(data, tmp_path):
     """train.compile: true compiles every block in place (regional): the first step's loss
     is the eager one, evaluation and checkpoints work, and the saved weights load into a
