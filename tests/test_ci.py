@@ -18,7 +18,6 @@ printf '#!/bin/sh\\nexit "${PYTHON_STATUS:-0}"\\n' > "$3/bin/python"
 cp "$3/bin/python" "$3/bin/pip"
 chmod +x "$3/bin/python" "$3/bin/pip"
 printf 'PATH="%s/bin:$PATH"\\n' "$3" > "$3/bin/activate"
-head -c 1048576 /dev/zero > "$3/bin/weight"  # a venv is gigabytes: stands for them
 """
 
 
