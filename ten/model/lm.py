@@ -56,7 +56,7 @@ class Block(nn.Module):
         self.norm2 = LayerNorm(d_model, eps=eps)
         self.mlp = MLP(d_model, mlp_hidden, mlp_kind)
 
-    def forward(self, x: Tensor, pending: Tensor | None, state: Any
+    def forward(self, x: Tensor, pending: Tensor, state: Any
                 ) -> tuple[Tensor, Tensor, Any]:
         """(x, pending) -> (x + pending + mixer's output, this block's MLP output, state)."""
         x, xn = self.norm1.add(x, pending)
@@ -103,13 +103,14 @@ class LanguageModel(nn.Module):
         """The LM head's (V, d) weight: the embedding table (tied)."""
         return self.embed.weight
 
-    def compile_blocks(self) -> None:
-        """``torch.compile`` every block in place (regional compilation): the blocks share
-        one compiled graph, parameters are its inputs, and state_dict keys do not change."""
+    def compile_blocks(self, **options: Any) -> None:
+        """``torch.compile`` every block in place (regional compilation), with ``options``
+        for ``torch.compile``: the blocks share one compiled graph (one more for
+        evaluation), parameters are its inputs, and state_dict keys do not change."""
         for block in self.blocks:
-            block.compile()
+            block.compile(**options)
 
-    def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, Tensor | None, tuple[Any, ...]]:
+    def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, Tensor, tuple[Any, ...]]:
         """x (B, T, d) through ``self.blocks``, each with its own carried state: the stream
         and the last block's output still to add to it (see :class:`Block`). The first
         :func:`recomputed_blocks` blocks keep only their inputs for backward and run their
@@ -118,7 +119,11 @@ class LanguageModel(nn.Module):
             raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
         training = self.training and torch.is_grad_enabled()
         recomputed = recomputed_blocks(self.config) if training else 0
-        new_state, pending = [], None
+        # The first block adds zeros as every later block adds its predecessor's output,
+        # zeros in x's place in autograd (x * 0, not a constant): the blocks' arguments
+        # then match in kind and in requires_grad, which torch.compile's guards check, so
+        # compiled blocks share one graph (a None here compiled the first on its own).
+        new_state, pending = [], x * 0
         for i, block in enumerate(self.blocks):
             s = None if state is None else state[i]
             if i < recomputed:

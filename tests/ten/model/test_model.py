@@ -228,6 +228,28 @@ def test_checkpoint_blocks_recomputes_only_the_first_n_with_the_same_gradients(a
         assert torch.allclose(pa.grad, pb.grad, atol=1e-12), name
 
 
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+def test_compiled_blocks_share_one_graph_for_training_and_one_for_evaluation(arch):
+    """compile_blocks (train.compile): every block, the first included, calls its
+    compiled forward with the same kinds of arguments, so three blocks compile one graph
+    for a training step and one more for evaluation (no grad). The first block had its
+    own pair: on a GPU, each graph is a compile of its own, minutes of a run's start."""
+    torch.manual_seed(1)
+    model = tiny(arch, n_layers=3).float()
+    model.compile_blocks(backend="eager")  # dynamo traces and guards; no inductor
+    torch._dynamo.reset()
+    stats = torch._dynamo.utils.counters["stats"]
+    before = stats["unique_graphs"]  # the process's earlier tests' (reset keeps counters)
+    ids = torch.randint(0, V, (2, 16))
+    model.train()
+    model(ids)[0].logsumexp(-1).sum().backward()
+    assert stats["unique_graphs"] - before == 1
+    model.eval()
+    with torch.no_grad():
+        model(ids)
+    assert stats["unique_graphs"] - before == 2
+
+
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_checkpoint_blocks_that_is_not_a_count_is_refused_by_name(value):
     with pytest.raises(ValueError, match=r"^checkpoint_blocks: must be (an integer|>= 0)"):

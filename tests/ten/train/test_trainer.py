@@ -782,19 +782,22 @@ def test_ddp_ranks_agree_on_stopping_only_at_agreement_points(
 
 @pytest.mark.slow  # ~60 s: inductor compiles the blocks (cold cache)
 def test_compile_trains_the_same_model_with_compiled_blocks(data, tmp_path):
-    """train.compile: true compiles every block in place (regional): the first step's loss
-    is the eager one, evaluation and checkpoints work, and the saved weights load into a
-    plain model (state_dict keys unchanged)."""
+    """train.compile: true compiles every block in place (regional): one graph for the
+    blocks' training step and one for evaluation, the first step's loss is the eager one,
+    evaluation and checkpoints work, and the saved weights load into a plain model
+    (state_dict keys unchanged)."""
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     notes = []
     kw = dict(max_steps=2, eval_every=1, checkpoint_every=2)
     trainer(data, eager, **kw).run()
+    graphs = torch._dynamo.utils.counters["stats"]
+    before = graphs["unique_graphs"]  # this process's earlier tests'
     t = Trainer(mcfg(data), data, tcfg(compile=True, **kw), compiled, {"model": "m"}, {},
                 log=notes.append)
     assert t.run().outcome is Outcome.DONE
     assert "compile: every block with torch.compile (TrainConfig.compile)" in notes
     assert all(b._compiled_call_impl is not None for b in t.raw_model.blocks)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert graphs["unique_graphs"] - before == 2  # the blocks' one for training, one for eval
     first = {c: [r["loss"] for r in read_metrics(c / "metrics.jsonl") if r["kind"] == "train"]
              for c in (eager, compiled)}
     assert first[compiled][0] == pytest.approx(first[eager][0], rel=1e-5)
