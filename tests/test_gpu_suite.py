@@ -137,6 +137,38 @@ def test_a_section_past_its_time_is_stopped_and_recorded(tmp_path):
     assert r["error"] == "timed out after 1 s"
 
 
+def test_a_section_past_its_time_keeps_what_it_finished_before(tmp_path):
+    """Part 5's recall runs take most of a call: those finished when the call's time
+    ran out are kept beside the error (they were lost with the section)."""
+    kept = tmp_path / "result.json"
+    gpu_suite.write_json(kept, {"T64_pairs4": {"chance": 0.016, "transformer": {"steps": 9}}})
+    r = gpu_suite.timed_out(kept, 540, "step 1 ...")
+    assert r["error"] == "timed out after 540 s (what it finished before is kept)"
+    assert r["T64_pairs4"]["transformer"] == {"steps": 9} and r["output"] == "step 1 ..."
+    assert gpu_suite.timed_out(tmp_path / "none.json", 540, "")["error"] == \
+        "timed out after 540 s"
+
+
+def test_recall_keeps_each_run_as_it_finishes(tmp_path):
+    """Run after run (the transformer at its budget first, then each TEN), every one
+    kept as it ends, with its steps and each seed's accuracy."""
+    import torch
+
+    saves = []
+    suite_ = gpu_suite.Suite(True, torch.device("cpu"), tmp_path, "stem",
+                             keep=lambda partial: saves.append(json.loads(json.dumps(partial))))
+    r = suite_.recall()
+    assert [list(s["T32_pairs4"]) for s in saves] == [["chance", "transformer"],
+                                                       ["chance", "transformer", "ten_matrix"]]
+    assert saves[-1] == json.loads(json.dumps(r))
+    for row in (r["T32_pairs4"]["transformer"], r["T32_pairs4"]["ten_matrix"]):
+        assert row["steps"] == 2 and len(row["by_seed"]) == 1 and row["ms_per_step"] > 0
+    table = gpu_suite.markdown({**gpu_suite.environment(torch.device("cpu")), "smoke": True,
+                                "recall": gpu_suite.timed_out(tmp_path / "none", 1, "")
+                                | r})
+    assert "| T32_pairs4 |" in table and "(2 steps, " in table
+
+
 def test_no_section_starts_without_the_time_to_run(tmp_path):
     proc = suite("--smoke", "--out", str(tmp_path), "--part", "3", "--budget-s", "10")
     assert proc.returncode == 1
