@@ -62,6 +62,14 @@ def test_short_values_are_listed_but_not_scrubbed_and_common_words_are():
     assert secret_forms(["eu"]) == []
 
 
+def test_a_longer_secret_overlapping_a_shorter_one_is_hidden_whole():
+    """Longest first over the whole text: "bcdefg" inside "abcdefg" goes before "abcd"
+    can claim its start (one regex pass took "abcd" at the first position and left
+    "efg" of the longer secret in the line)."""
+    assert scrub("key=abcdefg;", ["abcd", "bcdefg"]) == "key=a***;"
+    assert scrub("abcd and bcdefg", ["abcd", "bcdefg"]) == "*** and ***"
+
+
 def test_defaults_and_escapes_are_not_secrets():
     job = parse_job(MINIMAL + "storage: {url: '${RUNS:-./fallback}', region: '$${LIT}'}\n",
                     env={"LIT": "never-read"})
