@@ -162,11 +162,12 @@ def test_recall_keeps_each_run_as_it_finishes(tmp_path):
                                                        ["chance", "transformer", "ten_matrix"]]
     assert saves[-1] == json.loads(json.dumps(r))
     for row in (r["T32_pairs4"]["transformer"], r["T32_pairs4"]["ten_matrix"]):
-        assert row["steps"] == 2 and len(row["by_seed"]) == 1 and row["ms_per_step"] > 0
+        assert (row["steps"], row["batch"]) == (2, 4) and len(row["by_seed"]) == 1
+        assert row["ms_per_step"] > 0
     table = gpu_suite.markdown({**gpu_suite.environment(torch.device("cpu")), "smoke": True,
                                 "recall": gpu_suite.timed_out(tmp_path / "none", 1, "")
                                 | r})
-    assert "| T32_pairs4 |" in table and "(2 steps, " in table
+    assert "| T32_pairs4 |" in table and "(2 steps of 4, " in table
 
 
 def test_no_section_starts_without_the_time_to_run(tmp_path):
