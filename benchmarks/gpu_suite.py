@@ -108,6 +108,7 @@ class Sizes:
         {"setting": (64, 4), "models": ("ten_selective_conv",), "steps": 2000, "batch": 256,
          "lrs": (1e-3,), "seeds": (0, 1)})})
 
+
 FULL = Sizes()
 SMOKE = Sizes(batches=(1, 2), lengths=(32, 64), tokens_per_step=128, chunks=(16, 32),
               ref_T=32, selective_chunk=16, loss_rows=16, warmup=1, steps=1,
