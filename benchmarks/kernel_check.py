@@ -258,6 +258,10 @@ def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
     except Exception as e:  # the compiler's error is the finding
         row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         return row
+    row.shared = compiled.metadata.shared
+    row.loop_exchanges = loop_exchanges(compiled.asm["ttgir"])
+    if not row.speed_matters:  # compiled is all it must do; the tools below take ~0.7 s
+        return row
     # ptxas -v on the kernel's PTX: registers, stack frame and spill traffic, as the
     # cubin Triton built was assembled (same ptxas, same target)
     gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
@@ -277,8 +281,6 @@ def compile_one(args: tuple[str, str, dict, dict, int, int]) -> Row:
     stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
                                        report).groups())
     row.spills = stores + loads
-    row.shared = compiled.metadata.shared
-    row.loop_exchanges = loop_exchanges(compiled.asm["ttgir"])
     row.pass_instructions, row.pass_bytes = loop_pass(sass)
     regs_sm, threads_sm, shared_sm = SM_LIMITS[arch]
     threads = 32 * warps
