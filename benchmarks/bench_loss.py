@@ -122,10 +122,11 @@ def _peak_cpu_bytes(fn) -> int | None:
     return max((sum(s) for s in sizes), default=0)
 
 
-def measure(loss_fn, hidden, weight, targets, dtype, repeats: int
+def measure(loss_fn, hidden, weight, targets, dtype, repeats: int, cpu_memory: bool = True
             ) -> tuple[float, int | None, list[torch.Tensor]]:
     """(seconds per forward + backward, peak bytes above the inputs, [loss, d hidden,
-    d weight])."""
+    d weight]). ``cpu_memory``: on a CPU, the peak from the profiler's memory timeline
+    (seconds per loss); else None there."""
     device = hidden.device
 
     def step():
@@ -145,7 +146,7 @@ def measure(loss_fn, hidden, weight, targets, dtype, repeats: int
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = _peak_cpu_bytes(step)
+        peak = _peak_cpu_bytes(step) if cpu_memory else None
     t0 = time.perf_counter()
     for _ in range(repeats):
         step()
@@ -155,7 +156,7 @@ def measure(loss_fn, hidden, weight, targets, dtype, repeats: int
 
 
 def compare(rows: int, d: int, vocab: int, dtype: torch.dtype, device: torch.device,
-            repeats: int, seed: int = 0) -> dict:
+            repeats: int, seed: int = 0, cpu_memory: bool = True) -> dict:
     """Each loss of :func:`backends` on the same inputs: ms, peak MiB, and its largest
     differences from the plain loss (the loss; d hidden and d weight relative to their
     largest value). A loss that fails is recorded as its error."""
@@ -168,7 +169,8 @@ def compare(rows: int, d: int, vocab: int, dtype: torch.dtype, device: torch.dev
     want = None
     for name, fn in backends(device).items():
         try:
-            secs, peak, got = measure(fn, hidden, weight, targets, dtype, repeats)
+            secs, peak, got = measure(fn, hidden, weight, targets, dtype, repeats,
+                                      cpu_memory)
         except Exception as e:  # a candidate that fails here is a finding, not the end
             result["losses"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
             continue

@@ -463,8 +463,9 @@ class Suite:
         cfg = self.flagship_config()
         amp = resolve_precision(self.train.precision, self.device)
         rows = self.sizes.loss_rows or self.train.batch_size * cfg.seq_len
+        # (--smoke: no CPU memory timeline, ~9 s the GPU never spends: it reads its peak)
         result = compare(rows, cfg.d_model, cfg.vocab_size, amp or torch.float32, self.device,
-                         self.sizes.steps)
+                         self.sizes.steps, cpu_memory=False)
         _free()
         return result
 
