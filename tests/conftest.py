@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker more than the cores. The whole runs spend seconds waiting
     on their processes, servers and signals; with one worker a core the 2-core machine
-    was busy 86% of the suite (1,377 CPU-s in 801 s), with three 92%."""
+    was busy 86% of the suite (1,377 CPU-s in 801 s), with three 89-92% (BENCHMARKS.md)."""
     return len(os.sched_getaffinity(0)) + 1
 
 

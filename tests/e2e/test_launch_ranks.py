@@ -83,8 +83,8 @@ def test_a_job_error_on_every_rank_exits_with_its_code_not_torchruns(refs):
     job = refs[0].parent.parent / "two.yaml"  # resumed with a different model: refused
     code, out, err = run_to_end("run", job, "--set", "model.d_model=48", "--no-sample")
     assert code == ExitCode.CONFIG, err[-3000:]
-    # each rank refuses; one that has not yet when the first exits is stopped by torchrun
-    # (exit 75), which on a loaded machine happens (rank 0 2, rank 1 75): its code is 2 still
+    # every rank refuses, but torchrun stops one still starting when the first exits (exit
+    # 75; seen on a loaded machine: rank 0 2, rank 1 75): the launcher's code is the job's
     assert 1 <= err.count("unsafe changes") <= 2 and "Traceback" not in err + out
 
 
