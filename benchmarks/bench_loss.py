@@ -125,8 +125,8 @@ def _peak_cpu_bytes(fn) -> int | None:
 def measure(loss_fn, hidden, weight, targets, dtype, repeats: int, cpu_memory: bool = True
             ) -> tuple[float, int | None, list[torch.Tensor]]:
     """(seconds per forward + backward, peak bytes above the inputs, [loss, d hidden,
-    d weight]). ``cpu_memory``: on a CPU, the peak from the profiler's memory timeline
-    (seconds per loss); else None there."""
+    d weight]). On a CPU the peak comes from the profiler's memory timeline, which takes
+    seconds per loss; ``cpu_memory=False`` skips it there (peak None)."""
     device = hidden.device
 
     def step():
