@@ -29,6 +29,11 @@ Backends:
                  differences of cumulative log-eigenvalues, never as exp(A_j)·exp(-A_s),
                  which overflows. O(B·H·T·(Q·(N + P) + N·P)) work and a (Q × Q × N)
                  decay tensor per head and chunk.
+    ``fused``    the same chunked computation in Triton kernels with their own backward
+                 (``ten.kernels.matrix_scan_fused``): the state stays in registers, only
+                 the inputs are read and y written. Needs triton and a CUDA tensor (or,
+                 for tests, CPU tensors with TRITON_INTERPRET=1 set before triton is
+                 first imported); its chunk is its own (16 tokens), not ``chunk_size``.
 
 Like the vector scan it computes in float32 (float64 for float64 inputs) with autocast
 off, and runs the backend it is given.
@@ -41,7 +46,7 @@ import math
 import torch
 from torch import Tensor
 
-BACKENDS = ("ref", "chunked")
+BACKENDS = ("ref", "chunked", "fused")
 
 __all__ = ["BACKENDS", "matrix_scan", "matrix_scan_chunked", "matrix_scan_ref"]
 
@@ -175,4 +180,8 @@ def matrix_scan(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor 
         state = None if state is None else state.to(cdtype)
         if backend == "ref":
             return matrix_scan_ref(k, v, q, log_lam, state, heads)
+        if backend == "fused":
+            from ten.kernels.matrix_scan_fused import matrix_scan_fused
+
+            return matrix_scan_fused(k, v, q, log_lam, state, heads)
         return matrix_scan_chunked(k, v, q, log_lam, state, heads, chunk_size)

@@ -271,11 +271,8 @@ def _device_type(device: torch.device | str) -> str:
     return torch.device(device).type
 
 
-def _auto_choice(device: torch.device | str, fused: bool = True) -> tuple[str, str]:
-    """(backend, why) for ``auto`` on this device (``fused``: the model has a fused
-    kernel; a matrix state has none yet)."""
-    if not fused:
-        return "chunked", "no fused kernel for a matrix state yet"
+def _auto_choice(device: torch.device | str) -> tuple[str, str]:
+    """(backend, why) for ``auto`` on this device."""
     if _device_type(device) != "cuda":
         return "chunked", "no CUDA"
     try:
@@ -287,16 +284,15 @@ def _auto_choice(device: torch.device | str, fused: bool = True) -> tuple[str, s
     return "fused", "CUDA and triton"
 
 
-def resolve_backend(name: str, device: torch.device | str, fused: bool = True) -> str:
-    """The backend that runs for ``name`` on ``device``: ``auto`` picks (``fused``: among
-    the fused kernel too), others must run.
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """The backend that runs for ``name`` on ``device``: ``auto`` picks, others must run.
 
     Raises ScanBackendError, naming TENConfig.scan_backend, for an unknown name or for
     ``fused`` where it cannot run (no triton; a CPU tensor without the interpreter).
     """
     check_backend(name)
     if name == "auto":
-        return _auto_choice(device, fused)[0]
+        return _auto_choice(device)[0]
     if name == "fused":
         mod = _fused_module()
         kind = _device_type(device)
@@ -309,14 +305,13 @@ def resolve_backend(name: str, device: torch.device | str, fused: bool = True) -
     return name
 
 
-def resolve_scan(name: str, device: torch.device | str, fused: bool = True
-                 ) -> tuple[str, str]:
+def resolve_scan(name: str, device: torch.device | str) -> tuple[str, str]:
     """(the backend that runs for ``name`` on ``device``, one log line saying which), e.g.
     'scan backend: auto -> chunked (no CUDA)'. Raises like ``resolve_backend``."""
     if name == "auto":
-        backend, why = _auto_choice(device, fused)
+        backend, why = _auto_choice(device)
         return backend, f"scan backend: auto -> {backend} ({why})"
-    return resolve_backend(name, device, fused), f"scan backend: {name}"
+    return resolve_backend(name, device), f"scan backend: {name}"
 
 
 def scan(

@@ -108,9 +108,6 @@ class TENConfig(LMConfig):
         if self.n_eigenstates % self.n_heads:
             raise FieldError("n_heads", f"must divide n_eigenstates={self.n_eigenstates}",
                              self.n_heads)
-        if not self.has_fused_scan and self.scan_backend == "fused":
-            raise FieldError("scan_backend", "state: matrix has no fused kernel yet: use "
-                             "auto, chunked or ref", self.scan_backend)
         if self.state == "matrix" and self.value_dim is None and self.d_model % self.n_heads:
             raise FieldError("value_dim", f"state: matrix with n_heads={self.n_heads} not "
                              f"dividing d_model={self.d_model} needs value_dim set")
@@ -121,12 +118,6 @@ class TENConfig(LMConfig):
     @property
     def mlp_hidden(self) -> int:
         return mlp_hidden_size(self.d_model, self.mlp_ratio)
-
-    @property
-    def has_fused_scan(self) -> bool:
-        """Whether a fused (Triton) scan exists for this state: the vector state's only,
-        so far; ``auto`` chooses among the rest."""
-        return self.state == "vector"
 
     @property
     def head_value_dim(self) -> int:

@@ -94,14 +94,12 @@ class ShortConv(nn.Module):
 
 def scan_decided(config: TENConfig, device: str | torch.device | None = None) -> TENConfig:
     """``config`` with its scan backend decided for ``device`` (None: torch's default
-    device): ``auto`` becomes the backend that runs there (chunked for a matrix state,
-    which has no fused kernel yet); an explicit one is kept, and checked where it runs.
-    Once, as the model is built: the scan runs what it is given."""
+    device): ``auto`` becomes the backend that runs there; an explicit one is kept, and
+    checked where it runs. Once, as the model is built: the scan runs what it is given."""
     if config.scan_backend != "auto":
         return config
     where = torch.get_default_device() if device is None else device
-    return dataclasses.replace(config, scan_backend=resolve_backend(
-        "auto", where, fused=config.has_fused_scan))
+    return dataclasses.replace(config, scan_backend=resolve_backend("auto", where))
 
 
 class EigenstateMixer(nn.Module):

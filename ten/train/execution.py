@@ -68,7 +68,7 @@ def resolve_execution(model_config: Any, precision: str, loss: str,
     notes = []
     scan = getattr(model_config, "scan_backend", None)  # TEN's only
     if scan is not None:
-        scan, note = resolve_scan(scan, device, fused=model_config.has_fused_scan)
+        scan, note = resolve_scan(scan, device)
         notes.append(note)
     loss, note = resolve_loss_backend(loss, device)
     notes.append(note)
@@ -82,7 +82,7 @@ def planned_for_cuda(model_config: Any, precision: str, loss: str) -> Execution:
     before renting it: ``auto`` picks the fused scan and loss, bf16 autocast."""
     scan = getattr(model_config, "scan_backend", None)
     if scan == "auto":
-        scan = "fused" if model_config.has_fused_scan else "chunked"
+        scan = "fused"
     amp = torch.bfloat16 if precision == "auto" else AMP_DTYPES[precision]
     return Execution(amp, True, scan, "fused" if loss == "auto" else loss,
                      ("planned for a CUDA card",))

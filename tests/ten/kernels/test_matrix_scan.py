@@ -136,5 +136,5 @@ def test_float32_long_sequences_with_strong_decay_stay_finite_and_close():
 
 def test_an_unknown_backend_is_refused_by_name():
     tensors, _ = _inputs(3, selective=False)
-    with pytest.raises(ValueError, match="one of the backends ref, chunked, got 'fused'"):
-        matrix_scan(*tensors, None, heads=H, backend="fused")
+    with pytest.raises(ValueError, match="one of the backends ref, chunked, fused, got 'auto'"):
+        matrix_scan(*tensors, None, heads=H, backend="auto")

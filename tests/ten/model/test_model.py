@@ -429,15 +429,6 @@ def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_d
     assert forgot.abs().max() < 1e-12 * written.abs().max()
 
 
-def test_a_matrix_state_has_no_fused_scan_and_auto_runs_the_chunked_one_anywhere():
-    from ten.kernels.scan import resolve_scan
-
-    with pytest.raises(FieldError, match="scan_backend: state: matrix has no fused kernel yet"):
-        TENConfig(state="matrix", scan_backend="fused")
-    assert resolve_scan("auto", "cuda", fused=TENConfig(state="matrix").has_fused_scan) == (
-        "chunked", "scan backend: auto -> chunked (no fused kernel for a matrix state yet)")
-
-
 def test_a_matrix_states_flops_count_its_values():
     """MFU counts the work done: wider value vectors, more work a token."""
     narrow = TENLM(ten_config("tiny", state="matrix", value_dim=8))

@@ -1,0 +1,366 @@
+"""The matrix-state scan's ``fused`` backend: Triton kernels for
+
+    C_t = λ_t ⊙ C_{t-1} + k_t v_tᵀ,    y_t = Re(q_tᴴ C_t)
+
+and its backward, with the signature, layouts and result of
+:func:`ten.kernels.matrix_scan.matrix_scan_ref` (that module's docstring says what the
+tensors are). Imported only when the fused backend is asked for; with ``TRITON_INTERPRET=1``
+set before triton is first imported the kernels run on CPU tensors, which is how the tests
+hold them to the reference without a GPU (``INTERPRETED`` says which mode this module's
+kernels were built in).
+
+The design. A program owns one batch row, one head and a block of BP value columns, and
+walks the sequence in chunks of BT tokens carrying its block of the state, the head's N
+eigenstates × BP columns (re and im), in registers. Per chunk it computes what the chunked
+torch form does (``matrix_scan_chunked``), without writing any of it to memory:
+
+    A_j = R_j + iφ_j            the cumulative log-eigenvalues from the chunk's start
+    k̂ = k e^{-iφ}, q̂ = q e^{-iφ}  the rotation folded into keys and queries
+    y_j = Σ_{s≤j} Σ_n e^{R_jn − R_sn} Re(conj(q̂_jn) k̂_sn) v_s + e^{R_j} Re(q̂_jᴴ S)
+    S  <- e^{A_end} ⊙ S + e^{iφ_end} Σ_s e^{R_end − R_s} k̂_s v_sᵀ
+
+The decays are formed from differences R_j − R_s ≤ 0 (a (BT, BT, BN) tile, never as
+exp(R_j)·exp(−R_s), which overflows), the rest is five small matrix products. Everything
+between chunks stays in the rotated-real form, so no angle grows past one chunk's sum.
+
+Backward (per chunk, in reverse, carrying dS = dL/dS for the state leaving the chunk,
+rotated into the chunk's frame as dŜ = e^{-iφ_end} dS), with M[j, s] = dy_j · v_s:
+
+    dv_s = Σ_j score[j, s] dy_j + Σ_n e^{R_end − R_s} Re(conj(k̂_s) dŜ)
+    dq̂_j = Σ_s e^{R_j − R_s} M[j, s] k̂_s + e^{R_j} S dy_j            dq = e^{iφ} dq̂
+    dk̂_s = Σ_j e^{R_j − R_s} M[j, s] q̂_j + e^{R_end − R_s} dŜ v_s     dk = e^{iφ} dk̂
+    dS  <- e^{R_end} dŜ + Σ_j e^{R_j} q̂_j dy_jᵀ
+
+The states entering the chunks are recomputed for it (the forward kernel without its
+outputs, writing them to a scratch buffer: transient, one layer at a time). dq and dk sum
+over the value columns, so each of the P/BP programs of a head writes its part and torch
+adds them. d log λ comes from them, as in gated linear attention: the pair (j, s) depends
+on A_j − A_s, so for the step u it is the pairs with s < u ≤ j, which is
+
+    dR_u = Σ_{t≥u} Re(conj(q_t) dq_t) − Re(conj(k_t) dk_t)     (+ the last state's read)
+    dφ_u = Σ_{t≥u} −Im(conj(q_t) dq_t) + Im(conj(k_t) dk_t)
+
+a reverse cumulative sum over the sequence (torch, after the kernel), plus, when the
+last state has a gradient, the term of its read Re / −Im of Σ_p conj(dC) C at every u.
+
+Arithmetic is in the dtype given (``matrix_scan`` passes float32, or float64); the matrix
+products use IEEE float32 (no TF32) so the kernel keeps the reference's precision.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ten.kernels.ops import define
+from ten.kernels.scan_fused import _sincos
+
+__all__ = ["INTERPRETED", "matrix_scan_fused"]
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+@triton.jit
+def _chunk(k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st,
+           BT: tl.constexpr, BN: tl.constexpr):
+    """One chunk's keys and queries in its rotated frame and its decays: (R, k̂r, k̂i, q̂r,
+    q̂i, each (BT, BN); R_end, cos φ_end, sin φ_end, each (BN,); t (BT,), valid (BT,)).
+    Past T and past N: log λ = 0, k = q = 0 (steps that change nothing)."""
+    t = c * BT + tl.arange(0, BT)
+    n = tl.arange(0, BN)
+    ok = t < T
+    m = ok[:, None] & (n < N)[None, :]
+    col = h * N + n
+    ll = ll_ptr + b.to(tl.int64) * ll_sb + t.to(tl.int64)[:, None] * ll_st + col[None, :]
+    lm = tl.load(ll, mask=m, other=0.0)
+    la = tl.load(ll + K, mask=m, other=0.0)
+    R = tl.cumsum(lm, axis=0)
+    sin_p, cos_p = _sincos(tl.cumsum(la, axis=0))
+    row = (b.to(tl.int64) * T + t)[:, None] * (2 * K) + col[None, :]
+    kr = tl.load(k_ptr + row, mask=m, other=0.0)
+    ki = tl.load(k_ptr + row + K, mask=m, other=0.0)
+    qr = tl.load(q_ptr + row, mask=m, other=0.0)
+    qi = tl.load(q_ptr + row + K, mask=m, other=0.0)
+    sin_e, cos_e = _sincos(tl.sum(la, axis=0))
+    return (R, kr * cos_p + ki * sin_p, ki * cos_p - kr * sin_p,
+            qr * cos_p + qi * sin_p, qi * cos_p - qr * sin_p,
+            tl.sum(lm, axis=0), cos_e, sin_e, cos_p, sin_p, t, ok)
+
+
+@triton.jit
+def _decay(R, BT: tl.constexpr):
+    """e^{R_j − R_s} for s ≤ j, else 0: (BT, BT, BN), [j, s, n]."""
+    j = tl.arange(0, BT)
+    causal = (j[:, None] >= j[None, :])[:, :, None]
+    return tl.exp(tl.where(causal, R[:, None, :] - R[None, :, :], float("-inf")))
+
+
+@triton.jit
+def _scores(D, qhr, qhi, khr, khi):
+    """score[j, s] = Σ_n e^{R_jn − R_sn} Re(conj(q̂_jn) k̂_sn): (BT, BT)."""
+    return tl.sum(D * (qhr[:, None, :] * khr[None, :, :] + qhi[:, None, :] * khi[None, :, :]),
+                  axis=2)
+
+
+@triton.jit
+def _state_offsets(b, h, H, N, P, p, BN: tl.constexpr):
+    """Offsets of a (B, H, 2, N, P) state's [re] block (im: + N·P) and its mask."""
+    n = tl.arange(0, BN)
+    off = ((b.to(tl.int64) * H + h) * 2 * N + n[:, None]) * P + p[None, :]
+    return off, (n < N)[:, None] & (p < P)[None, :]
+
+
+@triton.jit
+def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr, st_ptr,
+                           T, K, H, N, P, ll_sb, ll_st, n_chunks,
+                           BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
+                           HAS_S0: tl.constexpr, WRITE_Y: tl.constexpr,
+                           WRITE_STATES: tl.constexpr):
+    """y for one (batch row, head, value block) and the state it ends with; with
+    WRITE_STATES the state entering every chunk too ((B, H, n_chunks, 2, N, P))."""
+    b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    p = pb * BP + tl.arange(0, BP)
+    pmask = p < P
+    s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
+    if HAS_S0:
+        Sr = tl.load(s0_ptr + s_off, mask=s_mask, other=0.0)
+        Si = tl.load(s0_ptr + s_off + N * P, mask=s_mask, other=0.0)
+    else:
+        Sr = tl.zeros((BN, BP), y_ptr.dtype.element_ty)
+        Si = tl.zeros((BN, BP), y_ptr.dtype.element_ty)
+    c = 0
+    while c < n_chunks:  # a while: the interpreter's range() takes no runtime bound (scan_fused)
+        R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
+            k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
+        v_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
+        vm = ok[:, None] & pmask[None, :]
+        v = tl.load(v_ptr + v_off, mask=vm, other=0.0)
+        if WRITE_STATES:
+            c_off = s_off + (b.to(tl.int64) * H + h) * (n_chunks - 1) * 2 * N * P + c * 2 * N * P
+            tl.store(st_ptr + c_off, Sr, mask=s_mask)
+            tl.store(st_ptr + c_off + N * P, Si, mask=s_mask)
+        if WRITE_Y:
+            scores = _scores(_decay(R, BT), qhr, qhi, khr, khi)
+            eR = tl.exp(R)
+            y = tl.dot(scores, v, input_precision="ieee")
+            y += tl.dot(qhr * eR, Sr, input_precision="ieee")
+            y += tl.dot(qhi * eR, Si, input_precision="ieee")
+            tl.store(y_ptr + v_off, y, mask=vm)
+        to_end = tl.exp(R_end[None, :] - R)
+        wr = tl.dot(tl.trans(to_end * khr), v, input_precision="ieee")
+        wi = tl.dot(tl.trans(to_end * khi), v, input_precision="ieee")
+        a = tl.exp(R_end)
+        ar, ai = (a * cos_e)[:, None], (a * sin_e)[:, None]
+        cr, ci = cos_e[:, None], sin_e[:, None]
+        Sr, Si = (ar * Sr - ai * Si + cr * wr - ci * wi,
+                  ai * Sr + ar * Si + ci * wr + cr * wi)
+        c += 1
+    tl.store(send_ptr + s_off, Sr, mask=s_mask)
+    tl.store(send_ptr + s_off + N * P, Si, mask=s_mask)
+
+
+@triton.jit
+def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dy_ptr, dsend_ptr,
+                            dk_ptr, dv_ptr, dq_ptr, ds0_ptr,
+                            B, T, K, H, N, P, ll_sb, ll_st, n_chunks,
+                            BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
+                            HAS_DSEND: tl.constexpr):
+    """dv for one (batch row, head, value block); its value block's part of dk and dq
+    ((P/BP, B, T, 2K), torch adds them); the gradient of the state it started from."""
+    b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    p = pb * BP + tl.arange(0, BP)
+    pmask = p < P
+    n = tl.arange(0, BN)
+    s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
+    if HAS_DSEND:
+        dSr = tl.load(dsend_ptr + s_off, mask=s_mask, other=0.0)
+        dSi = tl.load(dsend_ptr + s_off + N * P, mask=s_mask, other=0.0)
+    else:
+        dSr = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
+        dSi = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
+    part = pb.to(tl.int64) * B * T * 2 * K  # this value block's dk and dq
+    c = n_chunks - 1
+    while c >= 0:
+        R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
+            k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
+        v_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
+        vm = ok[:, None] & pmask[None, :]
+        v = tl.load(v_ptr + v_off, mask=vm, other=0.0)
+        dy = tl.load(dy_ptr + v_off, mask=vm, other=0.0)
+        c_off = s_off + (b.to(tl.int64) * H + h) * (n_chunks - 1) * 2 * N * P + c * 2 * N * P
+        Sr = tl.load(st_ptr + c_off, mask=s_mask, other=0.0)
+        Si = tl.load(st_ptr + c_off + N * P, mask=s_mask, other=0.0)
+        cr, ci = cos_e[:, None], sin_e[:, None]
+        dShr, dShi = cr * dSr + ci * dSi, cr * dSi - ci * dSr  # e^{-iφ_end} dS
+
+        D = _decay(R, BT)
+        eR = tl.exp(R)
+        to_end = tl.exp(R_end[None, :] - R)
+        dv = tl.dot(tl.trans(_scores(D, qhr, qhi, khr, khi)), dy, input_precision="ieee")
+        dv += tl.dot(khr * to_end, dShr, input_precision="ieee")
+        dv += tl.dot(khi * to_end, dShi, input_precision="ieee")
+        tl.store(dv_ptr + v_off, dv, mask=vm)
+
+        DM = D * tl.dot(dy, tl.trans(v), input_precision="ieee")[:, :, None]  # [j, s, n]
+        dqhr = tl.sum(DM * khr[None, :, :], axis=1) + eR * tl.dot(dy, tl.trans(Sr),
+                                                                    input_precision="ieee")
+        dqhi = tl.sum(DM * khi[None, :, :], axis=1) + eR * tl.dot(dy, tl.trans(Si),
+                                                                    input_precision="ieee")
+        dkhr = tl.sum(DM * qhr[:, None, :], axis=0) + to_end * tl.dot(v, tl.trans(dShr),
+                                                                        input_precision="ieee")
+        dkhi = tl.sum(DM * qhi[:, None, :], axis=0) + to_end * tl.dot(v, tl.trans(dShi),
+                                                                        input_precision="ieee")
+        row = part + (b.to(tl.int64) * T + t)[:, None] * (2 * K) + (h * N + n)[None, :]
+        m = ok[:, None] & (n < N)[None, :]
+        tl.store(dq_ptr + row, cos_p * dqhr - sin_p * dqhi, mask=m)  # e^{iφ} dq̂
+        tl.store(dq_ptr + row + K, sin_p * dqhr + cos_p * dqhi, mask=m)
+        tl.store(dk_ptr + row, cos_p * dkhr - sin_p * dkhi, mask=m)
+        tl.store(dk_ptr + row + K, sin_p * dkhr + cos_p * dkhi, mask=m)
+
+        a = tl.exp(R_end)[:, None]
+        dSr = a * dShr + tl.dot(tl.trans(qhr * eR), dy, input_precision="ieee")
+        dSi = a * dShi + tl.dot(tl.trans(qhi * eR), dy, input_precision="ieee")
+        c -= 1
+    tl.store(ds0_ptr + s_off, dSr, mask=s_mask)
+    tl.store(ds0_ptr + s_off + N * P, dSi, mask=s_mask)
+
+
+# True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = type(_matrix_forward_kernel).__name__ == "InterpretedFunction"
+
+# The chunk: tl.dot takes no dimension under 16, and the (BT, BT, BN) decay tile grows
+# with its square.
+BLOCK_T = 16
+
+
+def _blocks(N: int, P: int) -> tuple[int, int]:
+    """(BN, BP): the head's eigenstates in one block, its values in blocks of up to 64."""
+    return max(16, triton.next_power_of_2(N)), max(16, min(64, triton.next_power_of_2(P)))
+
+
+def _launch_shape(k: Tensor, v: Tensor, heads: int) -> tuple[int, int, int, int, int, int]:
+    B, T, K2 = k.shape
+    K = K2 // 2
+    return B, T, K, K // heads, v.shape[-1] // heads, math.ceil(T / BLOCK_T)
+
+
+def _ll_strides(log_lam: Tensor) -> tuple[int, int]:
+    """(batch, time) strides of log λ: 0 for a fixed one (2K,), read the same everywhere."""
+    if log_lam.dim() == 1:
+        return 0, 0
+    return log_lam.stride(0), log_lam.stride(1)
+
+
+def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None, heads: int,
+             *, write_y: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(y, the last state (B, H, 2, N, P), the states entering the chunks or None)."""
+    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
+    BN, BP = _blocks(N, P)
+    y = torch.empty_like(v) if write_y else v.new_empty(0)
+    s_end = v.new_empty(B, heads, 2, N, P)
+    states = None if write_y else v.new_empty(B, heads, n_chunks, 2, N, P)
+    grid = (B, heads, math.ceil(P / BP))
+    _matrix_forward_kernel[grid](
+        k, v, q, log_lam, s0 if s0 is not None else v, y, s_end,
+        states if states is not None else v, T, K, heads, N, P, *_ll_strides(log_lam),
+        n_chunks, BT=BLOCK_T, BN=BN, BP=BP, HAS_S0=s0 is not None, WRITE_Y=write_y,
+        WRITE_STATES=not write_y, num_warps=4)
+    return y, s_end, states
+
+
+# The kernels as torch operators (ten.kernels.ops), as the vector scan's: opaque to
+# torch.compile, traceable under FakeTensorMode by their fakes.
+
+def _forward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
+                  heads: int) -> tuple[Tensor, Tensor]:
+    y, s_end, _ = _forward(k, v, q, log_lam, s0, heads)
+    return y, s_end
+
+
+def _forward_fake(k, v, q, log_lam, s0, heads):
+    B, _, K2 = k.shape
+    N, P = K2 // 2 // heads, v.shape[-1] // heads
+    return torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
+
+
+def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
+                   dy: Tensor, ds_end: Tensor | None, heads: int
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dk and dq per value block (P/BP, B, T, 2K), dv, d s0 (B, H, 2, N, P))."""
+    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
+    BN, BP = _blocks(N, P)
+    _, _, states = _forward(k, v, q, log_lam, s0, heads, write_y=False)
+    blocks = math.ceil(P / BP)
+    dk, dq = (k.new_empty(blocks, B, T, 2 * K) for _ in range(2))
+    dv, ds0 = torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
+    _matrix_backward_kernel[(B, heads, blocks)](
+        k, v, q, log_lam, states, dy, ds_end if ds_end is not None else dy,
+        dk, dv, dq, ds0, B, T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
+        BT=BLOCK_T, BN=BN, BP=BP, HAS_DSEND=ds_end is not None, num_warps=4)
+    return dk, dq, dv, ds0
+
+
+def _backward_fake(k, v, q, log_lam, s0, dy, ds_end, heads):
+    B, T, K2 = k.shape
+    N, P = K2 // 2 // heads, v.shape[-1] // heads
+    blocks = math.ceil(P / _blocks(N, P)[1])
+    return (k.new_empty(blocks, B, T, K2), k.new_empty(blocks, B, T, K2), torch.empty_like(v),
+            v.new_empty(B, heads, 2, N, P))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    k, v, q, log_lam, s0, heads = inputs
+    ctx.save_for_backward(k, v, q, log_lam, s0, output[1])
+    ctx.heads = heads
+
+
+def _backward(ctx, dy: Tensor | None, ds_end: Tensor | None):
+    k, v, q, log_lam, s0, s_end = ctx.saved_tensors
+    dy = torch.zeros_like(v) if dy is None else dy.contiguous()
+    ds_end = None if ds_end is None else ds_end.contiguous()
+    dk, dq, dv, ds0 = _backward_op(k, v, q, log_lam, s0, dy, ds_end, ctx.heads)
+    dk, dq = dk.sum(0), dq.sum(0)
+    return (dk, dv, dq, _log_lam_grad(k, q, dk, dq, log_lam, s_end, ds_end, ctx.heads),
+            ds0 if s0 is not None else None, None)
+
+
+def _log_lam_grad(k: Tensor, q: Tensor, dk: Tensor, dq: Tensor, log_lam: Tensor,
+                  s_end: Tensor, ds_end: Tensor | None, heads: int) -> Tensor:
+    """d log λ (the module docstring): a reverse cumulative sum over time of each step's
+    reads minus its writes, plus the last state's read when it has a gradient."""
+    K = k.shape[-1] // 2
+    kr, ki, qr, qi = k[..., :K], k[..., K:], q[..., :K], q[..., K:]
+    dkr, dki, dqr, dqi = dk[..., :K], dk[..., K:], dq[..., :K], dq[..., K:]
+    step = torch.cat([qr * dqr + qi * dqi - kr * dkr - ki * dki,
+                      qi * dqr - qr * dqi - kr * dki + ki * dkr], dim=-1)  # (B, T, 2K)
+    d = step.flip(1).cumsum(1).flip(1)
+    if ds_end is not None:  # Re / -Im of Σ_p conj(dC) C per eigenstate, at every step
+        Cr, Ci, dCr, dCi = s_end[:, :, 0], s_end[:, :, 1], ds_end[:, :, 0], ds_end[:, :, 1]
+        read = torch.cat([(dCr * Cr + dCi * Ci).sum(-1).flatten(1),
+                          (dCi * Cr - dCr * Ci).sum(-1).flatten(1)], dim=-1)  # (B, 2K)
+        d = d + read[:, None, :]
+    return d if log_lam.dim() == 3 else d.sum(dim=(0, 1))
+
+
+_backward_op = define(
+    "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
+    "Tensor dy, Tensor? ds_end, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
+    _backward_impl, _backward_fake)
+_forward_op = define(
+    "matrix_scan_fused_forward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
+    "int heads) -> (Tensor, Tensor)", _forward_impl, _forward_fake,
+    backward=_backward, setup_context=_setup_context)
+
+
+def matrix_scan_fused(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None,
+                      heads: int) -> tuple[Tensor, Tensor]:
+    """Fused backend: the result of ``matrix_scan_ref`` (y (B, T, H·P), the last state
+    (B, H, N, P) complex), from float32 or float64 inputs on one device."""
+    s0 = None if state is None else torch.stack([state.real, state.imag], dim=2).contiguous()
+    y, s_end = _forward_op(k.contiguous(), v.contiguous(), q.contiguous(), log_lam.contiguous(),
+                           s0, heads)
+    return y, torch.complex(s_end[:, :, 0], s_end[:, :, 1])
