@@ -235,11 +235,22 @@ INTERPRETED = type(_matrix_forward_kernel).__name__ == "InterpretedFunction"
 # The chunk: tl.dot takes no dimension under 16, and the (BT, BT, BN) decay tile grows
 # with its square.
 BLOCK_T = 16
+# (value columns a program owns, warps) per direction, from benchmarks/kernel_check.py at
+# the flagship's head (N 32, P 256): the forward at 32 columns and 4 warps uses ~245
+# registers a thread, no spills; the backward holds more (BT, BT, BN) tiles and spills at
+# 32 columns, 4 warps (480 B) or 8 (16 B), not at 16 and 8.
+FORWARD_BLOCK = (32, 4)
+BACKWARD_BLOCK = (16, 8)
 
 
-def _blocks(N: int, P: int) -> tuple[int, int]:
-    """(BN, BP): the head's eigenstates in one block, its values in blocks of up to 64."""
-    return max(16, triton.next_power_of_2(N)), max(16, min(64, triton.next_power_of_2(P)))
+def _block_n(N: int) -> int:
+    """BN: the head's eigenstates in one block (at least 16, as tl.dot takes)."""
+    return max(16, triton.next_power_of_2(N))
+
+
+def _block_p(P: int, most: int) -> int:
+    """BP: a program's value columns, at least 16 and at most ``most``."""
+    return max(16, min(most, triton.next_power_of_2(P)))
 
 
 def _launch_shape(k: Tensor, v: Tensor, heads: int) -> tuple[int, int, int, int, int, int]:
@@ -259,7 +270,7 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
              *, write_y: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
     """(y, the last state (B, H, 2, N, P), the states entering the chunks or None)."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    BN, BP = _blocks(N, P)
+    BP, warps = _block_p(P, FORWARD_BLOCK[0]), FORWARD_BLOCK[1]
     y = torch.empty_like(v) if write_y else v.new_empty(0)
     s_end = v.new_empty(B, heads, 2, N, P)
     states = None if write_y else v.new_empty(B, heads, n_chunks, 2, N, P)
@@ -267,8 +278,8 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
     _matrix_forward_kernel[grid](
         k, v, q, log_lam, s0 if s0 is not None else v, y, s_end,
         states if states is not None else v, T, K, heads, N, P, *_ll_strides(log_lam),
-        n_chunks, BT=BLOCK_T, BN=BN, BP=BP, HAS_S0=s0 is not None, WRITE_Y=write_y,
-        WRITE_STATES=not write_y, num_warps=4)
+        n_chunks, BT=BLOCK_T, BN=_block_n(N), BP=BP, HAS_S0=s0 is not None, WRITE_Y=write_y,
+        WRITE_STATES=not write_y, num_warps=warps)
     return y, s_end, states
 
 
@@ -292,7 +303,7 @@ def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor 
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dk and dq per value block (P/BP, B, T, 2K), dv, d s0 (B, H, 2, N, P))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    BN, BP = _blocks(N, P)
+    BP, warps = _block_p(P, BACKWARD_BLOCK[0]), BACKWARD_BLOCK[1]
     _, _, states = _forward(k, v, q, log_lam, s0, heads, write_y=False)
     blocks = math.ceil(P / BP)
     dk, dq = (k.new_empty(blocks, B, T, 2 * K) for _ in range(2))
@@ -300,14 +311,14 @@ def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor 
     _matrix_backward_kernel[(B, heads, blocks)](
         k, v, q, log_lam, states, dy, ds_end if ds_end is not None else dy,
         dk, dv, dq, ds0, B, T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
-        BT=BLOCK_T, BN=BN, BP=BP, HAS_DSEND=ds_end is not None, num_warps=4)
+        BT=BLOCK_T, BN=_block_n(N), BP=BP, HAS_DSEND=ds_end is not None, num_warps=warps)
     return dk, dq, dv, ds0
 
 
 def _backward_fake(k, v, q, log_lam, s0, dy, ds_end, heads):
     B, T, K2 = k.shape
     N, P = K2 // 2 // heads, v.shape[-1] // heads
-    blocks = math.ceil(P / _blocks(N, P)[1])
+    blocks = math.ceil(P / _block_p(P, BACKWARD_BLOCK[0]))
     return (k.new_empty(blocks, B, T, K2), k.new_empty(blocks, B, T, K2), torch.empty_like(v),
             v.new_empty(B, heads, 2, N, P))
 

@@ -66,7 +66,8 @@ def _relative_error(want, got):
 
 
 # (B, T, H, N, P): one partial chunk; exactly one chunk; several chunks, the last partial;
-# eigenstates padded to a block of 32 and values in two blocks (64 + 6); T = 1.
+# eigenstates padded to a block of 32 and values in several blocks (32 + 32 + 6 forward,
+# 16s backward); T = 1.
 SHAPES = [(2, 5, 3, 4, 5), (2, 16, 2, 4, 5), (2, 37, 3, 4, 5), (1, 19, 2, 20, 70),
           (2, 1, 1, 16, 16)]
 
@@ -158,8 +159,8 @@ def test_model_with_a_fused_matrix_state_matches_chunked(fused):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fused_compiled_on_cuda_float32_at_size(fused):
-    """Compiled kernels, float32, a flagship head's width (N 32, P 256: four value
-    blocks) over 1,000 steps, against ref in float64 on the CPU."""
+    """Compiled kernels, float32, a flagship head's width (N 32, P 256: eight value
+    blocks forward, sixteen backward) over 1,000 steps, against ref in float64 on the CPU."""
     if fused.INTERPRETED:
         pytest.skip("TRITON_INTERPRET=1 is set: the kernels are not compiled")
     tensors, state = _inputs(2, 1000, 2, 32, 256, selective=True, with_state=True,
