@@ -298,13 +298,23 @@ def _forward_fake(k, v, q, log_lam, s0, heads):
     return torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
 
 
-def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
+def _states_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
+                 heads: int) -> Tensor:
+    """The states entering the chunks, (B, H, T/16, 2, N, P), recomputed for the backward."""
+    return _forward(k, v, q, log_lam, s0, heads, write_y=False)[2]
+
+
+def _states_fake(k, v, q, log_lam, s0, heads):
+    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
+    return v.new_empty(B, heads, n_chunks, 2, N, P)
+
+
+def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Tensor,
                    dy: Tensor, ds_end: Tensor | None, heads: int
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dk and dq per value block (P/BP, B, T, 2K), dv, d s0 (B, H, 2, N, P))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
     BP, warps = _block_p(P, BACKWARD_BLOCK[0]), BACKWARD_BLOCK[1]
-    _, _, states = _forward(k, v, q, log_lam, s0, heads, write_y=False)
     blocks = math.ceil(P / BP)
     dk, dq = (k.new_empty(blocks, B, T, 2 * K) for _ in range(2))
     dv, ds0 = torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
@@ -315,7 +325,7 @@ def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor 
     return dk, dq, dv, ds0
 
 
-def _backward_fake(k, v, q, log_lam, s0, dy, ds_end, heads):
+def _backward_fake(k, v, q, log_lam, states, dy, ds_end, heads):
     B, T, K2 = k.shape
     N, P = K2 // 2 // heads, v.shape[-1] // heads
     blocks = math.ceil(P / _block_p(P, BACKWARD_BLOCK[0]))
@@ -333,7 +343,9 @@ def _backward(ctx, dy: Tensor | None, ds_end: Tensor | None):
     k, v, q, log_lam, s0, s_end = ctx.saved_tensors
     dy = torch.zeros_like(v) if dy is None else dy.contiguous()
     ds_end = None if ds_end is None else ds_end.contiguous()
-    dk, dq, dv, ds0 = _backward_op(k, v, q, log_lam, s0, dy, ds_end, ctx.heads)
+    # two operators, so that a trace (ten.train.memory) sees the states' buffer
+    states = _states_op(k, v, q, log_lam, s0, ctx.heads)
+    dk, dq, dv, ds0 = _backward_op(k, v, q, log_lam, states, dy, ds_end, ctx.heads)
     dk, dq = dk.sum(0), dq.sum(0)
     return (dk, dv, dq, _log_lam_grad(k, q, dk, dq, log_lam, s_end, ds_end, ctx.heads),
             ds0 if s0 is not None else None, None)
@@ -357,8 +369,11 @@ def _log_lam_grad(k: Tensor, q: Tensor, dk: Tensor, dq: Tensor, log_lam: Tensor,
     return d if log_lam.dim() == 3 else d.sum(dim=(0, 1))
 
 
+_states_op = define(
+    "matrix_scan_fused_states(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
+    "int heads) -> Tensor", _states_impl, _states_fake)
 _backward_op = define(
-    "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
+    "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor states, "
     "Tensor dy, Tensor? ds_end, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
     _backward_impl, _backward_fake)
 _forward_op = define(
