@@ -1,4 +1,5 @@
-"""Speed of the scan backends alone: forward + backward of ``ten.kernels.scan.scan`` per T.
+"""Speed of the scan backends alone: forward + backward of ``ten.kernels.scan.scan`` per T
+(``--state matrix``: of ``ten.kernels.matrix_scan.matrix_scan``, eigenstates that hold values).
 
 Every backend runs on the same inputs in this one process; the table gives the median
 time of a forward+backward, its throughput, the peak memory (CUDA) and the ratio to
@@ -10,6 +11,8 @@ times numpy, not the kernel): on a machine without CUDA the table says so and sk
     python benchmarks/bench_scan.py --device cuda --batch 8 --eigenstates 128 \\
         --lengths 1024 4096 16384 32768 --selective                  # the GPU table
     python benchmarks/bench_scan.py --device cuda --sweep            # fused launch plans
+    python benchmarks/bench_scan.py --device cuda --state matrix --selective --batch 4 \
+        --eigenstates 128 --heads 4 --value-dim 256 --lengths 4096 32768  # small_32k's heads
 """
 
 from __future__ import annotations
@@ -22,32 +25,59 @@ import time
 
 import torch
 
+from ten.kernels.matrix_scan import matrix_scan
 from ten.kernels.scan import ScanBackendError, resolve_backend, scan
 
 
-def make_inputs(B: int, T: int, K: int, selective: bool, device: torch.device):
-    g = torch.Generator().manual_seed(0)
-    shape = (B, T, K) if selective else (K,)
-    # |λ| in [0.9, 0.999] as the model initialises it; angles in [0, π/10].
+def _eigenvalues(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """|λ| in [0.9, 0.999] as the model initialises it; angles in [0, π/10]."""
     log_mag = torch.log(0.9 + 0.099 * torch.rand(shape, generator=g))
-    angle = math.pi / 10 * torch.rand(shape, generator=g)
+    return torch.cat([log_mag, math.pi / 10 * torch.rand(shape, generator=g)], dim=-1)
+
+
+def make_inputs(B: int, T: int, K: int, selective: bool, device: torch.device):
+    """The vector scan's (β, log λ, state)."""
+    g = torch.Generator().manual_seed(0)
+    log_lam = _eigenvalues((B, T, K) if selective else (K,), g)
     beta = torch.randn(B, T, 2 * K, generator=g)
-    log_lam = torch.cat([log_mag, angle], dim=-1)
     state = torch.randn(B, 2 * K, generator=g)
     return [t.to(device) for t in (beta, log_lam, state)]
 
 
+def make_matrix_inputs(B: int, T: int, K: int, heads: int, P: int, selective: bool,
+                       device: torch.device):
+    """The matrix scan's (k, v, q, log λ, state (B, H, K/H, P) complex)."""
+    g = torch.Generator().manual_seed(0)
+    log_lam = _eigenvalues((B, T, K) if selective else (K,), g)
+    k, q = (torch.randn(B, T, 2 * K, generator=g) for _ in range(2))
+    v = torch.randn(B, T, heads * P, generator=g)
+    state = torch.complex(*(torch.randn(B, heads, K // heads, P, generator=g) for _ in range(2)))
+    return [t.to(device) for t in (k, v, q, log_lam, state)]
+
+
 def time_backend(fn, inputs, dtype: str, device: torch.device, repeat: int) -> dict:
-    beta, log_lam, state = (t.detach().clone().requires_grad_() for t in inputs)
+    """``fn(*inputs) -> (out, last state)`` forward + backward. With ``dtype`` bf16 the
+    activations (every input but the last two, the eigenvalues and the state) enter in
+    bf16 under autocast, as the model's do."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
     amp = dtype == "bf16"
-    x = beta.bfloat16().detach().requires_grad_() if amp else beta
-    weight = torch.randn(beta.shape, device=device)
+    args = [t.bfloat16().detach().requires_grad_() if amp and i < len(leaves) - 2 else t
+            for i, t in enumerate(leaves)]
+    weight = None
 
     def step():
+        nonlocal weight
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            c, last = fn(x, log_lam, state)
+            c, last = fn(*args)
+        if weight is None:
+            weight = torch.randn(c.shape, device=device)
+        last = torch.view_as_real(last) if last.is_complex() else last
         ((c * weight).sum() + last.sum()).backward()
         return c
+
+    def clear():
+        for t in (*leaves, *args):
+            t.grad = None
 
     def sync():
         if device.type == "cuda":
@@ -55,13 +85,13 @@ def time_backend(fn, inputs, dtype: str, device: torch.device, repeat: int) -> d
 
     for _ in range(2):  # warm-up: compiles the kernels, sizes the allocator
         out = step()
-        x.grad = log_lam.grad = state.grad = None
+        clear()
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(repeat):
-        x.grad = log_lam.grad = state.grad = None
+        clear()
         t0 = time.perf_counter()
         step()
         sync()
@@ -71,7 +101,7 @@ def time_backend(fn, inputs, dtype: str, device: torch.device, repeat: int) -> d
     # device, as in a training step ("sec" is one call's latency, launches included)
     t0 = time.perf_counter()
     for _ in range(repeat):
-        x.grad = log_lam.grad = state.grad = None
+        clear()
         step()
     sync()
     queued = (time.perf_counter() - t0) / repeat
@@ -85,6 +115,10 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--eigenstates", type=int, default=64, help="K, complex lanes")
+    p.add_argument("--state", choices=["vector", "matrix"], default="vector",
+                   help="what an eigenstate holds (TENConfig.state)")
+    p.add_argument("--heads", type=int, default=4, help="matrix: heads of K/H eigenstates")
+    p.add_argument("--value-dim", type=int, default=64, help="matrix: P values per head")
     p.add_argument("--selective", action="store_true", help="per-token eigenvalues")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: the drive arrives in bf16 under autocast")
@@ -100,8 +134,11 @@ def main() -> None:
         print(f"device: {torch.cuda.get_device_name(device)}")
     else:
         print(f"device: {device.type} ({torch.get_num_threads()} threads)")
-    print(f"B={args.batch} K={args.eigenstates} selective={args.selective} dtype={args.dtype} "
-          f"chunk_size={args.chunk_size}; time = median forward+backward of {args.repeat}")
+    matrix = args.state == "matrix"
+    shape = f" H={args.heads} P={args.value_dim}" if matrix else ""
+    print(f"state={args.state} B={args.batch} K={args.eigenstates}{shape} "
+          f"selective={args.selective} dtype={args.dtype} chunk_size={args.chunk_size}; "
+          f"time = median forward+backward of {args.repeat}")
 
     usable = []
     for name in args.backends:
@@ -112,21 +149,34 @@ def main() -> None:
             print(f"{name}: skipped ({err})")
     if args.sweep:
         return sweep(args, device)
+    if matrix and "fused" in usable:  # the fused matrix scan needs triton as the vector's
+        try:
+            import ten.kernels.matrix_scan_fused  # noqa: F401
+        except ImportError as err:
+            print(f"fused: skipped ({err})")
+            usable.remove("fused")
 
     header = f"{'backend':8} {'T':>6} {'ms':>9} {'Mtok/s':>8} {'peak MB':>8} " \
              f"{'vs chunked':>10} {'max|c-chunked|':>15}"
     print(header)
     print("-" * len(header))
     for T in args.lengths:
-        inputs = make_inputs(args.batch, T, args.eigenstates, args.selective, device)
+        if matrix:
+            inputs = make_matrix_inputs(args.batch, T, args.eigenstates, args.heads,
+                                        args.value_dim, args.selective, device)
+        else:
+            inputs = make_inputs(args.batch, T, args.eigenstates, args.selective, device)
         rows = {}
         for name in usable:
             if name == "ref" and T > args.ref_max_T:
                 print(f"{'ref':8} {T:>6} {'(skipped: T > --ref-max-T)':>40}")
                 continue
 
-            def fn(b, ll, s, name=name):
-                return scan(b, ll, s, backend=name, chunk_size=args.chunk_size)
+            def fn(*x, name=name):
+                if matrix:
+                    return matrix_scan(*x, heads=args.heads, backend=name,
+                                       chunk_size=args.chunk_size)
+                return scan(*x, backend=name, chunk_size=args.chunk_size)
 
             rows[name] = time_backend(fn, inputs, args.dtype, device, args.repeat)
         base = rows.get("chunked")

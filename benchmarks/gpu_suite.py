@@ -418,18 +418,41 @@ class Suite:
         K = self.flagship_config().n_eigenstates
         return make_inputs(1, T, K, selective, self.device)
 
+    def _matrix_scan_inputs(self, T: int) -> list[Any]:
+        """A batch row of the flagship's matrix state (selective): its K, heads and P."""
+        from bench_scan import make_matrix_inputs
+
+        cfg = self.flagship_config(state="matrix")
+        return make_matrix_inputs(1, T, cfg.n_eigenstates, cfg.n_heads, cfg.head_value_dim,
+                                  True, self.device)
+
     def _time_scan(self, backend: str, T: int, selective: bool, chunk: int = 64,
                    repeat: int | None = None) -> dict[str, Any]:
-        from bench_scan import time_backend
-
         from ten.kernels.scan import scan
 
         def fn(b, lam, st):
             return scan(b, lam, st, backend=backend, chunk_size=chunk)
 
+        return self._timed(fn, lambda: self._scan_inputs(T, selective), T, repeat)
+
+    def _time_matrix_scan(self, backend: str, T: int) -> dict[str, Any]:
+        from ten.kernels.matrix_scan import matrix_scan
+
+        heads = self.flagship_config().n_heads
+
+        def fn(*x):  # chunk 16: the chunked form's fastest (BENCHMARKS.md)
+            return matrix_scan(*x, heads=heads, backend=backend, chunk_size=16)
+
+        return self._timed(fn, lambda: self._matrix_scan_inputs(T), T)
+
+    def _timed(self, fn: Callable[..., Any], inputs: Callable[[], list[Any]], T: int,
+               repeat: int | None = None) -> dict[str, Any]:
+        """bench_scan.time_backend of ``fn`` on ``inputs()`` in bf16; {"oom": True} when
+        it does not fit."""
+        from bench_scan import time_backend
+
         try:
-            r = time_backend(fn, self._scan_inputs(T, selective), "bf16", self.device,
-                             repeat or self.sizes.steps)
+            r = time_backend(fn, inputs(), "bf16", self.device, repeat or self.sizes.steps)
         except RuntimeError as e:
             if not _oom(e):
                 raise
@@ -494,6 +517,47 @@ class Suite:
                 row["fused_speedup_device"] = busy[0] / busy[1]
             rows[mode] = row
         return rows
+
+    def matrix(self) -> dict[str, Any]:
+        """The matrix state (issue 47) at the flagship's size: the job's step with
+        ``model.state: matrix`` against the vector state's (the presets take the matrix
+        state only at no more than ~25% fewer tokens/s), then its scan alone at the
+        flagship's heads, chunked and fused, forward + backward at ref_T and the
+        flagship's T, and fused's largest error against ref at ref_T."""
+        vector = measure_step(self.flagship_config(), self.train, self.device, self.sizes)
+        matrix = measure_step(self.flagship_config(state="matrix"), self.train, self.device,
+                              self.sizes)
+        out: dict[str, Any] = {"vector": vector, "matrix": matrix}
+        if "tokens_per_s" in vector and "tokens_per_s" in matrix:
+            out["matrix_over_vector"] = matrix["tokens_per_s"] / vector["tokens_per_s"]
+        T, ref_T = self.flagship_config().seq_len, self.sizes.ref_T
+        out["scan"] = {b: {str(t): self._time_matrix_scan(b, t) for t in (ref_T, T)}
+                       for b in ("chunked", "fused")}
+        chunked, fused = out["scan"]["chunked"][str(T)], out["scan"]["fused"][str(T)]
+        if "ms" in chunked and "ms" in fused:
+            out["fused_speedup_at_T"] = chunked["ms"] / fused["ms"]
+        out["fused_max_error"] = self._matrix_fused_error()
+        return out
+
+    def _matrix_fused_error(self) -> dict[str, float]:
+        """Largest |fused - ref| of the matrix scan at ref_T, fp32, over its outputs and
+        the gradients of every input (relative to the largest |ref| of each)."""
+        import torch
+
+        from ten.kernels.matrix_scan import matrix_scan
+
+        heads, results = self.flagship_config().n_heads, []
+        for backend in ("ref", "fused"):
+            inputs = [t.detach().clone().requires_grad_() for t in
+                      self._matrix_scan_inputs(self.sizes.ref_T)]
+            y, last = matrix_scan(*inputs, heads=heads, backend=backend)
+            (y.square().sum() + torch.view_as_real(last).sum()).backward()
+            results.append([y.detach(), *(t.grad for t in inputs)])
+        names = ("y", "d_k", "d_v", "d_q", "d_log_lam", "d_state")
+        out = {name: float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+               for name, ref, got in zip(names, *results, strict=True)}
+        _free()
+        return out
 
     def _profile_scan(self, backend: str, T: int, selective: bool) -> dict[str, Any]:
         """One forward + backward under the profiler: the kernels' timeline (busy_ms is
@@ -916,6 +980,9 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
         "ten_over_transformer_32768": (3.0, (tvt.get("32768") or {}).get("ratio"), ">="),
         "ten_over_transformer_2048": (1.2, (tvt.get("2048") or {}).get("ratio"), ">="),
         "fused_over_chunked_scan": (5.0, scan.get("fused_speedup_at_T"), ">="),
+        # issue 47's rule for the presets: the matrix state at <= ~25% fewer tokens/s
+        "matrix_over_vector_tokens_per_s": (
+            0.75, (results.get("matrix") or {}).get("matrix_over_vector"), ">="),
     }
     out = {}
     for name, (goal, got, op) in rows.items():
@@ -1000,21 +1067,22 @@ def environment(device: Any) -> dict[str, Any]:
 # the earlier sections on an H100; e2e adds ~4 minutes.
 SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile", "scan",
             "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk", "selective",
-            "recompute", "recall")
+            "recompute", "recall", "matrix")
 # The recipe's device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("e2e", "flagship", "memory"),
          2: ("ten_vs_transformer", "selective"),
          3: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
          4: ("compile", "graphs", "recompute"),
-         5: ("recall",)}
-# What a call without --part runs on a GPU: parts 1-4 (part 5 needs a call of its own);
-# --smoke runs every section.
-ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5])
+         5: ("recall",),
+         6: ("matrix",)}
+# What a call without --part runs on a GPU: parts 1-4 (parts 5 and 6, issue 47's, need
+# calls of their own); --smoke runs every section.
+ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6])
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "optimizer": 90,
-             "e2e": 480, "gpu_tests": 240, "recall": 540}
+             "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 420}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 

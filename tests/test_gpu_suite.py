@@ -94,9 +94,13 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert (out / e2e["report"]["png"]).read_bytes()[:4] == b"\x89PNG"
     tests = r["gpu_tests"]  # collected without boto3 or moto; skipped on CPU
     assert tests["exit_code"] == 0 and tests["skipped"] > 0 and "failed" not in tests
+    mat = r["matrix"]  # issue 47: the matrix state's step against the vector state's
+    assert mat["matrix_over_vector"] > 0 and mat["matrix"]["tokens_per_s"] > 0
+    assert mat["fused_speedup_at_T"] > 0  # interpreted on CPU: slow, but it ran
+    assert max(mat["fused_max_error"].values()) < 1e-4  # fused agrees with ref
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
                                  "ten_over_transformer_32768", "ten_over_transformer_2048",
-                                 "fused_over_chunked_scan"}
+                                 "fused_over_chunked_scan", "matrix_over_vector_tokens_per_s"}
 
 
 @pytest.mark.slow
