@@ -263,12 +263,15 @@ def average(parts: tuple[tuple[TrafficMode, float], ...], n: int) -> TrafficMode
     return out
 
 
-def trace_scan(cfg: Any, batch: int, recomputed: bool) -> Tally:
+def trace_scan(cfg: Any, batch: int, recomputed: bool,
+               act: torch.dtype = torch.float32) -> Tally:
     """One layer's scan as the model runs it (forward, the recompute's forward when its
     block is checkpointed, backward), on fake tensors shaped as in the flagship; the
-    drive arrives in fp32, as the model's does (γ is fp32)."""
+    drive arrives in fp32, as the model's does (γ is fp32). A matrix state's values and
+    queries come from linear layers, in the activations' dtype ``act``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from ten.kernels.matrix_scan import matrix_scan
     from ten.kernels.scan import scan
 
     K2, T = 2 * cfg.n_eigenstates, cfg.seq_len
@@ -277,11 +280,19 @@ def trace_scan(cfg: Any, batch: int, recomputed: bool) -> Tally:
         beta = torch.empty(batch, T, K2, requires_grad=True)
         shape = (batch, T, K2) if cfg.selective else (K2,)
         log_lam = torch.empty(shape, requires_grad=True)
+        if cfg.state == "matrix":
+            v = torch.empty(batch, T, cfg.n_heads * cfg.head_value_dim, dtype=act,
+                            requires_grad=True)
+            q = torch.empty(batch, T, K2, dtype=act, requires_grad=True)
         for backward in (False, True) if recomputed else (True,):
             mode = TrafficMode()
             with mode:
-                c, _ = scan(beta, log_lam, None, backend=cfg.scan_backend,
-                            chunk_size=cfg.chunk_size)
+                if cfg.state == "matrix":
+                    c, _ = matrix_scan(beta, v, q, log_lam, None, heads=cfg.n_heads,
+                                       backend=cfg.scan_backend, chunk_size=cfg.chunk_size)
+                else:
+                    c, _ = scan(beta, log_lam, None, backend=cfg.scan_backend,
+                                chunk_size=cfg.chunk_size)
                 if backward:
                     c.backward(torch.empty_like(c))
             for t in mode.tallies.values():
@@ -314,8 +325,9 @@ def analyse(cfg: Any, train: Any) -> dict[str, Any]:
     mode, model = trace_micro_batch(cfg, train, batch)
     recomputed = recomputed_blocks(cfg)
     scan_all = Tally()
-    scan_all.merge(trace_scan(cfg, batch, True), recomputed)
-    scan_all.merge(trace_scan(cfg, batch, False), cfg.n_layers - recomputed)
+    act = amp_dtype(train) or torch.float32
+    scan_all.merge(trace_scan(cfg, batch, True, act), recomputed)
+    scan_all.merge(trace_scan(cfg, batch, False, act), cfg.n_layers - recomputed)
     opt, opt_syncs = optimizer_tally(model, train.optimizer)
     accum = train.grad_accum
 

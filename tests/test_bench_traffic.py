@@ -42,6 +42,16 @@ def test_the_fused_loss_moves_a_fraction_of_the_chunked_ones_bytes(job):
     assert job["by_kind"]["loss"]["kernels"] < chunked["by_kind"]["loss"]["kernels"]
 
 
+def test_a_matrix_state_is_traced_through_its_own_scan(job):
+    """Its scan reads values and queries besides the drive, and its backward writes the
+    chunks' states: more bytes than the vector scan's (the vector scan's trace stood in
+    for it before, and the matrix state's line equalled the vector state's)."""
+    matrix = analyse("model.state=matrix")
+    assert matrix["scan_backend"] == "fused"
+    assert matrix["scan"]["gb"] > 1.5 * job["scan"]["gb"]
+    assert 0 < matrix["bytes_outside_scan_gb"] < sum(k["gb"] for k in matrix["by_kind"].values())
+
+
 def test_host_syncs_are_the_optimizers(job):
     fused_adamw = analyse("train.optimizer=adamw")
     assert fused_adamw["host_syncs_per_step"] == 0  # the fused AdamW skips on the device
