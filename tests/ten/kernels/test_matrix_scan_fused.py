@@ -65,17 +65,19 @@ def _relative_error(want, got):
     return ((want - got).abs().max() / want.abs().max().clamp(min=1.0)).item()
 
 
-# (B, T, H, N, P): one partial chunk; exactly one chunk; several chunks, the last partial;
-# eigenstates padded to a block of 32 and values in several blocks (32 + 32 + 6 forward,
-# 16s backward); T = 1.
-SHAPES = [(2, 5, 3, 4, 5), (2, 16, 2, 4, 5), (2, 37, 3, 4, 5), (1, 19, 2, 20, 70),
-          (2, 1, 1, 16, 16)]
+# ((B, T, H, N, P), selective, carried state): one partial chunk; exactly one chunk;
+# several chunks, the last partial; eigenstates padded to a block of 32 and values in
+# several blocks (32 + 32 + 6 forward, 16s backward); T = 1. Each of the four modes twice.
+CASES = [((2, 5, 3, 4, 5), False, False), ((2, 16, 2, 4, 5), True, True),
+         ((2, 37, 3, 4, 5), False, True), ((2, 37, 3, 4, 5), True, False),
+         ((1, 19, 2, 20, 70), True, True), ((1, 19, 2, 20, 70), False, False),
+         ((2, 1, 1, 16, 16), True, False), ((2, 16, 2, 4, 5), False, True)]
 
 
-@pytest.mark.parametrize("selective", [False, True], ids=["fixed", "selective"])
-@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "carried-state"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-T{}-H{}-N{}-P{}".format(*s))
-def test_fused_matches_ref_outputs_and_gradients(fused, selective, with_state, shape):
+@pytest.mark.parametrize(("shape", "selective", "with_state"), CASES, ids=[
+    "B{}-T{}-H{}-N{}-P{}-".format(*shape) + ("selective" if sel else "fixed")
+    + ("-carried" if carried else "-zero") for shape, sel, carried in CASES])
+def test_fused_matches_ref_outputs_and_gradients(fused, shape, selective, with_state):
     B, T, H, N, P = shape
     tensors, state = _inputs(B, T, H, N, P, selective=selective, with_state=with_state)
     want = _outputs_and_grads(tensors, state, H, "ref")
