@@ -71,11 +71,12 @@ ARCHS = {arch: card.name for arch, card in CARDS.items()}
 SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
 MIN_PROGRAMS_PER_SM = 4
 # Kernels that hold more than a scan's lanes, with the programs an SM must fit instead.
-# The matrix state's chunks keep a (16, 16, N) tile of decays and a block of the state
-# in registers: 2 programs of 4 warps forward, 1 of 8 backward at the flagship's head.
-# Whether that hides their latency is for a GPU to measure (benchmarks/bench_scan.py).
+# The matrix state's keep a block of the state (forward, states) or of its gradient
+# (dstates) in registers, and a (16, 16, N) tile of decays (forward, backward): at the
+# flagship's head 2 programs of 4 warps, or 1 of 8 (backward). Whether that hides their
+# latency is for a GPU to measure (benchmarks/bench_scan.py --state matrix).
 FEWER_PROGRAMS = {"matrix scan forward": 2, "matrix scan states": 2,
-                  "matrix scan backward": 1}
+                  "matrix scan dstates": 2, "matrix scan backward": 1}
 NUM_WARPS = 4  # every launch in ten/ uses 4 warps
 
 K, D, H = 128, 1024, 2752  # the flagship's eigenstates, width and SwiGLU half-width
@@ -136,29 +137,35 @@ def scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
 def matrix_scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
     """The matrix state's fused scan at the flagship's head (``state: matrix`` on
     small_32k: N = 128 / 4 = 32 eigenstates, P = 1024 / 4 = 256 values), its blocks and
-    warps as the launcher picks them."""
+    warps as the launchers pick them."""
     from ten.kernels import matrix_scan_fused as m
 
     where = "ten.kernels.matrix_scan_fused"
     sizes = {"T": "i32", "K": "i32", "H": "i32", "N": "i32", "P": "i32", "ll_sb": "i32",
              "ll_st": "i32", "n_chunks": "i32"}
-    forward = {**{a: _p(f) for a in ("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "s0_ptr", "y_ptr",
-                                     "send_ptr", "st_ptr")}, **sizes}
-    backward = {**{a: _p(f) for a in ("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "st_ptr", "dy_ptr",
-                                      "dsend_ptr", "dk_ptr", "dv_ptr", "dq_ptr", "ds0_ptr")},
-                "B": "i32", **sizes}
-    blocks = {"BT": m.BLOCK_T, "BN": m._block_n(32)}
-    fwd_p, fwd_warps = m._block_p(256, m.FORWARD_BLOCK[0]), m.FORWARD_BLOCK[1]
-    bwd_p, bwd_warps = m._block_p(256, m.BACKWARD_BLOCK[0]), m.BACKWARD_BLOCK[1]
+
+    def pointers(*names: str) -> dict:
+        return {a: _p(f) for a in names}
+
+    def blocks(block: tuple[int, int]) -> tuple[dict, int]:
+        return {"BT": m.BLOCK_T, "BN": m._block_n(32), "BP": m._block_p(256, block[0])}, block[1]
+
+    forward = {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "s0_ptr", "y_ptr", "send_ptr",
+                          "st_ptr"), **sizes}
+    fwd, fwd_warps = blocks(m.FORWARD_BLOCK)
+    dst, dst_warps = blocks(m.DSTATES_BLOCK)
+    bwd, bwd_warps = blocks(m.BACKWARD_BLOCK)
     return [
         ("matrix scan forward", f"{where}:_matrix_forward_kernel", forward,
-         {**blocks, "BP": fwd_p, "HAS_S0": False, "WRITE_Y": True, "WRITE_STATES": False},
-         fwd_warps),
+         {**fwd, "HAS_S0": False, "WRITE_Y": True, "WRITE_STATES": False}, fwd_warps),
         ("matrix scan states", f"{where}:_matrix_forward_kernel", forward,
-         {**blocks, "BP": fwd_p, "HAS_S0": False, "WRITE_Y": False, "WRITE_STATES": True},
-         fwd_warps),
-        ("matrix scan backward", f"{where}:_matrix_backward_kernel", backward,
-         {**blocks, "BP": bwd_p, "HAS_DSEND": False}, bwd_warps),
+         {**fwd, "HAS_S0": False, "WRITE_Y": False, "WRITE_STATES": True}, fwd_warps),
+        ("matrix scan dstates", f"{where}:_matrix_dstates_kernel",
+         {**pointers("k_ptr", "q_ptr", "ll_ptr", "dy_ptr", "dsend_ptr", "dst_ptr", "ds0_ptr"),
+          **sizes}, {**dst, "HAS_DSEND": False}, dst_warps),
+        ("matrix scan backward", f"{where}:_matrix_backward_kernel",
+         {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "st_ptr", "dst_ptr", "dy_ptr",
+                     "dk_ptr", "dv_ptr", "dq_ptr", "step_ptr"), **sizes}, bwd, bwd_warps),
     ]
 
 

@@ -23,25 +23,31 @@ The decays are formed from differences R_j − R_s ≤ 0 (a (BT, BT, BN) tile, n
 exp(R_j)·exp(−R_s), which overflows), the rest is five small matrix products. Everything
 between chunks stays in the rotated-real form, so no angle grows past one chunk's sum.
 
-Backward (per chunk, in reverse, carrying dS = dL/dS for the state leaving the chunk,
-rotated into the chunk's frame as dŜ = e^{-iφ_end} dS), with M[j, s] = dy_j · v_s:
+Backward. With dS = dL/dS for the state leaving a chunk, rotated into the chunk's frame
+as dŜ = e^{-iφ_end} dS, and M[j, s] = dy_j · v_s over every value column:
 
+    dS_in = e^{R_end} dŜ + Σ_j e^{R_j} q̂_j dy_jᵀ                   the state entering
     dv_s = Σ_j score[j, s] dy_j + Σ_n e^{R_end − R_s} Re(conj(k̂_s) dŜ)
     dq̂_j = Σ_s e^{R_j − R_s} M[j, s] k̂_s + e^{R_j} S dy_j            dq = e^{iφ} dq̂
     dk̂_s = Σ_j e^{R_j − R_s} M[j, s] q̂_j + e^{R_end − R_s} dŜ v_s     dk = e^{iφ} dk̂
-    dS  <- e^{R_end} dŜ + Σ_j e^{R_j} q̂_j dy_jᵀ
 
-The states entering the chunks are recomputed for it (the forward kernel without its
-outputs, writing them to a scratch buffer: transient, one layer at a time). dq and dk sum
-over the value columns, so each of the P/BP programs of a head writes its part and torch
-adds them. d log λ comes from them, as in gated linear attention: the pair (j, s) depends
-on A_j − A_s, so for the step u it is the pairs with s < u ≤ j, which is
+Only the first is a recurrence. So, as gated linear attention's kernels do, three passes:
+the states entering the chunks recomputed (the forward kernel writing them instead of y),
+dS leaving every chunk by the recurrence walked backwards (``_matrix_dstates_kernel``;
+both per batch row, head and block of value columns, into scratch buffers of B·H·T/16
+states of 2N × P numbers, one layer at a time), then every chunk at once
+(``_matrix_backward_kernel``, one program per batch row, head and chunk): it sums M and
+the state terms over the value columns first, so the (BT, BT, BN) decays are formed once
+per chunk, and writes dq and dk whole. d log λ comes from them, as in gated linear
+attention: the pair (j, s) depends on A_j − A_s, so for the step u it is the pairs with
+s < u ≤ j, which is
 
     dR_u = Σ_{t≥u} Re(conj(q_t) dq_t) − Re(conj(k_t) dk_t)     (+ the last state's read)
     dφ_u = Σ_{t≥u} −Im(conj(q_t) dq_t) + Im(conj(k_t) dk_t)
 
-a reverse cumulative sum over the sequence (torch, after the kernel), plus, when the
-last state has a gradient, the term of its read Re / −Im of Σ_p conj(dC) C at every u.
+each step's term written by the kernel, the reverse cumulative sum over the sequence
+done by torch, plus, when the last state has a gradient, the term of its read, Re / −Im
+of Σ_p conj(dC) C, at every u.
 
 Arithmetic is in the dtype given (``matrix_scan`` passes float32, or float64); the matrix
 products use IEEE float32 (no TF32) so the kernel keeps the reference's precision.
@@ -115,6 +121,12 @@ def _state_offsets(b, h, H, N, P, p, BN: tl.constexpr):
 
 
 @triton.jit
+def _chunk_state_offset(b, h, c, H, N, P, n_chunks):
+    """Where chunk ``c``'s state starts in a (B, H, n_chunks, 2, N, P) buffer."""
+    return ((b.to(tl.int64) * H + h) * n_chunks + c) * 2 * N * P
+
+
+@triton.jit
 def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr, st_ptr,
                            T, K, H, N, P, ll_sb, ll_st, n_chunks,
                            BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
@@ -126,6 +138,7 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
     p = pb * BP + tl.arange(0, BP)
     pmask = p < P
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
+    inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
     if HAS_S0:
         Sr = tl.load(s0_ptr + s_off, mask=s_mask, other=0.0)
         Si = tl.load(s0_ptr + s_off + N * P, mask=s_mask, other=0.0)
@@ -140,7 +153,7 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
         vm = ok[:, None] & pmask[None, :]
         v = tl.load(v_ptr + v_off, mask=vm, other=0.0)
         if WRITE_STATES:
-            c_off = s_off + (b.to(tl.int64) * H + h) * (n_chunks - 1) * 2 * N * P + c * 2 * N * P
+            c_off = _chunk_state_offset(b, h, c, H, N, P, n_chunks) + inner
             tl.store(st_ptr + c_off, Sr, mask=s_mask)
             tl.store(st_ptr + c_off + N * P, Si, mask=s_mask)
         if WRITE_Y:
@@ -164,17 +177,16 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
 
 
 @triton.jit
-def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dy_ptr, dsend_ptr,
-                            dk_ptr, dv_ptr, dq_ptr, ds0_ptr,
-                            B, T, K, H, N, P, ll_sb, ll_st, n_chunks,
-                            BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
-                            HAS_DSEND: tl.constexpr):
-    """dv for one (batch row, head, value block); its value block's part of dk and dq
-    ((P/BP, B, T, 2K), torch adds them); the gradient of the state it started from."""
+def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0_ptr,
+                           T, K, H, N, P, ll_sb, ll_st, n_chunks,
+                           BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
+                           HAS_DSEND: tl.constexpr):
+    """dL/dS for the state leaving every chunk of one (batch row, head, value block),
+    walking the chunks backwards: dS <- e^{R_end} dŜ + Σ_j e^{R_j} q̂_j dy_jᵀ (module doc),
+    stored per chunk ((B, H, n_chunks, 2, N, P), in the absolute frame), and the last one
+    as the gradient of the state the scan started from."""
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
-    pmask = p < P
-    n = tl.arange(0, BN)
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
     if HAS_DSEND:
         dSr = tl.load(dsend_ptr + s_off, mask=s_mask, other=0.0)
@@ -182,51 +194,103 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dy_ptr, dsend_p
     else:
         dSr = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
         dSi = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
-    part = pb.to(tl.int64) * B * T * 2 * K  # this value block's dk and dq
+    inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
     c = n_chunks - 1
     while c >= 0:
-        R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
+        R, _, _, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
             k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
-        v_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
-        vm = ok[:, None] & pmask[None, :]
-        v = tl.load(v_ptr + v_off, mask=vm, other=0.0)
-        dy = tl.load(dy_ptr + v_off, mask=vm, other=0.0)
-        c_off = s_off + (b.to(tl.int64) * H + h) * (n_chunks - 1) * 2 * N * P + c * 2 * N * P
-        Sr = tl.load(st_ptr + c_off, mask=s_mask, other=0.0)
-        Si = tl.load(st_ptr + c_off + N * P, mask=s_mask, other=0.0)
+        c_off = _chunk_state_offset(b, h, c, H, N, P, n_chunks) + inner
+        tl.store(dst_ptr + c_off, dSr, mask=s_mask)
+        tl.store(dst_ptr + c_off + N * P, dSi, mask=s_mask)
+        dy_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
+        dy = tl.load(dy_ptr + dy_off, mask=ok[:, None] & (p < P)[None, :], other=0.0)
         cr, ci = cos_e[:, None], sin_e[:, None]
-        dShr, dShi = cr * dSr + ci * dSi, cr * dSi - ci * dSr  # e^{-iφ_end} dS
-
-        D = _decay(R, BT)
-        eR = tl.exp(R)
-        to_end = tl.exp(R_end[None, :] - R)
-        dv = tl.dot(tl.trans(_scores(D, qhr, qhi, khr, khi)), dy, input_precision="ieee")
-        dv += tl.dot(khr * to_end, dShr, input_precision="ieee")
-        dv += tl.dot(khi * to_end, dShi, input_precision="ieee")
-        tl.store(dv_ptr + v_off, dv, mask=vm)
-
-        DM = D * tl.dot(dy, tl.trans(v), input_precision="ieee")[:, :, None]  # [j, s, n]
-        dqhr = tl.sum(DM * khr[None, :, :], axis=1) + eR * tl.dot(dy, tl.trans(Sr),
-                                                                    input_precision="ieee")
-        dqhi = tl.sum(DM * khi[None, :, :], axis=1) + eR * tl.dot(dy, tl.trans(Si),
-                                                                    input_precision="ieee")
-        dkhr = tl.sum(DM * qhr[:, None, :], axis=0) + to_end * tl.dot(v, tl.trans(dShr),
-                                                                        input_precision="ieee")
-        dkhi = tl.sum(DM * qhi[:, None, :], axis=0) + to_end * tl.dot(v, tl.trans(dShi),
-                                                                        input_precision="ieee")
-        row = part + (b.to(tl.int64) * T + t)[:, None] * (2 * K) + (h * N + n)[None, :]
-        m = ok[:, None] & (n < N)[None, :]
-        tl.store(dq_ptr + row, cos_p * dqhr - sin_p * dqhi, mask=m)  # e^{iφ} dq̂
-        tl.store(dq_ptr + row + K, sin_p * dqhr + cos_p * dqhi, mask=m)
-        tl.store(dk_ptr + row, cos_p * dkhr - sin_p * dkhi, mask=m)
-        tl.store(dk_ptr + row + K, sin_p * dkhr + cos_p * dkhi, mask=m)
-
         a = tl.exp(R_end)[:, None]
-        dSr = a * dShr + tl.dot(tl.trans(qhr * eR), dy, input_precision="ieee")
-        dSi = a * dShi + tl.dot(tl.trans(qhi * eR), dy, input_precision="ieee")
+        eR = tl.exp(R)
+        dSr, dSi = (a * (cr * dSr + ci * dSi)
+                    + tl.dot(tl.trans(qhr * eR), dy, input_precision="ieee"),
+                    a * (cr * dSi - ci * dSr)
+                    + tl.dot(tl.trans(qhi * eR), dy, input_precision="ieee"))
         c -= 1
     tl.store(ds0_ptr + s_off, dSr, mask=s_mask)
     tl.store(ds0_ptr + s_off + N * P, dSi, mask=s_mask)
+
+
+@triton.jit
+def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr,
+                            dk_ptr, dv_ptr, dq_ptr, step_ptr,
+                            T, K, H, N, P, ll_sb, ll_st, n_chunks,
+                            BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr):
+    """One (batch row, head, chunk), every value column: dk, dq and dv from the states
+    entering and the gradients leaving the chunk (the module doc's formulas), and each
+    step's share of d log λ, [Re | -Im](conj(q) dq) - [Re | -Im](conj(k) dk), which torch
+    sums backwards over time. The (BT, BT, BN) decays are formed once, for all columns."""
+    b, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
+        k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
+    n = tl.arange(0, BN)
+    cr, ci = cos_e[:, None], sin_e[:, None]
+    chunk = _chunk_state_offset(b, h, c, H, N, P, n_chunks)
+    rows = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P
+    f32 = dy_ptr.dtype.element_ty
+    M = tl.zeros((BT, BT), f32)  # dy_j · v_s over every column
+    read_r = tl.zeros((BT, BN), f32)  # S dy_j, per eigenstate
+    read_i = tl.zeros((BT, BN), f32)
+    write_r = tl.zeros((BT, BN), f32)  # dŜ v_s
+    write_i = tl.zeros((BT, BN), f32)
+    p0 = 0
+    while p0 < P:
+        p = p0 + tl.arange(0, BP)
+        vm = ok[:, None] & (p < P)[None, :]
+        v = tl.load(v_ptr + rows + p[None, :], mask=vm, other=0.0)
+        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0)
+        s_off = chunk + n[:, None] * P + p[None, :]
+        s_mask = (n < N)[:, None] & (p < P)[None, :]
+        Sr = tl.load(st_ptr + s_off, mask=s_mask, other=0.0)
+        Si = tl.load(st_ptr + s_off + N * P, mask=s_mask, other=0.0)
+        dSr = tl.load(dst_ptr + s_off, mask=s_mask, other=0.0)
+        dSi = tl.load(dst_ptr + s_off + N * P, mask=s_mask, other=0.0)
+        dShr, dShi = cr * dSr + ci * dSi, cr * dSi - ci * dSr  # e^{-iφ_end} dS
+        M += tl.dot(dy, tl.trans(v), input_precision="ieee")
+        read_r += tl.dot(dy, tl.trans(Sr), input_precision="ieee")
+        read_i += tl.dot(dy, tl.trans(Si), input_precision="ieee")
+        write_r += tl.dot(v, tl.trans(dShr), input_precision="ieee")
+        write_i += tl.dot(v, tl.trans(dShi), input_precision="ieee")
+        p0 += BP
+    D = _decay(R, BT)
+    eR = tl.exp(R)
+    to_end = tl.exp(R_end[None, :] - R)
+    DM = D * M[:, :, None]  # [j, s, n]
+    dqhr = tl.sum(DM * khr[None, :, :], axis=1) + eR * read_r
+    dqhi = tl.sum(DM * khi[None, :, :], axis=1) + eR * read_i
+    dkhr = tl.sum(DM * qhr[:, None, :], axis=0) + to_end * write_r
+    dkhi = tl.sum(DM * qhi[:, None, :], axis=0) + to_end * write_i
+    row = (b.to(tl.int64) * T + t)[:, None] * (2 * K) + (h * N + n)[None, :]
+    m = ok[:, None] & (n < N)[None, :]
+    tl.store(dq_ptr + row, cos_p * dqhr - sin_p * dqhi, mask=m)  # e^{iφ} dq̂
+    tl.store(dq_ptr + row + K, sin_p * dqhr + cos_p * dqhi, mask=m)
+    tl.store(dk_ptr + row, cos_p * dkhr - sin_p * dkhi, mask=m)
+    tl.store(dk_ptr + row + K, sin_p * dkhr + cos_p * dkhi, mask=m)
+    # conj(q) dq and conj(k) dk do not change when both turn by e^{-iφ}: the rotated ones
+    tl.store(step_ptr + row, qhr * dqhr + qhi * dqhi - khr * dkhr - khi * dkhi, mask=m)
+    tl.store(step_ptr + row + K, qhi * dqhr - qhr * dqhi - khr * dkhi + khi * dkhr, mask=m)
+
+    scores_t = tl.trans(_scores(D, qhr, qhi, khr, khi))
+    wr, wi = khr * to_end, khi * to_end
+    p0 = 0
+    while p0 < P:  # dv, column block by column block
+        p = p0 + tl.arange(0, BP)
+        vm = ok[:, None] & (p < P)[None, :]
+        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0)
+        s_off = chunk + n[:, None] * P + p[None, :]
+        s_mask = (n < N)[:, None] & (p < P)[None, :]
+        dSr = tl.load(dst_ptr + s_off, mask=s_mask, other=0.0)
+        dSi = tl.load(dst_ptr + s_off + N * P, mask=s_mask, other=0.0)
+        dv = tl.dot(scores_t, dy, input_precision="ieee")
+        dv += tl.dot(wr, cr * dSr + ci * dSi, input_precision="ieee")
+        dv += tl.dot(wi, cr * dSi - ci * dSr, input_precision="ieee")
+        tl.store(dv_ptr + rows + p[None, :], dv, mask=vm)
+        p0 += BP
 
 
 # True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
@@ -235,12 +299,12 @@ INTERPRETED = type(_matrix_forward_kernel).__name__ == "InterpretedFunction"
 # The chunk: tl.dot takes no dimension under 16, and the (BT, BT, BN) decay tile grows
 # with its square.
 BLOCK_T = 16
-# (value columns a program owns, warps) per direction, from benchmarks/kernel_check.py at
-# the flagship's head (N 32, P 256): the forward at 32 columns and 4 warps uses ~245
-# registers a thread, no spills; the backward holds more (BT, BT, BN) tiles and spills at
-# 32 columns, 4 warps (480 B) or 8 (16 B), not at 16 and 8.
-FORWARD_BLOCK = (32, 4)
-BACKWARD_BLOCK = (16, 8)
+# (value columns a program takes at a time, warps) per kernel, from benchmarks/
+# kernel_check.py at the flagship's head (N 32, P 256): no spills, and as many programs
+# an SM as the registers allow.
+FORWARD_BLOCK = (32, 4)  # the forward and the states pass: a block of the state held
+DSTATES_BLOCK = (32, 4)  # dS held the same way
+BACKWARD_BLOCK = (32, 8)  # one chunk, every column: the (BT, BT, BN) decays held
 
 
 def _block_n(N: int) -> int:
@@ -284,7 +348,8 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
 
 
 # The kernels as torch operators (ten.kernels.ops), as the vector scan's: opaque to
-# torch.compile, traceable under FakeTensorMode by their fakes.
+# torch.compile, traceable under FakeTensorMode by their fakes. The backward is three, so
+# that a trace (ten.train.memory, bench_traffic) sees its two buffers of chunk states.
 
 def _forward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
                   heads: int) -> tuple[Tensor, Tensor]:
@@ -309,28 +374,40 @@ def _states_fake(k, v, q, log_lam, s0, heads):
     return v.new_empty(B, heads, n_chunks, 2, N, P)
 
 
-def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Tensor,
-                   dy: Tensor, ds_end: Tensor | None, heads: int
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dk and dq per value block (P/BP, B, T, 2K), dv, d s0 (B, H, 2, N, P))."""
-    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    BP, warps = _block_p(P, BACKWARD_BLOCK[0]), BACKWARD_BLOCK[1]
-    blocks = math.ceil(P / BP)
-    dk, dq = (k.new_empty(blocks, B, T, 2 * K) for _ in range(2))
-    dv, ds0 = torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
-    _matrix_backward_kernel[(B, heads, blocks)](
-        k, v, q, log_lam, states, dy, ds_end if ds_end is not None else dy,
-        dk, dv, dq, ds0, B, T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
+def _dstates_impl(k: Tensor, q: Tensor, log_lam: Tensor, dy: Tensor, ds_end: Tensor | None,
+                  heads: int) -> tuple[Tensor, Tensor]:
+    """(dL/dS leaving every chunk (B, H, T/16, 2, N, P), d s0 (B, H, 2, N, P))."""
+    B, T, K, N, P, n_chunks = _launch_shape(k, dy, heads)
+    BP, warps = _block_p(P, DSTATES_BLOCK[0]), DSTATES_BLOCK[1]
+    dstates, ds0 = _dstates_fake(k, q, log_lam, dy, ds_end, heads)
+    _matrix_dstates_kernel[(B, heads, math.ceil(P / BP))](
+        k, q, log_lam, dy, ds_end if ds_end is not None else dy, dstates, ds0,
+        T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
         BT=BLOCK_T, BN=_block_n(N), BP=BP, HAS_DSEND=ds_end is not None, num_warps=warps)
-    return dk, dq, dv, ds0
+    return dstates, ds0
 
 
-def _backward_fake(k, v, q, log_lam, states, dy, ds_end, heads):
-    B, T, K2 = k.shape
-    N, P = K2 // 2 // heads, v.shape[-1] // heads
-    blocks = math.ceil(P / _block_p(P, BACKWARD_BLOCK[0]))
-    return (k.new_empty(blocks, B, T, K2), k.new_empty(blocks, B, T, K2), torch.empty_like(v),
-            v.new_empty(B, heads, 2, N, P))
+def _dstates_fake(k, q, log_lam, dy, ds_end, heads):
+    B, T, K, N, P, n_chunks = _launch_shape(k, dy, heads)
+    return dy.new_empty(B, heads, n_chunks, 2, N, P), dy.new_empty(B, heads, 2, N, P)
+
+
+def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Tensor,
+                   dstates: Tensor, dy: Tensor, heads: int
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dk, dq, dv, each step's share of d log λ (B, T, 2K))."""
+    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
+    dk, dq, dv, step = _backward_fake(k, v, q, log_lam, states, dstates, dy, heads)
+    _matrix_backward_kernel[(B, heads, n_chunks)](
+        k, v, q, log_lam, states, dstates, dy, dk, dv, dq, step,
+        T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
+        BT=BLOCK_T, BN=_block_n(N), BP=_block_p(P, BACKWARD_BLOCK[0]),
+        num_warps=BACKWARD_BLOCK[1])
+    return dk, dq, dv, step
+
+
+def _backward_fake(k, v, q, log_lam, states, dstates, dy, heads):
+    return torch.empty_like(k), torch.empty_like(k), torch.empty_like(v), torch.empty_like(k)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -343,23 +420,17 @@ def _backward(ctx, dy: Tensor | None, ds_end: Tensor | None):
     k, v, q, log_lam, s0, s_end = ctx.saved_tensors
     dy = torch.zeros_like(v) if dy is None else dy.contiguous()
     ds_end = None if ds_end is None else ds_end.contiguous()
-    # two operators, so that a trace (ten.train.memory) sees the states' buffer
     states = _states_op(k, v, q, log_lam, s0, ctx.heads)
-    dk, dq, dv, ds0 = _backward_op(k, v, q, log_lam, states, dy, ds_end, ctx.heads)
-    dk, dq = dk.sum(0), dq.sum(0)
-    return (dk, dv, dq, _log_lam_grad(k, q, dk, dq, log_lam, s_end, ds_end, ctx.heads),
+    dstates, ds0 = _dstates_op(k, q, log_lam, dy, ds_end, ctx.heads)
+    dk, dq, dv, step = _backward_op(k, v, q, log_lam, states, dstates, dy, ctx.heads)
+    return (dk, dv, dq, _log_lam_grad(step, log_lam, s_end, ds_end),
             ds0 if s0 is not None else None, None)
 
 
-def _log_lam_grad(k: Tensor, q: Tensor, dk: Tensor, dq: Tensor, log_lam: Tensor,
-                  s_end: Tensor, ds_end: Tensor | None, heads: int) -> Tensor:
-    """d log λ (the module docstring): a reverse cumulative sum over time of each step's
-    reads minus its writes, plus the last state's read when it has a gradient."""
-    K = k.shape[-1] // 2
-    kr, ki, qr, qi = k[..., :K], k[..., K:], q[..., :K], q[..., K:]
-    dkr, dki, dqr, dqi = dk[..., :K], dk[..., K:], dq[..., :K], dq[..., K:]
-    step = torch.cat([qr * dqr + qi * dqi - kr * dkr - ki * dki,
-                      qi * dqr - qr * dqi - kr * dki + ki * dkr], dim=-1)  # (B, T, 2K)
+def _log_lam_grad(step: Tensor, log_lam: Tensor, s_end: Tensor, ds_end: Tensor | None
+                  ) -> Tensor:
+    """d log λ (the module docstring): each step's reads minus its writes, summed over
+    that step and every later one, plus the last state's read when it has a gradient."""
     d = step.flip(1).cumsum(1).flip(1)
     if ds_end is not None:  # Re / -Im of Σ_p conj(dC) C per eigenstate, at every step
         Cr, Ci, dCr, dCi = s_end[:, :, 0], s_end[:, :, 1], ds_end[:, :, 0], ds_end[:, :, 1]
@@ -372,9 +443,12 @@ def _log_lam_grad(k: Tensor, q: Tensor, dk: Tensor, dq: Tensor, log_lam: Tensor,
 _states_op = define(
     "matrix_scan_fused_states(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
     "int heads) -> Tensor", _states_impl, _states_fake)
+_dstates_op = define(
+    "matrix_scan_fused_dstates(Tensor k, Tensor q, Tensor log_lam, Tensor dy, Tensor? ds_end, "
+    "int heads) -> (Tensor, Tensor)", _dstates_impl, _dstates_fake)
 _backward_op = define(
     "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor states, "
-    "Tensor dy, Tensor? ds_end, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
+    "Tensor dstates, Tensor dy, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
     _backward_impl, _backward_fake)
 _forward_op = define(
     "matrix_scan_fused_forward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
