@@ -1286,6 +1286,16 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{100 * x['accuracy']:.1f}% ({x['steps']} steps of {x['batch']}, "
                 f"{x['ms_per_step']:.0f} ms, "
                 f"lr {x['lr']:g})" for m, x in row.items() if m != "chance") + " |")
+    mat = r.get("matrix") or {}
+    if "matrix_over_vector" in mat:
+        lines += ["", f"The matrix state (issue 47): the job's step at "
+                  f"{f(mat['matrix'].get('tokens_per_s'), '.0f')} tokens/s (MFU "
+                  f"{f(mat['matrix'].get('mfu'))}) against the vector state's "
+                  f"{f(mat['vector'].get('tokens_per_s'), '.0f')} "
+                  f"({f(mat['matrix_over_vector'])}×); "
+                  f"its scan fused {f(mat.get('fused_speedup_at_T'))}× chunked's at the "
+                  f"flagship's T; fused's largest error "
+                  f"{f(max(mat['fused_max_error'].values()))}."]
     errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]
