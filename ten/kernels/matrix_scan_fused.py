@@ -74,8 +74,9 @@ __all__ = ["INTERPRETED", "matrix_scan_fused"]
 def _chunk(k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st,
            BT: tl.constexpr, BN: tl.constexpr):
     """One chunk's keys and queries in its rotated frame and its decays: (R, k̂r, k̂i, q̂r,
-    q̂i, each (BT, BN); R_end, cos φ_end, sin φ_end, each (BN,); t (BT,), valid (BT,)).
-    Past T and past N: log λ = 0, k = q = 0 (steps that change nothing)."""
+    q̂i, each (BT, BN); R_end, cos φ_end, sin φ_end, each (BN,); cos φ, sin φ, each
+    (BT, BN), to turn gradients back; t (BT,), valid (BT,)). Past T and past N:
+    log λ = 0, k = q = 0 (steps that change nothing)."""
     t = c * BT + tl.arange(0, BT)
     n = tl.arange(0, BN)
     ok = t < T
