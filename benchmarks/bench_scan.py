@@ -11,7 +11,7 @@ times numpy, not the kernel): on a machine without CUDA the table says so and sk
     python benchmarks/bench_scan.py --device cuda --batch 8 --eigenstates 128 \\
         --lengths 1024 4096 16384 32768 --selective                  # the GPU table
     python benchmarks/bench_scan.py --device cuda --sweep            # fused launch plans
-    python benchmarks/bench_scan.py --device cuda --state matrix --selective --batch 4 \
+    python benchmarks/bench_scan.py --device cuda --state matrix --selective --batch 4 \\
         --eigenstates 128 --heads 4 --value-dim 256 --lengths 4096 32768  # small_32k's heads
 """
 
