@@ -122,6 +122,18 @@ def _state_offsets(b, h, H, N, P, p, BN: tl.constexpr):
 
 
 @triton.jit
+def _block_or_zeros(ptr, off, mask, im, like_ptr, BN: tl.constexpr, BP: tl.constexpr,
+                    GIVEN: tl.constexpr):
+    """A (BN, BP) block of a complex state (re at ``off``, im ``im`` further), or zeros in
+    ``like_ptr``'s dtype when none was given."""
+    if GIVEN:
+        return tl.load(ptr + off, mask=mask, other=0.0), tl.load(ptr + off + im, mask=mask,
+                                                                  other=0.0)
+    zeros = tl.zeros((BN, BP), like_ptr.dtype.element_ty)
+    return zeros, zeros
+
+
+@triton.jit
 def _chunk_state_offset(b, h, c, H, N, P, n_chunks):
     """Where chunk ``c``'s state starts in a (B, H, n_chunks, 2, N, P) buffer."""
     return ((b.to(tl.int64) * H + h) * n_chunks + c) * 2 * N * P
@@ -140,12 +152,7 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
     pmask = p < P
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
     inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
-    if HAS_S0:
-        Sr = tl.load(s0_ptr + s_off, mask=s_mask, other=0.0)
-        Si = tl.load(s0_ptr + s_off + N * P, mask=s_mask, other=0.0)
-    else:
-        Sr = tl.zeros((BN, BP), y_ptr.dtype.element_ty)
-        Si = tl.zeros((BN, BP), y_ptr.dtype.element_ty)
+    Sr, Si = _block_or_zeros(s0_ptr, s_off, s_mask, N * P, y_ptr, BN, BP, HAS_S0)
     c = 0
     while c < n_chunks:  # a while: the interpreter's range() takes no runtime bound (scan_fused)
         R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
@@ -189,12 +196,7 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
-    if HAS_DSEND:
-        dSr = tl.load(dsend_ptr + s_off, mask=s_mask, other=0.0)
-        dSi = tl.load(dsend_ptr + s_off + N * P, mask=s_mask, other=0.0)
-    else:
-        dSr = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
-        dSi = tl.zeros((BN, BP), dy_ptr.dtype.element_ty)
+    dSr, dSi = _block_or_zeros(dsend_ptr, s_off, s_mask, N * P, dy_ptr, BN, BP, HAS_DSEND)
     inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
     c = n_chunks - 1
     while c >= 0:
