@@ -541,24 +541,14 @@ class Suite:
         return out
 
     def _matrix_fused_error(self) -> dict[str, float]:
-        """Largest |fused - ref| of the matrix scan at ref_T, fp32, over its outputs and
-        the gradients of every input (relative to the largest |ref| of each)."""
-        import torch
-
+        """The matrix scan's ``_error_against_ref`` at ref_T, fp32."""
         from ten.kernels.matrix_scan import matrix_scan
 
-        heads, results = self.flagship_config().n_heads, []
-        for backend in ("ref", "fused"):
-            inputs = [t.detach().clone().requires_grad_() for t in
-                      self._matrix_scan_inputs(self.sizes.ref_T)]
-            y, last = matrix_scan(*inputs, heads=heads, backend=backend)
-            (y.square().sum() + torch.view_as_real(last).sum()).backward()
-            results.append([y.detach(), *(t.grad for t in inputs)])
-        names = ("y", "d_k", "d_v", "d_q", "d_log_lam", "d_state")
-        out = {name: float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-               for name, ref, got in zip(names, *results, strict=True)}
-        _free()
-        return out
+        heads = self.flagship_config().n_heads
+        return self._error_against_ref(
+            lambda x, backend: matrix_scan(*x, heads=heads, backend=backend),
+            lambda: self._matrix_scan_inputs(self.sizes.ref_T),
+            ("y", "d_k", "d_v", "d_q", "d_log_lam", "d_state"))
 
     def _profile_scan(self, backend: str, T: int, selective: bool) -> dict[str, Any]:
         """One forward + backward under the profiler: the kernels' timeline (busy_ms is
@@ -593,22 +583,32 @@ class Suite:
                                    key=lambda x: -x[1])[:8]}
 
     def _fused_error(self, selective: bool) -> dict[str, float]:
-        """Largest |fused - ref| over outputs and gradients at ref_T, fp32 (relative to the
-        largest |ref| value of each)."""
+        """The vector scan's ``_error_against_ref`` at ref_T, fp32."""
         from ten.kernels.scan import scan
 
-        out, results = {}, []
+        return self._error_against_ref(
+            lambda x, backend: scan(*x, backend=backend),
+            lambda: self._scan_inputs(self.sizes.ref_T, selective),
+            ("c", "d_beta", "d_log_lam", "d_state"))
+
+    def _error_against_ref(self, run: Callable[[list[Any], str], Any],
+                           inputs: Callable[[], list[Any]],
+                           names: tuple[str, ...]) -> dict[str, float]:
+        """Largest |fused - ref| of ``run(inputs, backend) -> (out, last state)`` over its
+        output and the gradients of every input, each relative to the largest |ref|."""
+        import torch
+
+        results = []
         for backend in ("ref", "fused"):
-            inputs = [t.detach().clone().requires_grad_() for t in
-                      self._scan_inputs(self.sizes.ref_T, selective)]
-            c, last = scan(*inputs, backend=backend)
-            (c.square().sum() + last.sum()).backward()
-            results.append([c.detach(), *(t.grad for t in inputs)])
-        for name, ref, got in zip(("c", "d_beta", "d_log_lam", "d_state"), *results,
-                                  strict=True):
-            out[name] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+            x = [t.detach().clone().requires_grad_() for t in inputs()]
+            out, last = run(x, backend)
+            last = torch.view_as_real(last) if last.is_complex() else last
+            (out.square().sum() + last.sum()).backward()
+            results.append([out.detach(), *(t.grad for t in x)])
+        errors = {name: float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+                  for name, ref, got in zip(names, *results, strict=True)}
         _free()
-        return out
+        return errors
 
     def compile(self) -> dict[str, Any]:
         """The job's step with train.compile off and on (every block compiled)."""
