@@ -12,6 +12,10 @@ from pathlib import Path
 # (the inner loop: 4 min 23 s on 2 cores, 3 min 30 s with this). Set before torch loads.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's C++ builds in the test's own process, not a pool of compile workers
+# that each import torch first: on 2 cores the compile test took 47 s alone, 15 s so
+# (the code compiled is the same). The runs and benchmarks the tests start inherit it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
