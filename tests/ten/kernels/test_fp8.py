@@ -1,0 +1,118 @@
+"""ten.kernels.fp8 on the CPU (torch's _scaled_mm runs there): each GEMM equals the exact
+product of its float8-rounded operands times their scales, forward and backward, under
+both scalings; the result stays within float8's rounding of the float64 linear; an
+outlier row costs the other rows their digits under one scale a tensor, not under a scale
+a row; and every call keeps the layout and widths CUDA's _scaled_mm demands."""
+
+import pytest
+import torch
+
+from ten.kernels.fp8 import E4M3, E5M2, _mm, fp8_eligible, fp8_linear, reference_linear, to_fp8
+
+SEED = 0
+
+
+def inputs(M=48, K=64, N=32, dtype=torch.float32):
+    g = torch.Generator().manual_seed(SEED)
+    print(f"seed {SEED}")
+    x = torch.randn(M, K, generator=g, dtype=dtype, requires_grad=True)
+    w = (torch.randn(N, K, generator=g, dtype=dtype) / K ** 0.5).requires_grad_()
+    dy = torch.randn(M, N, generator=g, dtype=dtype)
+    return x, w, dy
+
+
+def rounded(t, dtype, dim=None):
+    """t as float8 rounds it, back in float64: what the GEMM multiplies."""
+    t8, s = to_fp8(t.detach(), dtype, dim)
+    return t8.double() * s.double()
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("rows", [48, 40])  # 40: padded to 48 with zeros for dw's sum
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_each_gemm_is_the_exact_product_of_its_rounded_operands(scaling, rows):
+    x, w, dy = inputs(M=rows)
+    y = fp8_linear(x, w, scaling=scaling)
+    y.backward(dy)
+    row = scaling == "row"
+    # forward: x by rows, w by its rows (the output's columns); then the two of backward
+    want_y = rounded(x, E4M3, 1 if row else None) @ rounded(w, E4M3, 1 if row else None).t()
+    want_dx = rounded(dy, E5M2, 1 if row else None) @ rounded(w, E4M3, 0 if row else None)
+    want_dw = rounded(dy.t(), E5M2, 1 if row else None) @ rounded(x, E4M3, 0 if row else None)
+    tol = 1e-2 if row else 1e-5  # row scaling's output is bf16 (CUDA's rule), else fp32
+    assert rel(y, want_y) < tol
+    assert rel(x.grad, want_dx) < tol and rel(w.grad, want_dw) < tol
+    assert x.grad.dtype == x.dtype and w.grad.dtype == w.dtype
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_the_result_is_within_float8s_rounding_of_the_float64_linear(scaling):
+    """e4m3 keeps 3 mantissa bits (relative rounding up to 1/16), e5m2 2 (1/8): errors of
+    random signs average out over the sum; bounds at about twice what is seen."""
+    x, w, dy = inputs()
+    b = torch.randn(w.shape[0], dtype=torch.float64)
+    y = fp8_linear(x, w, b, scaling=scaling)
+    y.backward(dy)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = reference_linear(xd, wd, b)
+    ref.backward(dy.double())
+    assert rel(y, ref) < 0.06
+    assert rel(x.grad, xd.grad) < 0.12 and rel(w.grad, wd.grad) < 0.12
+
+
+def test_an_outlier_row_costs_the_others_their_digits_under_one_scale_only():
+    """One token 100,000 times the others (as a massive activation is): with one scale for
+    the tensor the rest fall to e4m3's subnormals (steps of 2^-9 of a range whose top is
+    the outlier's); a scale per row keeps them."""
+    x, w, _ = inputs()
+    with torch.no_grad():
+        x[0] *= 1e5
+    ref = reference_linear(x.detach().double(), w.detach().double())
+    errors = {s: rel(fp8_linear(x, w, scaling=s)[1:], ref[1:]) for s in ("tensor", "row")}
+    print(errors)
+    assert errors["row"] < 0.06 < 0.3 < errors["tensor"]
+
+
+def test_under_bf16_autocast_the_output_is_bf16_and_the_grads_the_params_dtypes():
+    x, w, dy = inputs(M=40)  # rows need not be a multiple of 16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fp8_linear(x.view(4, 10, 64), w)
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 10, 32)
+    y.backward(dy.view(4, 10, 32).bfloat16())
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    assert torch.isfinite(w.grad).all()
+
+
+def test_zeros_stay_zeros():
+    x = torch.zeros(16, 32, requires_grad=True)
+    w = torch.zeros(16, 32, requires_grad=True)
+    y = fp8_linear(x, w)
+    y.sum().backward()
+    assert not y.any() and torch.isfinite(x.grad).all() and not w.grad.any()
+
+
+def test_widths_that_are_not_multiples_of_16_are_refused_not_run():
+    assert fp8_eligible(64, 32) and not fp8_eligible(64, 40) and not fp8_eligible(24, 32)
+    x, w, _ = inputs(N=40)
+    with pytest.raises(ValueError, match=r"multiples of 16, got a \(40, 64\) weight"):
+        fp8_linear(x, w)
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        fp8_linear(*inputs()[:2], scaling="block")
+
+
+def test_every_call_keeps_cudas_layout_and_format_rules():
+    a8, sa = to_fp8(torch.randn(16, 32), E4M3)
+    b8, sb = to_fp8(torch.randn(48, 32), E4M3)
+    assert _mm(a8, b8.t(), sa, sb, torch.float32).shape == (16, 48)  # row- by column-major
+    with pytest.raises(ValueError, match="row-major, the second column-major"):
+        _mm(a8, b8.t().contiguous(), sa, sb, torch.float32)
+    g8, sg = to_fp8(torch.randn(16, 32), E5M2)
+    with pytest.raises(ValueError, match="two e5m2"):
+        _mm(g8, to_fp8(torch.randn(48, 32), E5M2)[0].t(), sg, sg, torch.float32)
+    with pytest.raises(ValueError, match="row scales give a bf16 output only"):
+        _mm(a8, b8.t(), torch.ones(16, 1), torch.ones(1, 48), torch.float32)
+    with pytest.raises(ValueError, match="not multiples of 16"):
+        _mm(a8[:, :24], b8[:, :24].t(), sa, sb, torch.float32)
