@@ -26,6 +26,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
 LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.kernels.loss's backends
 SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.kernels.scan.BACKENDS, and auto
+FP8_SCALINGS = ("tensor", "row")  # ten.kernels.fp8's: a scale a tensor, or a row
+FP8_MODES = ("off", *FP8_SCALINGS)  # a model's fp8 field
 SCHEDULES = ("cosine", "onecycle", "constant", "wsd")  # ten.train.schedule's shapes
 DEVICES = ("auto", "cpu", "cuda")
 

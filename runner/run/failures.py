@@ -37,6 +37,7 @@ def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]
     from runner.storage import StorageError
     from runner.trained.init_from import InitFromError
     from ten.data import DataError
+    from ten.kernels.fp8 import FP8Error
     from ten.kernels.scan import ScanBackendError
     from ten.train.checkpoint import CheckpointWriteError
     from ten.train.memory import DeviceMemoryError
@@ -46,8 +47,10 @@ def _failures() -> tuple[tuple[tuple[type[Exception], ...], ExitCode, str], ...]
     return (
         ((ResumeError,), ExitCode.CONFIG, "resume refused"),  # fix the job, not retry
         ((InitFromError, TrackerError), ExitCode.CONFIG, "config error"),
-        # fused without CUDA, a job the GPU cannot hold, a failed compile:
-        ((ScanBackendError, DeviceMemoryError, CompileError), ExitCode.CONFIG, "config error"),
+        # fused without CUDA, float8 without FP8 tensor cores, a job the GPU cannot hold, a
+        # failed compile:
+        ((ScanBackendError, FP8Error, DeviceMemoryError, CompileError), ExitCode.CONFIG,
+         "config error"),
         ((DataError,), ExitCode.DATA, "data error"),
         ((DivergedError,), ExitCode.DIVERGED, "diverged"),
         ((CheckpointWriteError, StorageError), ExitCode.STORAGE, "storage error"),

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ten.kernels.fp8 import Float8Gemms
 from ten.kernels.ops import define, register_cuda
 
 __all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear", "layer_norm",
@@ -202,24 +203,32 @@ class _SwiGLUDown(torch.autograd.Function):
     y between them: backward gets y again from the SwiGLU backward's pass over a and b,
     which reads them anyway, written over y's gradient once read (one more write of y,
     where keeping it held (..., H) per block from forward to backward: 172 MiB of the
-    flagship's 32K-token micro-batch, per block).
+    flagship's 32K-token micro-batch, per block). ``gemms``: the three GEMMs in float8
+    (ten.kernels.fp8), or None for torch's.
     Not an operator: its three kernels each way stay visible to the traffic and memory
     tracers (an operator's inside is not)."""
 
     @staticmethod
-    def forward(ctx, ab: Tensor, w: Tensor) -> Tensor:
+    def forward(ctx, ab: Tensor, w: Tensor, gemms: Float8Gemms | None) -> Tensor:
+        ctx.gemms = gemms
         ctx.save_for_backward(ab, w)
         with torch.autocast(ab.device.type, enabled=False):  # in the inputs' dtype
-            return F.linear(_swiglu(ab), w)
+            y = _swiglu(ab)
+            if gemms is None:
+                return F.linear(y, w)
+            return gemms.forward(y.view(-1, y.shape[-1]), w, ab.dtype).view(
+                *y.shape[:-1], w.shape[0])
 
     @staticmethod
-    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor]:
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, None]:
         ab, w = ctx.saved_tensors
         d, h = w.shape
         dz = dz.reshape(-1, d)
-        dy_then_y = dz @ w
+        dy_then_y = dz @ w if ctx.gemms is None else ctx.gemms.grad_input(dz.contiguous(), w)
         dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
-        return dab, dz.t() @ dy_then_y
+        if ctx.gemms is None:
+            return dab, dz.t() @ dy_then_y, None
+        return dab, ctx.gemms.grad_weight(dz.contiguous(), dy_then_y).to(w.dtype), None
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
@@ -373,12 +382,14 @@ def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: floa
     return h.view(shape), y.view(shape)
 
 
-def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
+def swiglu_down(ab: Tensor, weight: Tensor, gemms: Float8Gemms | None = None) -> Tensor:
     """The SwiGLU feed-forward block's output: silu(a)·b of ab = [a | b] along the last
     dimension, projected by ``weight`` (d, H) (the down projection's, cast to ab's dtype:
     under autocast ab is the up projection's output). Differentiable in both; the product
-    silu(a)·b is not kept for backward (see :class:`_SwiGLUDown`)."""
-    return _SwiGLUDown.apply(ab.contiguous(), weight.to(ab.dtype))
+    silu(a)·b is not kept for backward (see :class:`_SwiGLUDown`). ``gemms``: the
+    projection's GEMMs in float8 (weight then in its own dtype, cast by them)."""
+    return _SwiGLUDown.apply(ab.contiguous(),
+                             weight if gemms is not None else weight.to(ab.dtype), gemms)
 
 
 def causal_conv_and_linear(x: Tensor, tail: Tensor | None, conv_weight: Tensor,

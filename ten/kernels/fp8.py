@@ -12,10 +12,11 @@ their bf16 rate.
 A tensor is scaled so its largest magnitude lands on its format's largest value, then
 rounded: ``scaling="tensor"`` takes one scale per tensor (one amax reduction each,
 cheap; an outlier token costs every token its digits), ``"row"`` one per row of each
-GEMM's operands along the summed dimension (an outlier costs its own row only; each
-operand is cast again for its other GEMM, from the high-precision tensor kept for
-backward). torch's ``_scaled_mm`` multiplies, accumulating in fp32, and applies the
-scales to the result. Which wins on a card is measured (benchmarks/bench_fp8.py).
+GEMM's operands along the summed dimension (an outlier costs its own row only). Each
+GEMM casts its own operands from the high-precision tensors a layer keeps for backward
+(as F.linear keeps x and w): no more memory than bf16, an amax and a cast more per
+operand. torch's ``_scaled_mm`` multiplies, accumulating in fp32, and applies the scales
+to the result. Which wins on a card is measured (benchmarks/bench_fp8.py).
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with
@@ -32,12 +33,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ten.config import FP8_SCALINGS
+
 E4M3 = torch.float8_e4m3fn  # what is multiplied forward: inputs and weights
 E5M2 = torch.float8_e5m2  # the gradients that flow back
-SCALINGS = ("tensor", "row")
+SCALINGS = FP8_SCALINGS  # declared with the model's fields (ten.config)
 Scaling = Literal["tensor", "row"]
+MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (L40S, sm_89) and Hopper (H100, sm_90)
 ALIGN = 16  # _scaled_mm's widths on CUDA
 _TINY = 1e-12  # an all-zero tensor's amax: its scale stays finite (and its values zero)
+
+
+class FP8Error(ValueError):
+    """Float8 GEMMs asked of a device without FP8 tensor cores."""
+
+
+def check_device(device: torch.device, setting: str = "TENConfig.fp8") -> None:
+    """FP8Error, naming ``setting`` (the model config's field) and what to set it to,
+    unless ``device`` is a GPU with FP8 tensor cores (a CPU runs _scaled_mm only as a
+    slow emulation: for tests, not runs)."""
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        if cap >= MIN_CAPABILITY:
+            return
+        where = f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]})"
+    else:
+        where = f"the {device.type}"
+    raise FP8Error(f"{setting} runs float8 GEMMs on a GPU with FP8 tensor cores (compute "
+                   f"capability 8.9+: L40S, H100); this run is on {where}: set {setting} "
+                   "to off")
 
 
 def fp8_eligible(in_features: int, out_features: int) -> bool:
@@ -85,48 +109,64 @@ def _column_major(t: Tensor) -> Tensor:
 
 def _rows_to_align(t: Tensor) -> Tensor:
     """t (M, ·) with zero rows after it up to a multiple of 16: dw sums over the rows
-    (tokens), a width CUDA wants aligned; zero rows add nothing to it."""
+    (tokens), a width CUDA wants aligned; zero rows add nothing to it, nor to an amax."""
     extra = -t.shape[0] % ALIGN
     return F.pad(t, (0, 0, 0, extra)) if extra else t
 
 
+class Float8Gemms:
+    """The three GEMMs of y = x wᵀ (x (M, K), w (N, K)) in float8, each casting its
+    high-precision operands with scales of ``scaling``: what a layer that keeps x and w
+    for backward (as F.linear's autograd keeps them) calls in place of torch's matmuls."""
+
+    def __init__(self, scaling: Scaling = "tensor"):
+        if scaling not in SCALINGS:
+            raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+        self.scaling = scaling
+        self._row = scaling == "row"
+
+    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype) -> Tensor:
+        """y = x wᵀ (M, N) in ``out_dtype``: x by its rows, w by its rows (y's columns)."""
+        dim = 1 if self._row else None
+        x8, sx = to_fp8(x, E4M3, dim)  # (M, 1) or ()
+        w8, sw = to_fp8(w, E4M3, dim)  # (N, 1) or ()
+        return _mm(x8, w8.t(), sx, sw.t() if self._row else sw,
+                   torch.bfloat16 if self._row else out_dtype).to(out_dtype)
+
+    def grad_input(self, dy: Tensor, w: Tensor) -> Tensor:
+        """dx = dy w (M, K) in dy's dtype: dy by its rows, w by its columns."""
+        g8, sg = to_fp8(dy, E5M2, 1 if self._row else None)  # (M, 1) or ()
+        w8, sw = to_fp8(w, E4M3, 0 if self._row else None)  # (1, K) or ()
+        return _mm(g8, _column_major(w8), sg, sw,
+                   torch.bfloat16 if self._row else dy.dtype).to(dy.dtype)
+
+    def grad_weight(self, dy: Tensor, x: Tensor) -> Tensor:
+        """dw = dyᵀ x (N, K) in float32: dyᵀ by its rows (dy's columns), x by its columns,
+        both with zero rows up to a multiple of 16 (the sum runs over them)."""
+        dy, x = _rows_to_align(dy), _rows_to_align(x)
+        g8, sg = to_fp8(dy.t(), E5M2, 1 if self._row else None)  # (N, 1) or ()
+        x8, sx = to_fp8(x, E4M3, 0 if self._row else None)  # (1, K) or ()
+        return _mm(g8.contiguous(), _column_major(x8), sg, sx,
+                   torch.bfloat16 if self._row else torch.float32).float()
+
+
 class _FP8Linear(torch.autograd.Function):
-    """y = x wᵀ with float8 GEMMs each way (see the module's docstring). Keeps for
-    backward the float8 casts (tensor scaling: half of bf16's bytes) or the tensors
-    themselves (row scaling casts them again along the other dimension). The rows (x's
-    and dy's) are padded with zeros to a multiple of 16 before their casts: dw sums over
-    them, a width CUDA wants aligned, and zero rows add nothing (nor change an amax)."""
+    """y = x wᵀ with float8 GEMMs each way (:class:`Float8Gemms`), keeping x and w for
+    backward as F.linear does."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, out_dtype: torch.dtype, scaling: str) -> Tensor:
-        M, row = x.shape[0], scaling == "row"
-        x = _rows_to_align(x)
-        x8, sx = to_fp8(x, E4M3, 1 if row else None)  # (M, 1) or ()
-        w8, sw = to_fp8(w, E4M3, 1 if row else None)  # (N, 1) or ()
-        y = _mm(x8[:M], w8.t(), sx[:M] if row else sx, sw.t() if row else sw,
-                torch.bfloat16 if row else out_dtype).to(out_dtype)
-        ctx.scaling, ctx.rows, ctx.w_dtype = scaling, M, w.dtype
-        ctx.save_for_backward(*((x, w) if row else (x8, sx, w8, sw)))
-        return y
+    def forward(ctx, x: Tensor, w: Tensor, out_dtype: torch.dtype,
+                gemms: Float8Gemms) -> Tensor:
+        ctx.gemms = gemms
+        ctx.save_for_backward(x, w)
+        return gemms.forward(x, w, out_dtype)
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        M = ctx.rows
-        dy = _rows_to_align(dy.contiguous())
-        if ctx.scaling == "row":
-            x, w = ctx.saved_tensors
-            g8, sg = to_fp8(dy, E5M2, 1)  # dx's rows: dy's rows (M, 1)
-            wc8, swc = to_fp8(w, E4M3, 0)  # dx's columns: w's columns (1, K)
-            dx = _mm(g8[:M], _column_major(wc8), sg[:M], swc, torch.bfloat16)
-            gt8, sgt = to_fp8(dy.t(), E5M2, 1)  # dw's rows: dy's columns (N, 1)
-            xc8, sxc = to_fp8(x, E4M3, 0)  # dw's columns: x's columns (1, K)
-            dw = _mm(gt8.contiguous(), _column_major(xc8), sgt, sxc, torch.bfloat16)
-        else:
-            x8, sx, w8, sw = ctx.saved_tensors
-            g8, sg = to_fp8(dy, E5M2)
-            dx = _mm(g8[:M], _column_major(w8), sg, sw, dy.dtype)
-            dw = _mm(g8.t().contiguous(), _column_major(x8), sg, sx, torch.float32)
-        return dx.to(dy.dtype), dw.to(ctx.w_dtype), None, None
+        x, w = ctx.saved_tensors
+        dy = dy.contiguous()
+        return (ctx.gemms.grad_input(dy, w).to(x.dtype),
+                ctx.gemms.grad_weight(dy, x).to(w.dtype), None, None)
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -135,8 +175,7 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     the autocast dtype where autocast is on (as F.linear would be), else x's. weight
     (N, K) with N and K multiples of 16 (:func:`fp8_eligible`); x (..., K), any number
     of rows."""
-    if scaling not in SCALINGS:
-        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    gemms = Float8Gemms(scaling)
     N, K = weight.shape
     if not fp8_eligible(K, N):
         raise ValueError(f"fp8_linear needs widths that are multiples of {ALIGN}, "
@@ -144,7 +183,7 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     with torch.autocast(dev, enabled=False):  # the casts are this function's own
-        y = _FP8Linear.apply(x.reshape(-1, K).contiguous(), weight, out_dtype, scaling)
+        y = _FP8Linear.apply(x.reshape(-1, K).contiguous(), weight, out_dtype, gemms)
         y = y.view(*x.shape[:-1], N)
         return y if bias is None else y + bias.to(out_dtype)
 

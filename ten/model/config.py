@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from ten.config import SCAN_BACKENDS, Doc, FieldError, Range, check_fields
+from ten.config import FP8_MODES, SCAN_BACKENDS, Doc, FieldError, Range, check_fields
 
 MLP_KINDS = ("swiglu", "gelu")
 POSITIONS = ("rope", "learned")  # the transformer's
@@ -57,6 +57,18 @@ class LMConfig:
         "bf16 output added in fp32), or bf16 (as Megatron-LM and torchtitan train: half the "
         "stream's memory traffic and its saved copies; BENCHMARKS.md); without bf16 "
         "autocast the stream is in the model's dtype")] = "fp32"
+    fp8: Annotated[Literal[FP8_MODES], Doc(
+        "the feed-forward block's GEMMs (forward and backward) in float8, with one scale a "
+        "tensor or one a row (ten.kernels.fp8): a GPU with FP8 tensor cores (compute "
+        "capability 8.9+: L40S, H100). The mixers, the head and the loss stay in the "
+        "autocast dtype. off: no float8")] = "off"
+
+    def _check_fp8(self) -> None:
+        """float8 GEMMs take widths that are multiples of 16 (CUDA's _scaled_mm)."""
+        if self.fp8 != "off" and (self.d_model % 16 or self.mlp_hidden % 16):
+            raise FieldError("fp8", f"needs d_model and the feed-forward width to be "
+                             f"multiples of 16 (they are {self.d_model} and "
+                             f"{self.mlp_hidden})", self.fp8)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class TENConfig(LMConfig):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self._check_fp8()
         if self.n_eigenstates % self.n_heads:
             raise FieldError("n_heads", f"must divide n_eigenstates={self.n_eigenstates}",
                              self.n_heads)
@@ -140,6 +153,7 @@ class TransformerConfig(LMConfig):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self._check_fp8()
         if self.d_model % self.n_heads:
             raise FieldError("n_heads", f"must divide d_model={self.d_model}", self.n_heads)
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:

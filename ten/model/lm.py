@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ten.kernels.block_fused import LayerNorm
+from ten.model.config import LMConfig
 from ten.model.mlp import MLP
 
 
@@ -48,13 +49,13 @@ class Block(nn.Module):
     adds it.
     """
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, mlp_kind: str,
-                 eps: float):
+    def __init__(self, mixer: nn.Module, config: LMConfig):
         super().__init__()
-        self.norm1 = LayerNorm(d_model, eps=eps)
+        d, eps = config.d_model, config.norm_eps
+        self.norm1 = LayerNorm(d, eps=eps)
         self.mixer = mixer
-        self.norm2 = LayerNorm(d_model, eps=eps)
-        self.mlp = MLP(d_model, mlp_hidden, mlp_kind)
+        self.norm2 = LayerNorm(d, eps=eps)
+        self.mlp = MLP(d, config.mlp_hidden, config.mlp, config.fp8)
 
     def forward(self, x: Tensor, pending: Tensor, state: Any
                 ) -> tuple[Tensor, Tensor, Any]:

@@ -6,17 +6,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.kernels.block_fused import swiglu_down
+from ten.kernels.fp8 import Float8Gemms, fp8_linear
 from ten.model.config import MLP_KINDS
 
 
 class MLP(nn.Module):
-    """SwiGLU (``down(silu(a) * b)``, no biases) or GELU (``down(gelu(up(x)))``)."""
+    """SwiGLU (``down(silu(a) * b)``, no biases) or GELU (``down(gelu(up(x)))``); with
+    ``fp8`` a scaling of ten.kernels.fp8 (not "off") both projections' GEMMs in float8."""
 
-    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu"):
+    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu", fp8: str = "off"):
         super().__init__()
         if kind not in MLP_KINDS:
             raise ValueError(f"mlp must be one of {MLP_KINDS}, got {kind!r}")
         self.kind = kind
+        self.gemms = None if fp8 == "off" else Float8Gemms(fp8)
         if kind == "swiglu":
             self.up = nn.Linear(d_model, 2 * hidden, bias=False)
             self.down = nn.Linear(hidden, d_model, bias=False)
@@ -26,5 +29,11 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
         if self.kind == "swiglu":  # keeps up(x) for backward, not silu(a)·b
-            return swiglu_down(self.up(x), self.down.weight)
-        return self.down(F.gelu(self.up(x)))
+            return swiglu_down(self.project(x, self.up), self.down.weight, self.gemms)
+        return self.project(F.gelu(self.project(x, self.up)), self.down)
+
+    def project(self, x: Tensor, layer: nn.Linear) -> Tensor:
+        """``layer(x)``, its GEMMs in float8 when this block's are."""
+        if self.gemms is None:
+            return layer(x)
+        return fp8_linear(x, layer.weight, layer.bias, self.gemms.scaling)

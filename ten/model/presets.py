@@ -47,10 +47,10 @@ if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema ac
 
 # Model fields that change how the model computes, not what: the chunked scan is exact for
 # any chunk size, the backends agree, checkpointing recomputes the same activations, and the
-# residual stream's dtype changes only its rounding. A resume may change them (unlike
-# d_model, say).
+# residual stream's dtype and float8 GEMMs change only their rounding. A resume may change
+# them (unlike d_model, say).
 EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing",
-                              "checkpoint_blocks", "residual_dtype"})
+                              "checkpoint_blocks", "residual_dtype", "fp8"})
 # Fields read only when the weights are made: a model started from trained weights
 # (TrainConfig.init_from) replaces what they chose.
 INIT_FIELDS = frozenset({"init_std", "lambda_min", "lambda_max", "theta_max", "gate_bias"})

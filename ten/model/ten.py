@@ -237,8 +237,7 @@ class TENLM(LanguageModel):
         self.config = config = scan_decided(config)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(
-            Block(EigenstateMixer(config), config.d_model, config.mlp_hidden, config.mlp,
-                  config.norm_eps) for _ in range(config.n_layers))
+            Block(EigenstateMixer(config), config) for _ in range(config.n_layers))
         self.norm = LayerNorm(config.d_model, eps=config.norm_eps)
         self._init_weights()
 

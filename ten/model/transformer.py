@@ -71,8 +71,7 @@ class TransformerLM(LanguageModel):
         self.pos_embed = (nn.Embedding(config.seq_len, config.d_model)
                           if config.pos == "learned" else None)
         self.blocks = nn.ModuleList(
-            Block(Attention(config), config.d_model, config.mlp_hidden, config.mlp,
-                  config.norm_eps) for _ in range(config.n_layers))
+            Block(Attention(config), config) for _ in range(config.n_layers))
         self.norm = LayerNorm(config.d_model, eps=config.norm_eps)
         self._init_weights()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ten.kernels.fp8 import check_device
 from ten.kernels.loss import resolve_loss_backend
 from ten.kernels.scan import resolve_scan
 
@@ -64,8 +65,13 @@ def resolve_execution(model_config: Any, precision: str, loss: str,
                       device: torch.device) -> Execution:
     """The job's ``TrainConfig.precision`` and ``loss`` and its model's ``scan_backend``
     as they run on ``device``. Raises ScanBackendError or ValueError, naming the setting,
-    when an explicit backend cannot run here."""
+    when an explicit backend cannot run here, and FP8Error for a model's float8 GEMMs on
+    a device without FP8 tensor cores."""
     notes = []
+    fp8 = getattr(model_config, "fp8", "off")
+    if fp8 != "off":
+        check_device(device, f"{type(model_config).__name__}.fp8")
+        notes.append(f"fp8: the feed-forward block's GEMMs in float8 (one scale a {fp8})")
     scan = getattr(model_config, "scan_backend", None)  # TEN's only
     if scan is not None:
         scan, note = resolve_scan(scan, device)

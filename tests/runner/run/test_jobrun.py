@@ -36,6 +36,7 @@ def _failures():
     from runner.exit_codes import ExitCode
     from runner.storage import StorageError
     from ten.data import DataError
+    from ten.kernels.fp8 import FP8Error
     from ten.kernels.scan import ScanBackendError
     from ten.train.checkpoint import CheckpointWriteError
     from ten.train.trainstate import DivergedError, ResumeError
@@ -43,6 +44,8 @@ def _failures():
     return [
         (ResumeError("unsafe changes: d_model"), ExitCode.CONFIG, "resume refused: unsafe"),
         (ScanBackendError("fused needs CUDA"), ExitCode.CONFIG, "config error: fused"),
+        (FP8Error("TENConfig.fp8 runs float8 GEMMs on a GPU"), ExitCode.CONFIG,
+         "config error: model.fp8 runs"),
         (DataError("no text field"), ExitCode.DATA, "data error: no text"),
         (DivergedError("loss nan"), ExitCode.DIVERGED, "diverged: loss nan"),
         (CheckpointWriteError("disk full"), ExitCode.STORAGE, "storage error: disk full"),

@@ -7,7 +7,17 @@ a row; and every call keeps the layout and widths CUDA's _scaled_mm demands."""
 import pytest
 import torch
 
-from ten.kernels.fp8 import E4M3, E5M2, _mm, fp8_eligible, fp8_linear, reference_linear, to_fp8
+from ten.kernels.block_fused import swiglu_down
+from ten.kernels.fp8 import (
+    E4M3,
+    E5M2,
+    Float8Gemms,
+    _mm,
+    fp8_eligible,
+    fp8_linear,
+    reference_linear,
+    to_fp8,
+)
 
 SEED = 0
 
@@ -116,3 +126,22 @@ def test_every_call_keeps_cudas_layout_and_format_rules():
         _mm(a8, b8.t(), torch.ones(16, 1), torch.ones(1, 48), torch.float32)
     with pytest.raises(ValueError, match="not multiples of 16"):
         _mm(a8[:, :24], b8[:, :24].t(), sa, sb, torch.float32)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_the_swiglu_block_in_float8_equals_its_product_kept_then_projected(scaling):
+    """swiglu_down's float8 path gets silu(a)·b back in backward instead of keeping it:
+    the same GEMMs on the same operands as projecting the kept product with fp8_linear."""
+    g = torch.Generator().manual_seed(SEED)
+    ab = torch.randn(2, 20, 2 * 48, generator=g, requires_grad=True)
+    w = (torch.randn(32, 48, generator=g) / 48 ** 0.5).requires_grad_()
+    dz = torch.randn(2, 20, 32, generator=g)
+    ab2, w2 = ab.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    z = swiglu_down(ab, w, Float8Gemms(scaling))
+    z.backward(dz)
+    a, b = ab2.chunk(2, dim=-1)
+    z2 = fp8_linear(torch.nn.functional.silu(a) * b, w2, scaling=scaling)
+    z2.backward(dz)
+    assert torch.allclose(z, z2, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(ab.grad, ab2.grad, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(w.grad, w2.grad, rtol=1e-5, atol=1e-6)

@@ -56,3 +56,16 @@ def test_on_a_gpu_fp32_matmuls_run_as_tf32_as_every_run_sets(tf32_off):
     assert not torch.backends.cuda.matmul.allow_tf32
     run.set_torch_flags()
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+
+
+def test_float8_on_a_device_without_fp8_tensor_cores_is_refused_naming_the_field():
+    from ten.kernels.fp8 import FP8Error
+
+    for config in (TENConfig(fp8="tensor"), TransformerConfig(fp8="row")):
+        name = type(config).__name__
+        with pytest.raises(FP8Error, match=rf"^{name}.fp8 runs float8 GEMMs on a GPU with "
+                           rf"FP8 tensor cores .* this run is on the cpu: set {name}.fp8 "
+                           "to off$"):
+            resolve_execution(config, "auto", "auto", CPU)
+    assert not any("fp8" in n for n in resolve_execution(TENConfig(), "auto", "auto",
+                                                         CPU).notes)
