@@ -143,9 +143,11 @@ CONFIG_OF_CLASS: dict[str, type] = {"TENLM": TENConfig, "TransformerLM": Transfo
 
 
 def config_of(model_class: str, fields: dict[str, Any]) -> TENConfig | TransformerConfig:
-    """The config of a saved ``model_class`` (``"TENLM"``, ``"TransformerLM"``) from its
-    fields; KeyError for a class this library does not have."""
-    return CONFIG_OF_CLASS[model_class](**fields)
+    """The config a saved ``model_class`` (``"TENLM"``, ``"TransformerLM"``) is loaded with,
+    from its fields; KeyError for a class this library does not have. Without float8: a
+    trained model is evaluated, sampled and exported at its weights' precision on any
+    device (fp8 was how it trained, not what it is)."""
+    return CONFIG_OF_CLASS[model_class](**{**fields, "fp8": "off"})
 
 
 def count_params(cls: type[LanguageModel], config: Any) -> int:

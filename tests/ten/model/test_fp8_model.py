@@ -68,3 +68,13 @@ def test_widths_float8_cannot_multiply_are_refused_naming_the_field():
         TransformerConfig(d_model=40, n_heads=2, mlp_hidden=128, fp8="tensor")
     with pytest.raises(FieldError, match="fp8: must be one of off, tensor, row"):
         TENConfig(fp8="block")
+
+
+def test_a_model_trained_with_float8_loads_without_it():
+    """Evaluation, sampling and export load the checkpoint on any device (a CPU, a GPU
+    without FP8 tensor cores): at the weights' precision."""
+    from ten.model.presets import config_of
+
+    config = dataclasses.replace(configs()[0], fp8="tensor")
+    loaded = config_of("TENLM", dataclasses.asdict(config))
+    assert loaded == dataclasses.replace(config, fp8="off")
