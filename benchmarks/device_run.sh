@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/device_run.sh                 # parts 1-4 (~7.5 min on an H200)
 #   bash benchmarks/device_run.sh --part 1        # or parts 1-4 on a slower card; 5: recall;
-#                                                 # 6: the matrix state (issue 47)
+#                                                 # 6: the matrix state (issue 47);
+#                                                 # 7: float8 GEMMs (issue 48)
 #
 # Any gpu_suite.py arguments pass through (--sections ..., --smoke). TEN_DEVSITE names
 # the bundle folder (default .devsite, made by benchmarks/device_bundle.sh).

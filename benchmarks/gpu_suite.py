@@ -101,6 +101,11 @@ class Sizes:
     # 61.5%). The GPU takes batch 256 at little cost a step, and 8,000 steps. The matrix
     # TEN bound keys to values within 2,000 steps at batch 32 (d 128), and at batch 256
     # (d 64) within 1,500 with both seeds (97.6%, 95.2%; the vector TEN 23.9%, 23.4%).
+    # fp8 (issue 48): small_32k's linear layers at `tokens` (widths / `shrink`, `repeat`
+    # timings each), then the loss after `loss_steps` steps of (`loss_batch`, `loss_seq`)
+    fp8: dict[str, Any] = field(default_factory=lambda: {
+        "tokens": 32768, "shrink": 1, "repeat": 20, "loss_steps": 200, "loss_batch": 4,
+        "loss_seq": 4096})
     recall: dict[str, Any] = field(default_factory=lambda: {"keys": 64, "runs": (
         {"setting": (64, 4), "models": ("transformer",), "steps": 8000, "batch": 256,
          "lrs": (1e-3, 3e-3), "seeds": (0, 1)},
@@ -117,6 +122,8 @@ SMOKE = Sizes(batches=(1, 2), lengths=(32, 64), tokens_per_step=128, chunks=(16,
               e2e={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 12, "every": 4,
                    "stop_at": 5, "kill_at": 9, "sample_s": 1.0, "eval_tokens": 256,
                    "sets": ("data.num_workers=0",)},
+              fp8={"tokens": 256, "shrink": 16, "repeat": 1, "loss_steps": 3, "loss_batch": 2,
+                   "loss_seq": 32},
               recall={"keys": 16, "runs": tuple(
                   {"setting": (32, 4), "models": (m,), "steps": 2, "batch": 4,
                    "lrs": (1e-3,), "seeds": (0,)} for m in ("transformer", "ten_matrix"))})
@@ -620,6 +627,91 @@ class Suite:
         return {"off": off, "on": on, "speedup": ratio, "job_compiles": self.train.compile,
                 "compile_s": on.get("warmup_s")}
 
+    def fp8(self) -> dict[str, Any]:
+        """Float8 feed-forward GEMMs (issue 48, ``model.fp8``): small_32k's linear layers
+        alone in bf16 and in float8 with each scaling (benchmarks/bench_fp8.py); the job's
+        step with each scaling against bf16's (``speedup`` and ``mfu`` of the faster: the
+        model's FLOPs against the bf16 peak, as FP8 runs are quoted); and ``loss_bf16`` /
+        ``loss_fp8`` after ``loss_steps`` steps of real text from one initialisation
+        (:meth:`_fp8_loss`). A device without FP8 tensor cores (a CPU) refuses the
+        float8 steps: what it says is kept."""
+        import bench_fp8
+
+        from ten.kernels.fp8 import SCALINGS, FP8Error
+
+        e = self.sizes.fp8
+        out: dict[str, Any] = {"layers": {
+            name: bench_fp8.measure(n_in, n_out, e["tokens"], self.device, e["repeat"])
+            for name, (n_in, n_out) in bench_fp8.flagship_layers(e["shrink"]).items()}}
+        bf16 = out["bf16"] = measure_step(self.flagship_config(), self.train, self.device,
+                                          self.sizes)
+        for scaling in SCALINGS:
+            try:
+                step = measure_step(self.flagship_config(fp8=scaling), self.train,
+                                    self.device, self.sizes)
+            except FP8Error as err:
+                out[scaling] = {"refused": str(err)}
+                continue
+            if "tokens_per_s" in step and "tokens_per_s" in bf16:
+                step["speedup"] = step["tokens_per_s"] / bf16["tokens_per_s"]
+            out[scaling] = step
+        timed = [s for s in SCALINGS if "speedup" in out[s]]
+        if timed:
+            best = out["scaling"] = max(timed, key=lambda s: out[s]["speedup"])
+            out["speedup"], out["mfu"] = out[best]["speedup"], out[best].get("mfu")
+        return {**out, **self._fp8_loss(out.get("scaling", SCALINGS[0]))}
+
+    def _fp8_loss(self, scaling: str) -> dict[str, Any]:
+        """The job's model (at loss_seq tokens a row) trained loss_steps steps without and
+        with float8 (``scaling``), from one initialisation on the same batches: the
+        builtin corpus's bytes as token ids (real text, no tokenizer to train), the job's
+        optimizer, precision and lr after a linear warm-up of a tenth of the steps. Each
+        loss is the mean of the last tenth's steps; ``loss_delta`` is fp8's relative to
+        bf16's (the issue's goal: within 1%)."""
+        import torch
+
+        from ten.data.builtin import corpus_path
+        from ten.kernels.loss import NextTokenLoss, resolve_loss_backend
+        from ten.model.presets import build_model
+        from ten.train.execution import resolve_precision
+        from ten.train.step import train_step
+        from ten.train.trainer import build_optimizer
+
+        e = self.sizes.fp8
+        steps, batch, seq = e["loss_steps"], e["loss_batch"], e["loss_seq"]
+        need = steps * batch * (seq + 1)
+        text = bytearray()
+        with tempfile.TemporaryDirectory(prefix="gpu-suite-fp8-") as tmp:
+            with open(corpus_path(Path(tmp))) as f:
+                for line in f:
+                    text += json.loads(line)["text"].encode()
+                    if len(text) >= need:
+                        break
+        ids = torch.frombuffer(text[:need], dtype=torch.uint8).long().view(steps, batch, -1)
+        amp = resolve_precision(self.train.precision, self.device)
+        backend, _ = resolve_loss_backend(self.train.loss, self.device)
+        warmup, tail = max(1, steps // 10), max(1, steps // 10)
+        losses = {}
+        for name, fp8 in (("bf16", "off"), ("fp8", scaling)):
+            torch.manual_seed(0)
+            model = build_model(self.flagship_config(fp8=fp8, seq_len=seq), self.device)
+            optimizer = build_optimizer(model, self.train, self.device)
+            objective = NextTokenLoss(model, backend)
+            scaler = torch.amp.GradScaler(self.device.type, enabled=False)
+            seen = []
+            for i in range(steps):
+                for group in optimizer.param_groups:
+                    group["lr"] = self.train.lr * min(1.0, (i + 1) / warmup)
+                loss, _, _ = train_step(objective, optimizer, scaler,
+                                        [ids[i].to(self.device)], amp, self.train.grad_clip)
+                seen.append(loss)
+            losses[name] = float(torch.stack(seen[-tail:]).mean())
+            del model, optimizer, objective
+            _free()
+        return {"loss_steps": steps, "loss_scaling": scaling, "loss_bf16": losses["bf16"],
+                "loss_fp8": losses["fp8"],
+                "loss_delta": (losses["fp8"] - losses["bf16"]) / losses["bf16"]}
+
     def recall(self) -> dict[str, Any]:
         """Multi-query associative recall by Zoology's protocol (benchmarks/bench_recall.py,
         issue 47), d 64, 2 layers: per (T, pairs) setting, each model of each run at its
@@ -984,6 +1076,9 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
         # issue 47's rule for the presets: the matrix state at <= ~25% fewer tokens/s
         "matrix_over_vector_tokens_per_s": (
             0.75, (results.get("matrix") or {}).get("matrix_over_vector"), ">="),
+        # issue 48: float8's MFU against the bf16 peak, its loss within 1% of bf16's
+        "fp8_mfu": (0.55, (results.get("fp8") or {}).get("mfu"), ">="),
+        "fp8_abs_loss_delta": (0.01, _abs((results.get("fp8") or {}).get("loss_delta")), "<="),
     }
     out = {}
     for name, (goal, got, op) in rows.items():
@@ -993,6 +1088,10 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+def _abs(x: float | None) -> float | None:
+    return None if x is None else abs(x)
+
 
 def _model_fields(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg).items()
@@ -1068,22 +1167,23 @@ def environment(device: Any) -> dict[str, Any]:
 # the earlier sections on an H100; e2e adds ~4 minutes.
 SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile", "scan",
             "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk", "selective",
-            "recompute", "recall", "matrix")
+            "recompute", "recall", "matrix", "fp8")
 # The recipe's device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("e2e", "flagship", "memory"),
          2: ("ten_vs_transformer", "selective"),
          3: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
          4: ("compile", "graphs", "recompute"),
          5: ("recall",),
-         6: ("matrix",)}
-# What a call without --part runs on a GPU: parts 1-4 (parts 5 and 6, issue 47's, need
-# calls of their own); --smoke runs every section.
-ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6])
+         6: ("matrix",),
+         7: ("fp8",)}
+# What a call without --part runs on a GPU: parts 1-4 (parts 5 and 6, issue 47's, and 7,
+# issue 48's, need calls of their own); --smoke runs every section.
+ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6] + PARTS[7])
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "optimizer": 90,
-             "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 420}
+             "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 420, "fp8": 540}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 
@@ -1297,6 +1397,13 @@ def markdown(r: dict[str, Any]) -> str:
                   f"its scan fused {f(mat.get('fused_speedup_at_T'))}× chunked's at the "
                   f"flagship's T; fused's largest error "
                   f"{f(max(mat['fused_max_error'].values()))}."]
+    fp8 = r.get("fp8") or {}
+    if "loss_fp8" in fp8:
+        lines += ["", f"Float8 feed-forward GEMMs (issue 48): the job's step "
+                  f"{f(fp8.get('speedup'))}× bf16's tokens/s with one scale a "
+                  f"{fp8.get('scaling', '-')} (MFU {f(fp8.get('mfu'))} against the bf16 peak); "
+                  f"loss after {fp8['loss_steps']} steps {f(fp8['loss_fp8'], '.4f')} against "
+                  f"{f(fp8['loss_bf16'], '.4f')} ({100 * fp8['loss_delta']:+.2f}%)."]
     errors = failed_sections(r)
     if errors:
         lines += ["", "Sections that failed: " + ", ".join(errors) + " (see the JSON)."]

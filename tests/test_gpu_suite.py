@@ -98,9 +98,17 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert mat["matrix_over_vector"] > 0 and mat["matrix"]["tokens_per_s"] > 0
     assert mat["fused_speedup_at_T"] > 0  # interpreted on CPU: slow, but it ran
     assert max(mat["fused_max_error"].values()) < 1e-4  # fused agrees with ref
+    fp8 = r["fp8"]  # issue 48: each linear layer in bf16 and float8, the step, the loss
+    assert set(fp8["layers"]) == {"mlp up", "mlp down", "gate", "drive", "out"}
+    assert all(row["fp8 tensor"]["ms"] > 0 and max(row["fp8 row"]["errors"]) < 0.15
+               for row in fp8["layers"].values())
+    assert fp8["bf16"]["tokens_per_s"] > 0 and "mfu" not in fp8  # no FP8 tensor cores here:
+    assert fp8["tensor"]["refused"].startswith("TENConfig.fp8 runs float8 GEMMs")  # refused
+    assert fp8["loss_steps"] == 3 and abs(fp8["loss_delta"]) < 0.01  # the emulation trains
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
                                  "ten_over_transformer_32768", "ten_over_transformer_2048",
-                                 "fused_over_chunked_scan", "matrix_over_vector_tokens_per_s"}
+                                 "fused_over_chunked_scan", "matrix_over_vector_tokens_per_s",
+                                 "fp8_mfu", "fp8_abs_loss_delta"}
 
 
 @pytest.mark.slow
@@ -253,6 +261,16 @@ def test_targets_from_a_gpu_run():
     run["device"] = "NVIDIA H100 80GB HBM3"
     assert gpu_suite.check_targets(run)["flagship_mfu"]["met"] is False  # 40% there
     assert gpu_suite.check_targets({})["flagship_mfu"]["met"] is None  # not measured
+
+
+def test_float8s_targets_are_its_mfu_and_its_loss_either_side_of_bf16s():
+    run = {"fp8": {"mfu": 0.56, "loss_delta": -0.012}}
+    t = gpu_suite.check_targets(run)
+    assert t["fp8_mfu"] == {"target": ">= 0.55", "measured": 0.56, "met": True}
+    assert t["fp8_abs_loss_delta"] == {"target": "<= 0.01", "measured": 0.012, "met": False}
+    run["fp8"]["loss_delta"] = 0.004  # lower or higher: within 1% either way
+    assert gpu_suite.check_targets(run)["fp8_abs_loss_delta"]["met"] is True
+    assert gpu_suite.check_targets({})["fp8_mfu"]["met"] is None
 
 
 @pytest.mark.parametrize("name, kind", [
