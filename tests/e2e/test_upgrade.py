@@ -14,6 +14,7 @@ NEW_FIELD = '''    future_knob: Annotated[float, Doc("a knob a later release add
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self._check_fp8()
         if self.n_eigenstates % self.n_heads:'''
 
 
