@@ -172,9 +172,9 @@ class _FP8Linear(torch.autograd.Function):
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                scaling: Scaling = "tensor") -> Tensor:
     """``F.linear(x, weight, bias)`` with its GEMMs in float8 (forward and backward), in
-    the autocast dtype where autocast is on (as F.linear would be), else x's. weight
-    (N, K) with N and K multiples of 16 (:func:`fp8_eligible`); x (..., K), any number
-    of rows."""
+    the autocast dtype where autocast is on (as F.linear would be), else x's; x is kept
+    for backward in that dtype too, as autocast's F.linear keeps its cast. weight (N, K)
+    with N and K multiples of 16 (:func:`fp8_eligible`); x (..., K), any number of rows."""
     gemms = Float8Gemms(scaling)
     N, K = weight.shape
     if not fp8_eligible(K, N):
@@ -183,7 +183,8 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     with torch.autocast(dev, enabled=False):  # the casts are this function's own
-        y = _FP8Linear.apply(x.reshape(-1, K).contiguous(), weight, out_dtype, gemms)
+        rows = x.reshape(-1, K).to(out_dtype).contiguous()
+        y = _FP8Linear.apply(rows, weight, out_dtype, gemms)
         y = y.view(*x.shape[:-1], N)
         return y if bias is None else y + bias.to(out_dtype)
 

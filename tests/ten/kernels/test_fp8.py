@@ -91,6 +91,8 @@ def test_under_bf16_autocast_the_output_is_bf16_and_the_grads_the_params_dtypes(
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = fp8_linear(x.view(4, 10, 64), w)
     assert y.dtype == torch.bfloat16 and y.shape == (4, 10, 32)
+    gemms = y.grad_fn.next_functions[0][0]  # under the view: the float8 GEMMs' node
+    assert gemms.saved_tensors[0].dtype == torch.bfloat16  # x kept as autocast keeps it
     y.backward(dy.view(4, 10, 32).bfloat16())
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
     assert torch.isfinite(w.grad).all()
