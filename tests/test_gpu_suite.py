@@ -35,7 +35,8 @@ def smoke(tmp_path_factory):
     return out, json.loads(path.read_text())
 
 
-@pytest.mark.slow  # the smoke run: ~2.5 minutes
+@pytest.mark.longest  # the smoke run: ~3.5 minutes
+@pytest.mark.slow
 def test_smoke_runs_every_section_without_error(smoke):
     out, r = smoke
     assert r["device"] == "cpu" and r["smoke"] is True and r["torch"] and r["triton"]
@@ -45,6 +46,7 @@ def test_smoke_runs_every_section_without_error(smoke):
     assert (out / f"cpu-{r['date']}.md").read_text().startswith("### GPU suite: cpu")
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
