@@ -12,15 +12,15 @@ Times are medians of ``--repeat`` runs after three warm-ups, synchronised on CUD
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import median_ms  # noqa: E402
 
 from ten.kernels.block_fused import causal_conv  # noqa: E402
 
@@ -38,26 +38,6 @@ def ten_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch
     return causal_conv(x, None, weight, bias)
 
 
-def median_ms(fn, inputs, dy, device: torch.device, repeat: int) -> float:
-    def once():
-        for t in inputs:
-            t.grad = None
-        fn(*inputs).backward(dy)
-
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        once()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def compare(B: int, T: int, d: int, W: int, dtype: torch.dtype, device: torch.device,
             repeat: int, seed: int = 0) -> dict:
     """Both paths on the same inputs: their times (ms), the ratio, and the largest
@@ -72,7 +52,12 @@ def compare(B: int, T: int, d: int, W: int, dtype: torch.dtype, device: torch.de
     for name, fn in (("torch_ms", torch_conv), ("causal_conv_ms", ten_conv)):
         out = fn(*inputs)
         grads = torch.autograd.grad(out, inputs, dy)
-        runs[name] = (median_ms(fn, inputs, dy, device, repeat),
+        def once(fn=fn):
+            for t in inputs:
+                t.grad = None
+            fn(*inputs).backward(dy)
+
+        runs[name] = (median_ms(once, device, repeat),
                       [t.detach().float() for t in (out, *grads)])
     (t_ms, want), (c_ms, got) = runs.values()
     return {"B": B, "T": T, "d": d, "W": W, "torch_ms": t_ms, "causal_conv_ms": c_ms,

@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import median_ms  # noqa: E402
 
 from ten.kernels.fp8 import SCALINGS, fp8_linear, reference_linear  # noqa: E402
 from ten.model.presets import model_config  # noqa: E402
@@ -41,21 +41,6 @@ def flagship_layers(shrink: int = 1) -> dict[str, tuple[int, int]]:
     layers = {"mlp up": (d, 2 * H), "mlp down": (H, d), "gate": (d, d),
               "drive": (d, 2 * K + K), "out": (2 * K, d)}
     return {k: tuple(max(16, n // shrink // 16 * 16) for n in v) for k, v in layers.items()}
-
-
-def median_ms(fn, device: torch.device, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def measure(n_in: int, n_out: int, tokens: int, device: torch.device,
