@@ -67,9 +67,7 @@ def pytest_collection_modifyitems(config, items):
     taking them from its end as they run out: dealt to every worker's front instead, the
     suite took 14:58, not 11:57 (3 workers, 2 cores): whole runs side by side cost ~25%
     more CPU each, and a module's fixture (the GPU suite's smoke, 3 minutes) ran once on
-    each worker its tests went to. The longest (a few minutes) go before the other slow
-    ones: the GPU suite's smoke, 13th in the slow tests' order, started 10 minutes into a
-    14:34 suite and ran alone at its end."""
+    each worker its tests went to."""
     skips = {}
     if not torch.cuda.is_available():
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
@@ -80,7 +78,7 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
-    items.sort(key=lambda item: ("longest" not in item.keywords, "slow" not in item.keywords))
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -35,8 +35,7 @@ def smoke(tmp_path_factory):
     return out, json.loads(path.read_text())
 
 
-@pytest.mark.longest  # the smoke run: ~3.5 minutes
-@pytest.mark.slow
+@pytest.mark.slow  # the smoke run: ~2.5 minutes
 def test_smoke_runs_every_section_without_error(smoke):
     out, r = smoke
     assert r["device"] == "cpu" and r["smoke"] is True and r["torch"] and r["triton"]
@@ -46,7 +45,6 @@ def test_smoke_runs_every_section_without_error(smoke):
     assert (out / f"cpu-{r['date']}.md").read_text().startswith("### GPU suite: cpu")
 
 
-@pytest.mark.longest
 @pytest.mark.slow
 def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
