@@ -678,6 +678,7 @@ class Suite:
         from ten.kernels.loss import NextTokenLoss, resolve_loss_backend
         from ten.model.presets import build_model
         from ten.train.execution import resolve_precision
+        from ten.train.schedule import Schedule
         from ten.train.step import train_step
         from ten.train.trainer import build_optimizer
 
@@ -694,7 +695,8 @@ class Suite:
         ids = torch.frombuffer(text[:need], dtype=torch.uint8).long().view(steps, batch, -1)
         amp = resolve_precision(self.train.precision, self.device)
         backend, _ = resolve_loss_backend(self.train.loss, self.device)
-        warmup, tail = max(1, steps // 10), max(1, steps // 10)
+        tail = max(1, steps // 10)
+        schedule = Schedule("constant", steps, tail, 1.0)  # warm-up over the first tenth
         losses = {}
         for name, fp8 in (("bf16", "off"), ("fp8", scaling)):
             torch.manual_seed(0)
@@ -705,7 +707,7 @@ class Suite:
             seen = []
             for i in range(steps):
                 for group in optimizer.param_groups:
-                    group["lr"] = self.train.lr * min(1.0, (i + 1) / warmup)
+                    group["lr"] = self.train.lr * schedule(i)
                 loss, _, _ = train_step(objective, optimizer, scaler,
                                         [ids[i].to(self.device)], amp, self.train.grad_clip)
                 seen.append(loss)
