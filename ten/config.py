@@ -28,6 +28,7 @@ LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.kernels.loss'
 SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.kernels.scan.BACKENDS, and auto
 FP8_SCALINGS = ("tensor", "row")  # ten.kernels.fp8's: a scale a tensor, or a row
 FP8_MODES = ("off", *FP8_SCALINGS)  # a model's fp8 field
+FP8_ALIGN = 16  # float8 GEMMs' widths: multiples of this (CUDA's _scaled_mm)
 SCHEDULES = ("cosine", "onecycle", "constant", "wsd")  # ten.train.schedule's shapes
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -33,14 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ten.config import FP8_SCALINGS
+from ten.config import FP8_ALIGN, FP8_SCALINGS
 
 E4M3 = torch.float8_e4m3fn  # what is multiplied forward: inputs and weights
 E5M2 = torch.float8_e5m2  # the gradients that flow back
 SCALINGS = FP8_SCALINGS  # declared with the model's fields (ten.config)
 Scaling = Literal["tensor", "row"]
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (L40S, sm_89) and Hopper (H100, sm_90)
-ALIGN = 16  # _scaled_mm's widths on CUDA
+ALIGN = FP8_ALIGN  # _scaled_mm's widths on CUDA (the model config checks them too)
 _TINY = 1e-12  # an all-zero tensor's amax: its scale stays finite (and its values zero)
 
 

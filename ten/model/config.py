@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from ten.config import FP8_MODES, SCAN_BACKENDS, Doc, FieldError, Range, check_fields
+from ten.config import FP8_ALIGN, FP8_MODES, SCAN_BACKENDS, Doc, FieldError, Range, check_fields
 
 MLP_KINDS = ("swiglu", "gelu")
 POSITIONS = ("rope", "learned")  # the transformer's
@@ -64,10 +64,10 @@ class LMConfig:
         "autocast dtype. off: no float8")] = "off"
 
     def _check_fp8(self) -> None:
-        """float8 GEMMs take widths that are multiples of 16 (CUDA's _scaled_mm)."""
-        if self.fp8 != "off" and (self.d_model % 16 or self.mlp_hidden % 16):
+        """float8 GEMMs take widths that are multiples of FP8_ALIGN (CUDA's _scaled_mm)."""
+        if self.fp8 != "off" and (self.d_model % FP8_ALIGN or self.mlp_hidden % FP8_ALIGN):
             raise FieldError("fp8", f"needs d_model and the feed-forward width to be "
-                             f"multiples of 16 (they are {self.d_model} and "
+                             f"multiples of {FP8_ALIGN} (they are {self.d_model} and "
                              f"{self.mlp_hidden})", self.fp8)
 
 
