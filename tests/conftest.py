@@ -56,11 +56,17 @@ def pytest_addoption(parser):
     parser.addoption("--image", action="store_true",
                      help="also build the Dockerfile and run its image (tests/image: root, "
                           "buildah, debootstrap, ~6 GB and minutes; .ci/run does)")
+    parser.addoption("--device-recipe", action="store_true",
+                     help="also check the device recipe on the CPU: the GPU suite's smoke "
+                          "run and every Triton kernel compiled for the L40S and the H100 "
+                          "(~5 CPU-minutes; .ci/run does)")
 
 
 @pytest.hookimpl(trylast=True)  # after tests/e2e/conftest.py has marked its tests slow
 def pytest_collection_modifyitems(config, items):
-    """Without CUDA the gpu tests are skipped, and without ``--image`` the image tests.
+    """Without CUDA the gpu tests are skipped, without ``--image`` the image tests, and
+    without ``--device-recipe`` the device recipe's checks (a fifth of the whole suite's
+    CPU time; CI runs them after the suite, as it runs the image's).
     The slow tests go first: the minute-long ones start early and the short ones fill
     the gaps at the end, instead of one long test running alone after everything else.
     They stay together, in the first worker's share of xdist's work stealing, the others
@@ -74,6 +80,10 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--image"):
         skips["image"] = pytest.mark.skip(reason="builds and runs the image: with --image "
                                                  "(CI runs it as a step of .ci/run)")
+    if not config.getoption("--device-recipe"):
+        skips["device_recipe"] = pytest.mark.skip(reason="checks the device recipe: with "
+                                                         "--device-recipe (CI runs it as a "
+                                                         "step of .ci/run)")
     for item in items:
         for marker, skip in skips.items():
             if marker in item.keywords:

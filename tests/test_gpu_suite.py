@@ -35,7 +35,9 @@ def smoke(tmp_path_factory):
     return out, json.loads(path.read_text())
 
 
-@pytest.mark.slow  # the smoke run: ~2.5 minutes
+# The smoke run (~3.5 CPU-minutes) checks the device recipe: with --device-recipe.
+@pytest.mark.slow
+@pytest.mark.device_recipe
 def test_smoke_runs_every_section_without_error(smoke):
     out, r = smoke
     assert r["device"] == "cpu" and r["smoke"] is True and r["torch"] and r["triton"]
@@ -46,6 +48,7 @@ def test_smoke_runs_every_section_without_error(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.device_recipe
 def test_smoke_measures_what_the_gpu_run_reports(smoke):
     out, r = smoke
     fl = r["flagship"]
@@ -133,6 +136,7 @@ def test_a_killed_run_keeps_every_finished_section(tmp_path):
     assert "scan" not in r  # never half a section
 
 
+@pytest.mark.slow  # the suite and its section: two processes
 def test_a_missing_package_is_an_error_not_an_empty_success(tmp_path):
     shadow = tmp_path / "site" / "pydantic"  # the lent image has no pydantic
     shadow.mkdir(parents=True)

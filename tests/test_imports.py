@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +44,7 @@ def test_help_lists_commands_without_importing_torch_or_boto3():
     assert out.splitlines()[-1] == "heavy: False False"
 
 
+@pytest.mark.slow  # a fresh interpreter imports every module
 def test_ten_never_imports_runner_or_cloud_libraries():
     modules = ten_modules()
     assert {"ten", "ten.train.trainer", "ten.data", "ten.data.shards"} <= set(modules)

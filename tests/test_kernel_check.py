@@ -19,8 +19,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def compiling(test):
-    """A test of the compiled kernels: slow (~30 s on 2 cores), and needs triton."""
-    return pytest.mark.slow(pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)(test))
+    """A test of the compiled kernels: a check of the device recipe (~90 CPU-s for every
+    variant on both cards, with ``--device-recipe``), and needs triton."""
+    test = pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)(test)
+    return pytest.mark.device_recipe(pytest.mark.slow(test))
 
 
 @pytest.fixture(scope="module")

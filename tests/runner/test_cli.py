@@ -1,4 +1,5 @@
 
+import pytest
 from click.testing import CliRunner
 
 from runner.cli import cli
@@ -12,6 +13,7 @@ def test_presets_command_prints_table():
     assert result.exit_code == 0 and "large" in result.output
 
 
+@pytest.mark.slow  # a fresh process with torch
 def test_the_exit_skips_collecting_the_heap_torch_left():
     """Python's exit collects every object still alive: after torch and torch._dynamo
     (which the optimizer imports) ~0.8 s of a 2-core machine's time per command, for

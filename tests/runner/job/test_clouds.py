@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from runhelpers import MINIMAL_JOB, copy_of_the_code
 
 from runner.job.clouds import CLOUDS, forms
@@ -47,6 +48,7 @@ def test_the_clouds_here_are_local_aws_and_ssh_in_that_order():
     assert forms() == "local, aws or ssh://user@host[:port]"
 
 
+@pytest.mark.slow  # CLI processes on a copy of the code
 def test_a_new_clouds_module_alone_gives_its_section_help_and_destination(tmp_path):
     code = with_a_new_cloud(tmp_path / "code")
     (code / "job.yaml").write_text(MINIMAL_JOB + "resources: {thunder: {flavor: gpu-8x}}\n")

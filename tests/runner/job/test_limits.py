@@ -73,6 +73,7 @@ def test_a_one_megabyte_set_or_variable(tmp_path, key):
     assert all(len(e) <= 200 for e in info.value.errors), info.value.errors
 
 
+@pytest.mark.slow
 def test_twenty_thousand_unknown_keys(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(MINIMAL + "".join(f"key{i}: 1\n" for i in range(20_000)))

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from runhelpers import MINIMAL_JOB, copy_of_the_code
 
 from runner.preemption import DEFAULT_ENDPOINTS, PROVIDERS, notice_window_s
@@ -62,6 +63,7 @@ def test_the_providers_here_are_aws_gcp_and_azure_in_that_order():
     assert DEFAULT_ENDPOINTS["gcp"] == "http://metadata.google.internal"
 
 
+@pytest.mark.slow  # processes on a copy of the code
 def test_a_new_providers_module_alone_is_a_spot_notice_detected_and_watched(tmp_path):
     code = copy_of_the_code(tmp_path / "code")
     (code / "runner" / "preemption" / "providers" / "thunder.py").write_text(NEW_PROVIDER)

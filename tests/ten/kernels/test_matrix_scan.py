@@ -86,6 +86,7 @@ def test_chunked_matches_ref_outputs_and_gradients(selective, T, Q, with_state):
         assert (a - b).abs().max() < 1e-9
 
 
+@pytest.mark.slow  # float64 finite differences: ~5 s
 def test_chunked_gradients_match_finite_differences():
     tensors, _ = _inputs(6, selective=True)
     assert torch.autograd.gradcheck(

@@ -52,7 +52,8 @@ PLANS = [
     (5, dict(block_t=8, block_k=8, group_tiles=1)),
     (13, dict(block_t=4, block_k=4, group_tiles=4)),
     (40, dict(block_t=8, block_k=8, group_tiles=2)),
-    (69, dict(block_t=2, block_k=8, group_tiles=1)),
+    pytest.param(69, dict(block_t=2, block_k=8, group_tiles=1),  # ~10 s each, interpreted
+                 marks=pytest.mark.slow),
     (1, dict(block_t=4, block_k=8, group_tiles=1)),
     (37, None),
 ]
@@ -142,6 +143,7 @@ def test_float32_rotation_is_accurate_far_from_zero(fused, selective):
     assert (c[n:] - torch.sin(exact)).abs().max() < 2e-7
 
 
+@pytest.mark.slow  # 256 steps interpreted: ~6 s each
 @pytest.mark.parametrize("selective", [False, True], ids=["fixed", "selective"])
 def test_float32_scan_in_many_groups_stays_close_to_ref(fused, selective):
     """The summary pass composes each tile in log space; over 256 slowly decaying steps

@@ -49,6 +49,7 @@ print(hwm() - before)
 """
 
 
+@pytest.mark.slow  # a fresh process steps at T 4096
 def test_the_estimate_is_close_to_a_real_step():
     # Every allocation past 64 KiB its own mapping, returned when freed: glibc's adaptive
     # threshold otherwise serves big tensors from its heap, whose freed pages the resident
@@ -62,6 +63,7 @@ def test_the_estimate_is_close_to_a_real_step():
     assert 0.75 < (est.activations + est.gradients) / real < 1.25, (est.describe(), real)
 
 
+@pytest.mark.slow  # five traced steps at T 2048: ~15 s
 def test_activations_grow_with_batch_and_selective_mode():
     one = estimate_training_memory(SMALL, 1, 2048)
     two = estimate_training_memory(SMALL, 2, 2048)
@@ -129,6 +131,7 @@ for kw in ({"scan_backend": "fused", "loss_backend": "fused"}, {}):
 """
 
 
+@pytest.mark.slow  # a fresh process traces two models
 def test_the_gpu_backends_are_traced_on_a_cpu_and_hold_less_than_the_chunked_ones():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", GPU_BACKENDS_TRACE], capture_output=True,
