@@ -80,6 +80,8 @@ FEWER_PROGRAMS = {"matrix scan forward": 2, "matrix scan states": 2,
 NUM_WARPS = 4  # every launch in ten/ uses 4 warps
 
 K, D, H = 128, 1024, 2752  # the flagship's eigenstates, width and SwiGLU half-width
+# The matrix scan's pointers in the values' dtype (ten.kernels.matrix_scan_fused's doc)
+MATRIX_NARROW = frozenset({"v_ptr", "q_ptr", "y_ptr", "dy_ptr", "dv_ptr", "dq_ptr"})
 
 
 def _p(dtype: str) -> str:
@@ -88,11 +90,11 @@ def _p(dtype: str) -> str:
 
 def variants() -> list[tuple[str, str, dict, dict, int]]:
     """(name, module:function, signature, constexprs, warps) for every flagship kernel."""
-    out = scan_variants("fp32") + matrix_scan_variants("fp32")
+    out = scan_variants("fp32") + matrix_scan_variants("fp32", "bf16")
     # fp64: a float64 model and the gradient checks run these on a GPU (the suite's first
     # H200 run found the LayerNorm backward refused by the compiler there, never here)
     out += [(f"{name} fp64", *rest) for name, *rest in scan_variants("fp64")]
-    out += [(f"{name} fp64", *rest) for name, *rest in matrix_scan_variants("fp64")]
+    out += [(f"{name} fp64", *rest) for name, *rest in matrix_scan_variants("fp64", "fp64")]
     out.append(("cross-entropy rows", "ten.kernels.loss_fused:_cross_entropy_rows_kernel",
                 {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
                  "scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"), "V": "i32"},
@@ -134,10 +136,11 @@ def scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
     return out
 
 
-def matrix_scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
+def matrix_scan_variants(f: str, narrow: str) -> list[tuple[str, str, dict, dict, int]]:
     """The matrix state's fused scan at the flagship's head (``state: matrix`` on
     small_32k: N = 128 / 4 = 32 eigenstates, P = 1024 / 4 = 256 values), its blocks and
-    warps as the launchers pick them."""
+    warps as the launchers pick them: keys, log λ and states in ``f``, values, queries,
+    y and their gradients in ``narrow`` (bf16 under the job's autocast)."""
     from ten.kernels import matrix_scan_fused as m
 
     where = "ten.kernels.matrix_scan_fused"
@@ -145,7 +148,7 @@ def matrix_scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
              "ll_st": "i32", "n_chunks": "i32"}
 
     def pointers(*names: str) -> dict:
-        return {a: _p(f) for a in names}
+        return {a: _p(narrow if a in MATRIX_NARROW else f) for a in names}
 
     def blocks(block: tuple[int, int]) -> tuple[dict, int]:
         return {"BT": m.BLOCK_T, "BN": m._block_n(32), "BP": m._block_p(256, block[0])}, block[1]

@@ -35,8 +35,10 @@ Backends:
                  for tests, CPU tensors with TRITON_INTERPRET=1 set before triton is
                  first imported); its chunk is its own (16 tokens), not ``chunk_size``.
 
-Like the vector scan it computes in float32 (float64 for float64 inputs) with autocast
-off, and runs the backend it is given.
+Like the vector scan it computes in float32 (float64 for float64 keys) with autocast
+off, and runs the backend it is given. y comes back in the values' dtype where that is
+narrower (bf16 under autocast, what the output projection reads), else in the arithmetic's;
+the fused backend reads bf16 values and queries and writes y in bf16 itself.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ import torch
 from torch import Tensor
 
 BACKENDS = ("ref", "chunked", "fused")
+# Values and queries in these dtypes stay so (the arithmetic is float32's all the same).
+NARROW = (torch.bfloat16, torch.float16)
 
 __all__ = ["BACKENDS", "matrix_scan", "matrix_scan_chunked", "matrix_scan_ref"]
 
@@ -168,20 +172,26 @@ def matrix_scan(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor 
                 heads: int, backend: str = "chunked",
                 chunk_size: int = 64) -> tuple[Tensor, Tensor]:
     """Run the matrix-state recurrence with the named backend (the module docstring):
-    returns (y (B, T, H·P), the last state (B, H, N, P) complex), in float32 (float64
-    for float64 inputs) whatever the autocast."""
+    returns (y (B, T, H·P), the last state (B, H, N, P) complex), computed in float32
+    (float64 for float64 keys) whatever the autocast; y in the values' dtype where it
+    is narrower."""
     if backend not in BACKENDS:
         raise ValueError(f"the matrix-state scan runs one of the backends "
                          f"{', '.join(BACKENDS)}, got {backend!r}")
     dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
     cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     with torch.autocast(k.device.type, enabled=False):
-        k, v, q, log_lam = (x.to(dtype) for x in (k, v, q, log_lam))
+        k, log_lam = k.to(dtype), log_lam.to(dtype)
+        v, q = (x if x.dtype in NARROW else x.to(dtype) for x in (v, q))
         state = None if state is None else state.to(cdtype)
-        if backend == "ref":
-            return matrix_scan_ref(k, v, q, log_lam, state, heads)
-        if backend == "fused":
+        if backend == "fused":  # reads v and q as they are, writes y in v's dtype
             from ten.kernels.matrix_scan_fused import matrix_scan_fused
 
             return matrix_scan_fused(k, v, q, log_lam, state, heads)
-        return matrix_scan_chunked(k, v, q, log_lam, state, heads, chunk_size)
+        out = v.dtype
+        v, q = v.to(dtype), q.to(dtype)
+        if backend == "ref":
+            y, last = matrix_scan_ref(k, v, q, log_lam, state, heads)
+        else:
+            y, last = matrix_scan_chunked(k, v, q, log_lam, state, heads, chunk_size)
+        return y.to(out), last

@@ -49,8 +49,12 @@ each step's term written by the kernel, the reverse cumulative sum over the sequ
 done by torch, plus, when the last state has a gradient, the term of its read, Re / −Im
 of Σ_p conj(dC) C, at every u.
 
-Arithmetic is in the dtype given (``matrix_scan`` passes float32, or float64); the matrix
-products use IEEE float32 (no TF32) so the kernel keeps the reference's precision.
+Arithmetic is in the keys' dtype (``matrix_scan`` passes float32, or float64), and so
+are the states, the scratch buffers and log λ's gradient; the matrix products use IEEE
+float32 (no TF32) so the kernel keeps the reference's precision. Values and queries are
+read in their own dtype (bf16 under autocast: the projections wrote them so), and y and
+the gradients of v and q written in it: the same numbers as casting them to float32
+before and back after, without the casts' passes over memory (bench_traffic).
 """
 
 from __future__ import annotations
@@ -90,8 +94,8 @@ def _chunk(k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st,
     row = (b.to(tl.int64) * T + t)[:, None] * (2 * K) + col[None, :]
     kr = tl.load(k_ptr + row, mask=m, other=0.0)
     ki = tl.load(k_ptr + row + K, mask=m, other=0.0)
-    qr = tl.load(q_ptr + row, mask=m, other=0.0)
-    qi = tl.load(q_ptr + row + K, mask=m, other=0.0)
+    qr = tl.load(q_ptr + row, mask=m, other=0.0).to(kr.dtype)  # bf16 queries read as such
+    qi = tl.load(q_ptr + row + K, mask=m, other=0.0).to(kr.dtype)
     sin_e, cos_e = _sincos(tl.sum(la, axis=0))
     khr, khi = _unturn(kr, ki, cos_p, sin_p)
     qhr, qhi = _unturn(qr, qi, cos_p, sin_p)
@@ -164,14 +168,14 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
     pmask = p < P
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
     inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
-    Sr, Si = _block_or_zeros(s0_ptr, s_off, s_mask, N * P, y_ptr, BN, BP, HAS_S0)
+    Sr, Si = _block_or_zeros(s0_ptr, s_off, s_mask, N * P, k_ptr, BN, BP, HAS_S0)
     c = 0
     while c < n_chunks:  # a while: the interpreter's range() takes no runtime bound (scan_fused)
         R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
             k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
         v_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
         vm = ok[:, None] & pmask[None, :]
-        v = tl.load(v_ptr + v_off, mask=vm, other=0.0)
+        v = tl.load(v_ptr + v_off, mask=vm, other=0.0).to(khr.dtype)
         if WRITE_STATES:
             c_off = _chunk_state_offset(b, h, c, H, N, P, n_chunks) + inner
             tl.store(st_ptr + c_off, Sr, mask=s_mask)
@@ -182,7 +186,7 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
             y = tl.dot(scores, v, input_precision="ieee")
             y += tl.dot(qhr * eR, Sr, input_precision="ieee")
             y += tl.dot(qhi * eR, Si, input_precision="ieee")
-            tl.store(y_ptr + v_off, y, mask=vm)
+            tl.store(y_ptr + v_off, y.to(y_ptr.dtype.element_ty), mask=vm)
         to_end = tl.exp(R_end[None, :] - R)
         wr = tl.dot(tl.trans(to_end * khr), v, input_precision="ieee")
         wi = tl.dot(tl.trans(to_end * khi), v, input_precision="ieee")
@@ -210,7 +214,7 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
-    dSr, dSi = _block_or_zeros(dsend_ptr, s_off, s_mask, N * P, dy_ptr, BN, BP, HAS_DSEND)
+    dSr, dSi = _block_or_zeros(dsend_ptr, s_off, s_mask, N * P, k_ptr, BN, BP, HAS_DSEND)
     inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
     c = n_chunks - 1
     while c >= 0:
@@ -220,7 +224,8 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
         tl.store(dst_ptr + c_off, dSr, mask=s_mask)
         tl.store(dst_ptr + c_off + N * P, dSi, mask=s_mask)
         dy_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
-        dy = tl.load(dy_ptr + dy_off, mask=ok[:, None] & (p < P)[None, :], other=0.0)
+        dy = tl.load(dy_ptr + dy_off, mask=ok[:, None] & (p < P)[None, :],
+                     other=0.0).to(qhr.dtype)
         cr, ci = cos_e[:, None], sin_e[:, None]
         a = tl.exp(R_end)[:, None]
         eR = tl.exp(R)
@@ -248,7 +253,7 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     cr, ci = cos_e[:, None], sin_e[:, None]
     chunk = _chunk_state_offset(b, h, c, H, N, P, n_chunks)
     rows = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P
-    f32 = dy_ptr.dtype.element_ty
+    f32 = k_ptr.dtype.element_ty  # the arithmetic's (float32, or float64)
     M = tl.zeros((BT, BT), f32)  # dy_j · v_s over every column
     read_r = tl.zeros((BT, BN), f32)  # S dy_j, per eigenstate
     read_i = tl.zeros((BT, BN), f32)
@@ -258,8 +263,8 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     while p0 < P:
         p = p0 + tl.arange(0, BP)
         vm = ok[:, None] & (p < P)[None, :]
-        v = tl.load(v_ptr + rows + p[None, :], mask=vm, other=0.0)
-        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0)
+        v = tl.load(v_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
+        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
         s_off = chunk + n[:, None] * P + p[None, :]
         s_mask = (n < N)[:, None] & (p < P)[None, :]
         Sr = tl.load(st_ptr + s_off, mask=s_mask, other=0.0)
@@ -285,8 +290,8 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     m = ok[:, None] & (n < N)[None, :]
     dqr, dqi = _turn(dqhr, dqhi, cos_p, sin_p)  # e^{iφ} dq̂
     dkr, dki = _turn(dkhr, dkhi, cos_p, sin_p)
-    tl.store(dq_ptr + row, dqr, mask=m)
-    tl.store(dq_ptr + row + K, dqi, mask=m)
+    tl.store(dq_ptr + row, dqr.to(dq_ptr.dtype.element_ty), mask=m)
+    tl.store(dq_ptr + row + K, dqi.to(dq_ptr.dtype.element_ty), mask=m)
     tl.store(dk_ptr + row, dkr, mask=m)
     tl.store(dk_ptr + row + K, dki, mask=m)
     # conj(q) dq and conj(k) dk do not change when both turn by e^{-iφ}: the rotated ones
@@ -299,7 +304,7 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     while p0 < P:  # dv, column block by column block
         p = p0 + tl.arange(0, BP)
         vm = ok[:, None] & (p < P)[None, :]
-        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0)
+        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
         s_off = chunk + n[:, None] * P + p[None, :]
         s_mask = (n < N)[:, None] & (p < P)[None, :]
         dSr = tl.load(dst_ptr + s_off, mask=s_mask, other=0.0)
@@ -308,7 +313,7 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
         dShr, dShi = _unturn(dSr, dSi, cr, ci)
         dv += tl.dot(wr, dShr, input_precision="ieee")
         dv += tl.dot(wi, dShi, input_precision="ieee")
-        tl.store(dv_ptr + rows + p[None, :], dv, mask=vm)
+        tl.store(dv_ptr + rows + p[None, :], dv.to(dv_ptr.dtype.element_ty), mask=vm)
         p0 += BP
 
 
@@ -355,8 +360,8 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
     BP, warps = _block_p(P, FORWARD_BLOCK[0]), FORWARD_BLOCK[1]
     y = torch.empty_like(v) if write_y else v.new_empty(0)
-    s_end = v.new_empty(B, heads, 2, N, P)
-    states = None if write_y else v.new_empty(B, heads, n_chunks, 2, N, P)
+    s_end = k.new_empty(B, heads, 2, N, P)
+    states = None if write_y else k.new_empty(B, heads, n_chunks, 2, N, P)
     grid = (B, heads, math.ceil(P / BP))
     _matrix_forward_kernel[grid](
         k, v, q, log_lam, s0 if s0 is not None else v, y, s_end,
@@ -378,7 +383,7 @@ def _forward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor |
 
 def _forward_fake(k, v, q, log_lam, s0, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    return torch.empty_like(v), v.new_empty(B, heads, 2, N, P)
+    return torch.empty_like(v), k.new_empty(B, heads, 2, N, P)
 
 
 def _states_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
@@ -389,7 +394,7 @@ def _states_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | 
 
 def _states_fake(k, v, q, log_lam, s0, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    return v.new_empty(B, heads, n_chunks, 2, N, P)
+    return k.new_empty(B, heads, n_chunks, 2, N, P)
 
 
 def _dstates_impl(k: Tensor, q: Tensor, log_lam: Tensor, dy: Tensor, ds_end: Tensor | None,
@@ -407,7 +412,7 @@ def _dstates_impl(k: Tensor, q: Tensor, log_lam: Tensor, dy: Tensor, ds_end: Ten
 
 def _dstates_fake(k, q, log_lam, dy, ds_end, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, dy, heads)
-    return dy.new_empty(B, heads, n_chunks, 2, N, P), dy.new_empty(B, heads, 2, N, P)
+    return k.new_empty(B, heads, n_chunks, 2, N, P), k.new_empty(B, heads, 2, N, P)
 
 
 def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Tensor,
@@ -425,7 +430,7 @@ def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Ten
 
 
 def _backward_fake(k, v, q, log_lam, states, dstates, dy, heads):
-    return torch.empty_like(k), torch.empty_like(k), torch.empty_like(v), torch.empty_like(k)
+    return torch.empty_like(k), torch.empty_like(q), torch.empty_like(v), torch.empty_like(k)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -477,7 +482,9 @@ _forward_op = define(
 def matrix_scan_fused(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: Tensor | None,
                       heads: int) -> tuple[Tensor, Tensor]:
     """Fused backend: the result of ``matrix_scan_ref`` (y (B, T, H·P), the last state
-    (B, H, N, P) complex), from float32 or float64 inputs on one device."""
+    (B, H, N, P) complex) from keys and log λ in float32 or float64 and values and
+    queries in that dtype or a narrower one (bf16, fp16) on one device; y in the values'
+    dtype."""
     s0 = None if state is None else torch.stack([state.real, state.imag], dim=2).contiguous()
     y, s_end = _forward_op(k.contiguous(), v.contiguous(), q.contiguous(), log_lam.contiguous(),
                            s0, heads)

@@ -133,6 +133,40 @@ def test_float32_with_strong_decays_over_many_chunks_stays_close_to_ref(fused):
         assert (a - b.to(a.dtype)).abs().max() / a.abs().max() < 1e-5
 
 
+BF16_ULP = 2.0 ** -7  # bf16 keeps 8 significant bits: one unit in the last, relative
+
+
+@pytest.mark.parametrize("backend", ["fused", "chunked"])
+def test_bf16_values_and_queries_give_float32s_numbers_in_bf16(fused, backend):
+    """Under autocast the values and queries arrive in bf16: the scan reads them so, computes
+    in float32 and gives y (and their gradients) in bf16, the float32 path's numbers
+    rounded once (within one bf16 unit: the interpreter truncates where a GPU rounds to
+    nearest). The keys' and log λ's gradients and the last state are float32's exactly."""
+    tensors, state = _inputs(2, 37, 2, 4, 6, selective=True, with_state=True,
+                             dtype=torch.float32)
+    k, v, q, ll = (t.detach() for t in tensors)
+    v, q = v.bfloat16(), q.bfloat16()  # as a bf16 projection writes them
+    state = state.detach()
+    g = torch.Generator().manual_seed(SEED + 2)
+    w = torch.randn(v.shape, generator=g).bfloat16().float().to(DEVICE)  # dy exact in bf16
+    w_last = torch.randn(state.shape, generator=g, dtype=torch.complex64).to(DEVICE)
+
+    def run(v, q):
+        inputs = [x.clone().requires_grad_() for x in (k, v, q, ll)]
+        y, last = matrix_scan(*inputs, state, heads=2, backend=backend, chunk_size=8)
+        loss = (y.float() * w).sum() + (last.conj() * w_last).real.sum()
+        return [y, last, *torch.autograd.grad(loss, inputs)]
+
+    y, last, dk, dv, dq, dll = run(v, q)
+    y32, last32, dk32, dv32, dq32, dll32 = run(v.float(), q.float())
+    assert (y.dtype, dv.dtype, dq.dtype) == (torch.bfloat16,) * 3
+    assert (dk.dtype, dll.dtype, last.dtype) == (torch.float32, torch.float32, torch.complex64)
+    for name, a, b in (("y", y, y32), ("dv", dv, dv32), ("dq", dq, dq32)):
+        assert ((a.float() - b).abs() <= b.abs() * BF16_ULP).all(), name
+    for name, a, b in (("last state", last, last32), ("dk", dk, dk32), ("d log λ", dll, dll32)):
+        assert torch.equal(a, b), name
+
+
 def test_model_with_a_fused_matrix_state_matches_chunked(fused):
     """Through the TEN layer (selective, with its convolution): logits and every
     parameter's gradient agree in float64."""
