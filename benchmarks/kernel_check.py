@@ -367,13 +367,20 @@ _ACCESS_BYTES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}  # el
 _GLOBAL_ACCESSES = {"LDG", "STG", "LDGSTS", "RED", "ATOMG"}
 
 
+def _opcode(instruction: str) -> str:
+    """``STG.E.U16`` of ``@P0 STG.E.U16 desc[UR4][R2.64], R8`` (its predicate dropped)."""
+    return instruction.split()[1 if instruction.startswith("@") else 0]
+
+
 def loop_pass(sass: str) -> tuple[int, int]:
     """(instructions, bytes of global loads and stores) one warp issues in one pass of the
     kernel's main loop (its widest backward branch), or in the whole kernel without one.
 
     Cold paths are left out: code that a predicated branch jumps over when it holds a loop
-    of its own. That is libdevice's sin/cos argument reduction for huge angles (past
-    ~1e5 rad), which the common path branches around and the scans' angles never need."""
+    of its own and stores nothing to global memory. That is libdevice's sin/cos argument
+    reduction for huge angles (past ~1e5 rad), which the common path branches around and
+    the scans' angles never need; a loop that stores is the kernel's own, behind the check
+    that it runs at all (a ``while`` over a runtime bound)."""
     code: list[str] = []
     labels: dict[str, int] = {}
     for line in sass.splitlines():
@@ -387,7 +394,8 @@ def loop_pass(sass: str) -> tuple[int, int]:
     loops = [(to, at) for at, to in branches if to < at]
     cold: set[int] = set()
     for at, to in branches:
-        if code[at].startswith("@") and any(at < a and b < to for a, b in loops):
+        if (code[at].startswith("@") and any(at < a and b < to for a, b in loops)
+                and not any(_opcode(code[i]).startswith("STG") for i in range(at + 1, to))):
             cold.update(range(at + 1, to))
     hot_loops = [lp for lp in loops if lp[0] not in cold]
     first, last = (max(hot_loops, key=lambda lp: lp[1] - lp[0]) if hot_loops
@@ -396,7 +404,7 @@ def loop_pass(sass: str) -> tuple[int, int]:
     for i in range(first, last + 1):
         if i in cold:
             continue
-        op = code[i].split()[1 if code[i].startswith("@") else 0]
+        op = _opcode(code[i])
         if op.startswith("NOP"):
             continue
         instructions += 1

@@ -137,3 +137,26 @@ def test_a_loop_pass_counts_the_hot_path_and_a_warps_bytes():
     assert kernel_check.loop_pass(SASS) == (5, 32 * 18)
     no_loop = SASS.replace("@P2 BRA `(.L_x_3)", "@P2 BRA `(.L_x_4)")
     assert kernel_check.loop_pass(no_loop)[0] == 8  # the whole kernel, less the slow path
+
+
+# A kernel's own loop behind the check that it runs at all (a ``while`` over a runtime
+# bound, as the matrix scan's backward compiles at 16 columns): the guard jumps over a
+# loop that stores, which is no slow path.
+GUARDED = """
+        /*0000*/                   ISETP.GE.AND P0, PT, R0, 0x1, PT ;
+        /*0010*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   FMUL R8, R4, R4 ;
+        /*0040*/                   STG.E desc[UR4][R6.64], R8 ;
+        /*0050*/               @P1 BRA `(.L_x_2) ;
+.L_x_1:
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_a_loop_pass_counts_a_guarded_loop_that_stores_as_the_main_loop():
+    import kernel_check
+
+    # LDG, FMUL, STG, the back branch; 32 threads x (4 + 4) bytes
+    assert kernel_check.loop_pass(GUARDED) == (4, 32 * 8)

@@ -36,11 +36,13 @@ the states entering the chunks recomputed (the forward kernel writing them inste
 dS leaving every chunk by the recurrence walked backwards (``_matrix_dstates_kernel``;
 both per batch row, head and block of value columns, into scratch buffers of B·H·T/16
 states of 2N × P numbers, one layer at a time), then every chunk at once
-(``_matrix_backward_kernel``, one program per batch row, head and chunk): it sums M and
-the state terms over the value columns first, so the (BT, BT, BN) decays are formed once
-per chunk, and writes dq and dk whole. d log λ comes from them, as in gated linear
-attention: the pair (j, s) depends on A_j − A_s, so for the step u it is the pairs with
-s < u ≤ j, which is
+(``_matrix_backward_kernel``, one program per batch row, head and chunk): in one pass over
+the value columns, reading each column's v, dy and two states once, it writes dv and sums
+M and the state terms, then forms dq and dk whole; the (BT, BT, BN) decays are formed
+twice a chunk (for dv's scores before the pass, for dq and dk after it), not once per
+block of columns, and not held through the pass (held, they spilled). d log λ comes from
+them, as in gated linear attention: the pair (j, s) depends on A_j − A_s, so for the step
+u it is the pairs with s < u ≤ j, which is
 
     dR_u = Σ_{t≥u} Re(conj(q_t) dq_t) − Re(conj(k_t) dk_t)     (+ the last state's read)
     dφ_u = Σ_{t≥u} −Im(conj(q_t) dq_t) + Im(conj(k_t) dk_t)
@@ -54,7 +56,10 @@ are the states, the scratch buffers and log λ's gradient; the matrix products u
 float32 (no TF32) so the kernel keeps the reference's precision. Values and queries are
 read in their own dtype (bf16 under autocast: the projections wrote them so), and y and
 the gradients of v and q written in it: the same numbers as casting them to float32
-before and back after, without the casts' passes over memory (bench_traffic).
+before and back after, without the casts' passes over memory (bench_traffic). The
+scratch states stay float32: in bf16 (half their bytes, as some linear-attention kernels
+keep them) d log λ's error grew with the length, a reverse sum of terms that cancel, to
+1.2e-2 of its norm at T 1024 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -259,6 +264,11 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     read_i = tl.zeros((BT, BN), f32)
     write_r = tl.zeros((BT, BN), f32)  # dŜ v_s
     write_i = tl.zeros((BT, BN), f32)
+    # dv's chunk terms, so that dv is written in the same pass over the columns that sums
+    # M and the state terms (its dy and dŜ read once); the decays formed again below
+    scores_t = tl.trans(_scores(_decay(R, BT), qhr, qhi, khr, khi))
+    to_end = tl.exp(R_end[None, :] - R)
+    wr, wi = khr * to_end, khi * to_end
     p0 = 0
     while p0 < P:
         p = p0 + tl.arange(0, BP)
@@ -277,7 +287,14 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
         read_i += tl.dot(dy, tl.trans(Si), input_precision="ieee")
         write_r += tl.dot(v, tl.trans(dShr), input_precision="ieee")
         write_i += tl.dot(v, tl.trans(dShi), input_precision="ieee")
+        dv = tl.dot(scores_t, dy, input_precision="ieee")
+        dv += tl.dot(wr, dShr, input_precision="ieee")
+        dv += tl.dot(wi, dShi, input_precision="ieee")
+        tl.store(dv_ptr + rows + p[None, :], dv.to(dv_ptr.dtype.element_ty), mask=vm)
         p0 += BP
+    # the chunk read again rather than held through the loop: held, it spilled (kernel_check)
+    R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
+        k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
     D = _decay(R, BT)
     eR = tl.exp(R)
     to_end = tl.exp(R_end[None, :] - R)
@@ -298,24 +315,6 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     tl.store(step_ptr + row, qhr * dqhr + qhi * dqhi - khr * dkhr - khi * dkhi, mask=m)
     tl.store(step_ptr + row + K, qhi * dqhr - qhr * dqhi - khr * dkhi + khi * dkhr, mask=m)
 
-    scores_t = tl.trans(_scores(D, qhr, qhi, khr, khi))
-    wr, wi = khr * to_end, khi * to_end
-    p0 = 0
-    while p0 < P:  # dv, column block by column block
-        p = p0 + tl.arange(0, BP)
-        vm = ok[:, None] & (p < P)[None, :]
-        dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
-        s_off = chunk + n[:, None] * P + p[None, :]
-        s_mask = (n < N)[:, None] & (p < P)[None, :]
-        dSr = tl.load(dst_ptr + s_off, mask=s_mask, other=0.0)
-        dSi = tl.load(dst_ptr + s_off + N * P, mask=s_mask, other=0.0)
-        dv = tl.dot(scores_t, dy, input_precision="ieee")
-        dShr, dShi = _unturn(dSr, dSi, cr, ci)
-        dv += tl.dot(wr, dShr, input_precision="ieee")
-        dv += tl.dot(wi, dShi, input_precision="ieee")
-        tl.store(dv_ptr + rows + p[None, :], dv.to(dv_ptr.dtype.element_ty), mask=vm)
-        p0 += BP
-
 
 # True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
 INTERPRETED = type(_matrix_forward_kernel).__name__ == "InterpretedFunction"
@@ -328,7 +327,7 @@ BLOCK_T = 16
 # an SM as the registers allow.
 FORWARD_BLOCK = (32, 4)  # the forward and the states pass: a block of the state held
 DSTATES_BLOCK = (32, 4)  # dS held the same way
-BACKWARD_BLOCK = (32, 8)  # one chunk, every column: the (BT, BT, BN) decays held
+BACKWARD_BLOCK = (16, 8)  # one chunk, every column in one pass: at 32 columns it spilled
 
 
 def _block_n(N: int) -> int:
