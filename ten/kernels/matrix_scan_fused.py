@@ -58,8 +58,8 @@ read in their own dtype (bf16 under autocast: the projections wrote them so), an
 the gradients of v and q written in it: the same numbers as casting them to float32
 before and back after, without the casts' passes over memory (bench_traffic). The
 scratch states stay float32: in bf16 (half their bytes, as some linear-attention kernels
-keep them) d log λ's error grew with the length, a reverse sum of terms that cancel, to
-1.2e-2 of its norm at T 1024 (BENCHMARKS.md).
+keep them) d log λ's error grows with the length, a reverse sum of terms that cancel, to
+2.1e-2 of its norm at T 4,096 (benchmarks/bench_matrix_scratch.py).
 """
 
 from __future__ import annotations
