@@ -39,11 +39,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TRITON_INTERPRET", "1")  # fused ops trace on CPU (they never run)
-
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from ten.cards import CARDS  # noqa: E402
+
+# The fused ops trace on a CPU under Triton's interpreter (they never run). Not on a GPU,
+# where the suite's bandwidth section runs the kernels in the process that imports this.
+if not torch.cuda.is_available():  # before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FLAGSHIP_JOB = ROOT / "jobs" / "l40s-small-32k.yaml"
 GB = 1e9
@@ -57,7 +62,8 @@ class Gpu:
     tf32: float  # FLOP/s: fp32 matmuls run as TF32 (the trainer allows it)
 
 
-GPUS = (Gpu("H100 SXM", 3.35e12, 989e12, 494e12), Gpu("L40S", 0.864e12, 362e12, 181e12))
+GPUS = (Gpu("H100 SXM", CARDS["H100"].bandwidth, 989e12, 494e12),
+        Gpu("L40S", CARDS["L40S"].bandwidth, 362e12, 181e12))
 
 # Operators that launch nothing on a GPU: allocation and metadata.
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
@@ -119,6 +125,7 @@ class TrafficMode(TorchDispatchMode):
         super().__init__()
         self.tallies: dict[str, Tally] = defaultdict(Tally)
         self.by_op: dict[str, Tally] = defaultdict(Tally)  # "kind: operator"
+        self.operators: dict[str, Tally] = defaultdict(Tally)  # "ten::swiglu", "aten::mm"
         self.syncs: dict[str, int] = defaultdict(int)
         self.region: str | None = None  # a label set around a call (the loss)
 
@@ -151,6 +158,7 @@ class TrafficMode(TorchDispatchMode):
         kind = self._kind(name, args, kwargs, out)
         self.tallies[kind].add(nbytes, flops, fp32)
         self.by_op[f"{kind}: {name}"].add(nbytes, flops, fp32)
+        self.operators[f"{func.namespace}::{name}"].add(nbytes, flops, fp32)
         return out
 
     def _kind(self, name: str, args: tuple, kwargs: dict, out: Any) -> str:
@@ -258,6 +266,8 @@ def average(parts: tuple[tuple[TrafficMode, float], ...], n: int) -> TrafficMode
             out.tallies[key].merge(tally, times / n)
         for key, tally in part.by_op.items():
             out.by_op[key].merge(tally, times / n)
+        for key, tally in part.operators.items():
+            out.operators[key].merge(tally, times / n)
         for key, count in part.syncs.items():
             out.syncs[key] += count * times / n
     return out

@@ -790,22 +790,28 @@ class Suite:
             rows[name] = row
         return rows
 
-    def profile(self) -> dict[str, Any]:
-        """One micro-batch step of the job under torch.profiler, device time by kernel kind."""
+    def _profiled_step(self) -> Any:
+        """The events of one micro-batch step of the job (and its optimizer step) under
+        torch.profiler, after the sizes' warm-up."""
         from torch.profiler import ProfilerActivity, profile
 
         step = Step(self.flagship_config(), self.train, self.device, grad_accum=1)
         for _ in range(self.sizes.warmup):
             step.once()
         _sync(self.device)
-        cuda = self.device.type == "cuda"
-        acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.device.type == "cuda"
+                                        else [])]
         with profile(activities=acts) as prof:
             step.once()
             _sync(self.device)
         del step
         _free()
-        events = prof.events()
+        return prof.events()
+
+    def profile(self) -> dict[str, Any]:
+        """One micro-batch step of the job under torch.profiler, device time by kernel kind."""
+        events = self._profiled_step()
+        cuda = self.device.type == "cuda"
         if cuda:  # the kernels themselves (the CPU ops above them carry their time too)
             ran = [(e.name, e.time_range.start, e.time_range.end) for e in device_kernels(events)]
         else:
@@ -829,6 +835,45 @@ class Suite:
                 "timeline": profiled_timeline(events),
                 "by": "CUDA kernels" if cuda else "CPU aten ops (the chunked scan's "
                 "matmuls count as GEMM there)"}
+
+    def bandwidth(self) -> dict[str, Any]:
+        """Issue 48's table of kernels: each of the project's operators (``ten::*``) in the
+        job's micro-batch, the bytes a call moves (bench_traffic's trace of the same step,
+        on fake tensors: each input and output once) over the device time the profiler
+        gives a call (its kernels, and those of torch ops inside it): GB/s, and that as a
+        share of the card's datasheet bandwidth and of what a device-to-device copy
+        reaches here in the same call."""
+        import bench_traffic
+        import torch
+
+        from ten.cards import card_named
+        from ten.train.execution import resolve_execution
+
+        run = resolve_execution(self.flagship_config(), self.train.precision, self.train.loss,
+                                self.device)
+        precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[run.amp_dtype]
+        # the step as it runs here, one micro-batch: the backends and dtype resolved
+        traced, _ = bench_traffic.trace_micro_batch(
+            run.model_config(self.flagship_config()),
+            dataclasses.replace(self.train, precision=precision, loss=run.loss, grad_accum=1),
+            self.train.batch_size)
+        cuda = self.device.type == "cuda"
+        profiled: dict[str, tuple[int, float]] = {}
+        for e in self._profiled_step():
+            if e.name.startswith("ten::") and e.device_type.name == "CPU":
+                calls, sec = profiled.get(e.name, (0, 0.0))
+                us = e.device_time_total if cuda else e.cpu_time_total
+                profiled[e.name] = (calls + 1, sec + us / 1e6)
+        ops = {name: (t.kernels, t.bytes) for name, t in traced.operators.items()
+               if name.startswith("ten::")}
+        card = card_named(torch.cuda.get_device_name(self.device)) if cuda else None
+        copy = copy_bandwidth(self.device, 2**30 if cuda else 2**24)
+        table = kernel_table(ops, profiled, copy, card.bandwidth if card else None)
+        return {"rows": table, "copy_gbps": copy / GB,
+                "datasheet_gbps": card.bandwidth / GB if card else None,
+                "untraced": sorted(set(profiled) - set(ops)),
+                "unprofiled": sorted(set(ops) - set(profiled)),
+                "by": "CUDA kernels" if cuda else "CPU time of the ops (torch's, not kernels)"}
 
     def graphs(self) -> dict[str, Any]:
         """The job's micro-batch (forward + backward, no optimizer step) launched from
@@ -1050,6 +1095,43 @@ def device_timeline(spans: list[tuple[float, float]], syncs: int,
             "longest_gaps_ms": [g / 1e3 for g in long_gaps[:5]], "syncs": syncs}
 
 
+def copy_bandwidth(device: Any, nbytes: int, repeats: int = 10) -> float:
+    """Bytes/s a device-to-device copy of ``nbytes`` moves (read and written): what the
+    card's memory gives a kernel that only streams, the ceiling beside the datasheet's."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    _sync(device)
+    return 2 * nbytes * repeats / (time.perf_counter() - t0)
+
+
+def kernel_table(traced: dict[str, tuple[int, float]], profiled: dict[str, tuple[int, float]],
+                 copy_bps: float, datasheet_bps: float | None) -> list[dict[str, Any]]:
+    """A row for each operator both traced (calls, bytes) and profiled (calls, seconds),
+    by its time, longest first: its traced GB and profiled ms, GB/s, and that as a share
+    of the copy's bandwidth and of the datasheet's (None when the card is not listed).
+    The rate is a call's bytes over a call's time, so a trace and a profile of steps
+    that call an operator a different number of times still compare."""
+    rows = []
+    for name in traced.keys() & profiled.keys():
+        (t_calls, nbytes), (p_calls, sec) = traced[name], profiled[name]
+        per_call_b, per_call_s = nbytes / t_calls, sec / p_calls
+        bps = per_call_b / per_call_s if per_call_s > 0 else None
+        rows.append({"op": name, "calls": p_calls, "traced_calls": t_calls,
+                     "gb": nbytes / GB, "ms": 1e3 * sec,
+                     "gbps": None if bps is None else bps / GB,
+                     "of_copy": None if bps is None else bps / copy_bps,
+                     "of_datasheet": None if bps is None or not datasheet_bps
+                     else bps / datasheet_bps})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
 def kernel_kind(name: str) -> str:
     """GEMM / scan / loss / elementwise for a CUDA kernel or an aten op name."""
     n = name.lower()
@@ -1085,6 +1167,8 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
         # issue 48: float8's MFU against the bf16 peak, its loss within 1% of bf16's
         "fp8_mfu": (0.55, (results.get("fp8") or {}).get("mfu"), ">="),
         "fp8_abs_loss_delta": (0.01, _abs((results.get("fp8") or {}).get("loss_delta")), "<="),
+        # issue 48: every memory-bound kernel of ours at >= 60% of the card's bandwidth
+        "slowest_kernel_of_bandwidth": (0.60, slowest_share(results.get("bandwidth")), ">="),
     }
     out = {}
     for name, (goal, got, op) in rows.items():
@@ -1097,6 +1181,14 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
 
 def _abs(x: float | None) -> float | None:
     return None if x is None else abs(x)
+
+
+def slowest_share(bandwidth: dict[str, Any] | None) -> float | None:
+    """The lowest share of the datasheet's bandwidth in the bandwidth section's table
+    (None without a table or a listed card)."""
+    shares = [r["of_datasheet"] for r in (bandwidth or {}).get("rows", ())
+              if r["of_datasheet"] is not None]
+    return min(shares) if shares else None
 
 
 def _model_fields(cfg: Any) -> dict[str, Any]:
@@ -1171,13 +1263,13 @@ def environment(device: Any) -> dict[str, Any]:
 # In the order a call runs them: what the open targets need first (issue 43: the job run
 # whole, the flagship, the fair baseline). One call of 540 s ran all but the last two of
 # the earlier sections on an H100; e2e adds ~4 minutes.
-SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile", "scan",
-            "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk", "selective",
-            "recompute", "recall", "matrix", "fp8")
+SECTIONS = ("e2e", "flagship", "memory", "ten_vs_transformer", "graphs", "profile",
+            "bandwidth", "scan", "gpu_tests", "loss", "compile", "optimizer", "conv", "chunk",
+            "selective", "recompute", "recall", "matrix", "fp8")
 # The recipe's device calls; each fits a 10-minute command with room to spare.
 PARTS = {1: ("e2e", "flagship", "memory"),
          2: ("ten_vs_transformer", "selective"),
-         3: ("scan", "conv", "loss", "chunk", "profile", "optimizer", "gpu_tests"),
+         3: ("scan", "conv", "loss", "chunk", "profile", "bandwidth", "optimizer", "gpu_tests"),
          4: ("compile", "graphs", "recompute"),
          5: ("recall",),
          6: ("matrix",),
@@ -1188,7 +1280,7 @@ ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6] + 
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
-             "recompute": 240, "profile": 120, "optimizer": 90,
+             "recompute": 240, "profile": 120, "bandwidth": 120, "optimizer": 90,
              "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 420, "fp8": 540}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
@@ -1381,6 +1473,17 @@ def markdown(r: dict[str, Any]) -> str:
                   f"bitsandbytes' {f(opt['bitsandbytes']['ms'])} ms, ten.train.adamw8bit's "
                   f"{f(opt['ten_adamw8bit']['ms'])} ms ({f(opt['speedup'])}×); torch's AdamW "
                   f"{f(opt['torch_adamw']['ms'])} ms."]
+    bw = r.get("bandwidth") or {}
+    if bw.get("rows"):
+        lines += ["", f"Our operators in the job's micro-batch ({bw['by']}): traced bytes over "
+                  f"profiled time; a copy here {f(bw['copy_gbps'], '.0f')} GB/s, the datasheet "
+                  f"{f(bw['datasheet_gbps'], '.0f')}:", "",
+                  "| operator | calls | GB | ms | GB/s | of the copy's | of the datasheet's |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in bw["rows"]:
+            lines.append(f"| {x['op']} | {x['calls']} | {f(x['gb'])} | {f(x['ms'])} | "
+                         f"{f(x['gbps'], '.0f')} | {f(x['of_copy'], '.0%')} | "
+                         f"{f(x['of_datasheet'], '.0%')} |")
     # its settings (a timed-out section keeps them beside its error and output)
     recall = {k: v for k, v in (r.get("recall") or {}).items() if isinstance(v, dict)}
     if recall:

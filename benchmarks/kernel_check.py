@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import ten.cards  # noqa: E402
+
+
 @dataclass(frozen=True)
 class Card:
     """What bounds a kernel on the card an architecture stands for (datasheets)."""
@@ -56,7 +59,7 @@ class Card:
     name: str
     sms: int
     clock_hz: float  # boost SM clock
-    bandwidth: float  # bytes/s
+    bandwidth: float  # bytes/s (ten.cards)
     issue_per_sm: int = 4  # warp-instructions a cycle: one per scheduler, 4 schedulers
 
     def issue_over_bytes(self, instructions: int, nbytes: int) -> float:
@@ -65,7 +68,8 @@ class Card:
         return issue_s / (nbytes / self.bandwidth)
 
 
-CARDS = {89: Card("L40S", 142, 2.52e9, 0.864e12), 90: Card("H100", 132, 1.98e9, 3.35e12)}
+CARDS = {89: Card("L40S", 142, 2.52e9, ten.cards.CARDS["L40S"].bandwidth),
+         90: Card("H100", 132, 1.98e9, ten.cards.CARDS["H100"].bandwidth)}
 ARCHS = {arch: card.name for arch, card in CARDS.items()}
 # Per SM: registers, threads, shared memory (bytes) a block may use (CUDA's tables).
 SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}

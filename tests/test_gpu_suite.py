@@ -108,10 +108,18 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert fp8["bf16"]["tokens_per_s"] > 0 and "mfu" not in fp8  # no FP8 tensor cores here:
     assert fp8["tensor"]["refused"].startswith("TENConfig.fp8 runs float8 GEMMs")  # refused
     assert fp8["loss_steps"] == 3 and abs(fp8["loss_delta"]) < 0.01  # the emulation trains
+    bw = r["bandwidth"]  # issue 48: our operators' traced bytes over their profiled time
+    assert bw["rows"] and all(x["gbps"] > 0 and x["of_datasheet"] is None for x in bw["rows"])
+    # the trace sees every operator the profiled step runs, as often
+    assert bw["untraced"] == [] and bw["unprofiled"] == []
+    assert all(x["calls"] == x["traced_calls"] for x in bw["rows"])
+    assert {"ten::swiglu_backward", "ten::causal_conv_backward",
+            "ten::add_layer_norm_backward"} <= {x["op"] for x in bw["rows"]}
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
                                  "ten_over_transformer_32768", "ten_over_transformer_2048",
                                  "fused_over_chunked_scan", "matrix_over_vector_tokens_per_s",
-                                 "fp8_mfu", "fp8_abs_loss_delta"}
+                                 "fp8_mfu", "fp8_abs_loss_delta",
+                                 "slowest_kernel_of_bandwidth"}
 
 
 @pytest.mark.slow
@@ -275,6 +283,34 @@ def test_float8s_targets_are_its_mfu_and_its_loss_either_side_of_bf16s():
     run["fp8"]["loss_delta"] = 0.004  # lower or higher: within 1% either way
     assert gpu_suite.check_targets(run)["fp8_abs_loss_delta"]["met"] is True
     assert gpu_suite.check_targets({})["fp8_mfu"]["met"] is None
+
+
+def test_the_kernel_table_compares_per_call_slowest_first():
+    # the trace counted 8 calls, the profile 16 (a step that recomputes): rates per call
+    traced = {"ten::conv_backward": (8, 8e9), "ten::swiglu": (8, 16e9), "ten::only_traced": (1, 1)}
+    profiled = {"ten::conv_backward": (16, 0.010), "ten::swiglu": (8, 0.004),
+                "ten::only_profiled": (1, 0.1)}
+    rows = gpu_suite.kernel_table(traced, profiled, copy_bps=3e12, datasheet_bps=4e12)
+    assert [r["op"] for r in rows] == ["ten::conv_backward", "ten::swiglu"]  # 10 ms, 4 ms
+    conv, swiglu = rows
+    assert conv["gbps"] == pytest.approx(1600.0)  # 1 GB a call in 0.625 ms
+    assert conv["of_copy"] == pytest.approx(1.6e12 / 3e12)
+    assert conv["of_datasheet"] == pytest.approx(0.4)
+    assert swiglu["gbps"] == pytest.approx(4000.0) and swiglu["of_datasheet"] == pytest.approx(1.0)
+    unlisted = gpu_suite.kernel_table(traced, profiled, copy_bps=3e12, datasheet_bps=None)
+    assert all(r["of_datasheet"] is None for r in unlisted)
+
+
+def test_the_bandwidth_target_is_the_slowest_kernel_of_ours():
+    rows = [{"op": "ten::a", "of_datasheet": 0.72}, {"op": "ten::b", "of_datasheet": 0.41}]
+    t = gpu_suite.check_targets({"bandwidth": {"rows": rows}})["slowest_kernel_of_bandwidth"]
+    assert t == {"target": ">= 0.6", "measured": 0.41, "met": False}
+    rows[1]["of_datasheet"] = 0.65
+    assert gpu_suite.check_targets({"bandwidth": {"rows": rows}})[
+        "slowest_kernel_of_bandwidth"]["met"] is True
+    unlisted = {"rows": [{"op": "ten::a", "of_datasheet": None}]}  # a card not in ten.cards
+    assert gpu_suite.check_targets({"bandwidth": unlisted})[
+        "slowest_kernel_of_bandwidth"]["met"] is None
 
 
 @pytest.mark.parametrize("name, kind", [
