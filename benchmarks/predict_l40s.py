@@ -25,11 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ten.cards import CARDS  # noqa: E402  (torch-free)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEAK = {"H100": 989e12, "L40S": 362e12}  # bf16 dense, datasheets (ten.train.mfu)
-BANDWIDTH = {"H100": 3.35e12, "L40S": 0.864e12}  # bytes/s, datasheets
+BANDWIDTH = {name: CARDS[name].bandwidth for name in ("H100", "L40S")}  # bytes/s, datasheets
 TARGET = 0.35  # the L40S's MFU target (benchmarks/gpu_suite.py)
 
 
