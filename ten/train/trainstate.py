@@ -28,6 +28,7 @@ from ten.model.presets import CONFIG_OF_CLASS, EXECUTION_FIELDS, build_model, co
 from ten.train import checkpoint as ckpt
 from ten.train.distributed import barrier
 from ten.train.nonfinite import NonFiniteCounter, NonFiniteStats
+from ten.train.optimizer_state import for_optimizer
 from ten.train.schedule import Schedule
 
 
@@ -318,7 +319,7 @@ class TrainState:
         trace); a file that does not fit this run is a CheckpointError naming it."""
         trainer = files["trainer.pt"]
         for name, apply in (("model.pt", self.model.load_state_dict),
-                            ("optimizer.pt", self.optimizer.load_state_dict),
+                            ("optimizer.pt", self._load_optimizer),
                             ("trainer.pt", self._load_trainer)):
             try:
                 apply(files[name])
@@ -327,6 +328,11 @@ class TrainState:
                 raise ckpt.CheckpointError(f"{where}: {name} does not fit this run "
                                            f"({type(e).__name__}: {first_line(e)})") from None
         self.step, self.tokens = trainer["step"], trainer["tokens"]
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        """The saved moments, from either of the job's optimizers (a run may change
+        ``train.optimizer`` at a resume: ten.train.optimizer_state)."""
+        self.optimizer.load_state_dict(for_optimizer(state, self.optimizer))
 
     def _load_trainer(self, state: dict[str, Any]) -> None:
         self._load_schedule(state)

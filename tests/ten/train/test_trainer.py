@@ -284,6 +284,20 @@ def test_adamw8bit_checkpoint_loads_with_weights_only_and_resumes(data, tmp_path
     assert any("resumed from" in n and "step-00000004" in n for n in notes)
 
 
+@pytest.mark.parametrize("first, then", [("adamw8bit", "adamw"), ("adamw", "adamw8bit")])
+def test_a_run_resumes_under_the_other_optimizer_on_its_schedule(data, tmp_path, first, then):
+    """train.optimizer changed at a resume loaded the checkpoint and then died at the first
+    step with a bare KeyError ('exp_avg' or 'state1'): the moments now carry over
+    (ten.train.optimizer_state) and the lr goes on as a resume under the same one does."""
+    same, run = tmp_path / "same", tmp_path / "run"
+    for path, resumed_with in ((same, first), (run, then)):
+        trainer(data, path, max_steps=4, eval_every=0, optimizer=first).run()
+        resumed = trainer(data, path, max_steps=8, eval_every=0, optimizer=resumed_with)
+        assert resumed.run().outcome is Outcome.DONE
+    assert lrs(run) == lrs(same) and set(lrs(run)) == set(range(1, 9))
+    assert all(math.isfinite(v) for v in losses(run).values())
+
+
 def test_rng_state_round_trips_through_weights_only(tmp_path):
     random.seed(3), np.random.seed(4), torch.manual_seed(5)
     np.random.standard_normal()  # leaves a cached gaussian in numpy's legacy state
