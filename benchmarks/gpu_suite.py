@@ -847,14 +847,14 @@ class Suite:
         import torch
 
         from ten.cards import card_named
-        from ten.train.execution import resolve_execution
+        from ten.train.execution import AMP_DTYPES, resolve_execution
 
-        run = resolve_execution(self.flagship_config(), self.train.precision, self.train.loss,
-                                self.device)
-        precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[run.amp_dtype]
+        cfg = self.flagship_config()
+        run = resolve_execution(cfg, self.train.precision, self.train.loss, self.device)
+        precision = {dtype: name for name, dtype in AMP_DTYPES.items()}[run.amp_dtype]
         # the step as it runs here, one micro-batch: the backends and dtype resolved
         traced, _ = bench_traffic.trace_micro_batch(
-            run.model_config(self.flagship_config()),
+            run.model_config(cfg),
             dataclasses.replace(self.train, precision=precision, loss=run.loss, grad_accum=1),
             self.train.batch_size)
         cuda = self.device.type == "cuda"
