@@ -13,8 +13,7 @@ import importlib
 
 import pytest
 import torch
-
-SEED = 0
+from optimizers import SEED, make_groups, make_params, take_steps
 
 
 def bitsandbytes_own(groups, **kw):
@@ -25,34 +24,14 @@ def ours(groups, **kw):
     return importlib.import_module("ten.train.adamw8bit").AdamW8bit(groups, **kw)
 
 
-def _params(device: str = "cpu") -> list[torch.nn.Parameter]:
-    g = torch.Generator().manual_seed(SEED)
-    # a matrix past bitsandbytes' 4096-element threshold for 8-bit states, and a vector
-    return [torch.nn.Parameter(torch.randn(96, 64, generator=g).to(device)),
-            torch.nn.Parameter(torch.randn(64, generator=g).to(device))]
-
-
-def _groups(params):
-    return [{"params": params[:1], "weight_decay": 0.1},
-            {"params": params[1:], "weight_decay": 0.0}]
-
-
-def _steps(opt, params, steps: int, first: int = 0) -> None:
-    for i in range(first, first + steps):
-        g = torch.Generator().manual_seed(1000 + i)
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=g).to(p.device)
-        opt.step()
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_updates_and_state_equal_bitsandbytes_own_bit_for_bit(device):
     print(f"seed {SEED}")
-    mine, theirs = _params(device), _params(device)
-    opt_mine = ours(_groups(mine), lr=1e-2, betas=(0.9, 0.95))
-    opt_theirs = bitsandbytes_own(_groups(theirs), lr=1e-2, betas=(0.9, 0.95))
-    _steps(opt_mine, mine, 5)
-    _steps(opt_theirs, theirs, 5)
+    mine, theirs = make_params(device), make_params(device)
+    opt_mine = ours(make_groups(mine), lr=1e-2, betas=(0.9, 0.95))
+    opt_theirs = bitsandbytes_own(make_groups(theirs), lr=1e-2, betas=(0.9, 0.95))
+    take_steps(opt_mine, mine, 5)
+    take_steps(opt_theirs, theirs, 5)
     for a, b in zip(mine, theirs, strict=True):
         assert torch.equal(a, b)
     for a, b in zip(mine, theirs, strict=True):
@@ -64,16 +43,16 @@ def test_updates_and_state_equal_bitsandbytes_own_bit_for_bit(device):
 
 def test_a_checkpoint_of_bitsandbytes_own_optimizer_resumes_the_same():
     """Runs checkpointed with bitsandbytes' AdamW8bit, before this class, resume here."""
-    params = _params()
-    before = bitsandbytes_own(_groups(params), lr=1e-2)
-    _steps(before, params, 3)
+    params = make_params()
+    before = bitsandbytes_own(make_groups(params), lr=1e-2)
+    take_steps(before, params, 3)
     saved = copy.deepcopy({"params": [p.detach() for p in params], "opt": before.state_dict()})
-    _steps(before, params, 2, first=3)
+    take_steps(before, params, 2, first=3)
 
     resumed = [torch.nn.Parameter(p.clone()) for p in saved["params"]]
-    after = ours(_groups(resumed), lr=1e-2)
+    after = ours(make_groups(resumed), lr=1e-2)
     after.load_state_dict(saved["opt"])
-    _steps(after, resumed, 2, first=3)
+    take_steps(after, resumed, 2, first=3)
     for a, b in zip(params, resumed, strict=True):
         assert torch.equal(a, b)
 
@@ -89,19 +68,19 @@ def syncs(monkeypatch):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_no_host_sync_per_parameter(syncs, device):
-    params = _params(device)
-    _steps(bitsandbytes_own(_groups(params), lr=1e-2), params, 2)
+    params = make_params(device)
+    take_steps(bitsandbytes_own(make_groups(params), lr=1e-2), params, 2)
     assert len(syncs) == 2 * len(params)  # what bitsandbytes' own step does
     syncs.clear()
-    _steps(ours(_groups(params), lr=1e-2), params, 2)
+    take_steps(ours(make_groups(params), lr=1e-2), params, 2)
     assert syncs == []
 
 
 def test_paged_states_keep_bitsandbytes_step_and_its_syncs(syncs):
-    params = _params()
+    params = make_params()
     with pytest.warns(UserWarning):  # on a CPU paged states fall back to plain ones
-        opt = ours(_groups(params), lr=1e-2, is_paged=True)
-        _steps(opt, params, 1)
+        opt = ours(make_groups(params), lr=1e-2, is_paged=True)
+        take_steps(opt, params, 1)
     assert len(syncs) >= len(params)
 
 
@@ -109,7 +88,7 @@ def test_paged_states_keep_bitsandbytes_step_and_its_syncs(syncs):
 def test_on_another_stream_bitsandbytes_step_keeps_its_syncs(syncs):
     """bitsandbytes launches on stream 0: from another stream only its syncs order the
     updates after the gradients, so its own step runs."""
-    params = _params("cuda")
+    params = make_params("cuda")
     with torch.cuda.stream(torch.cuda.Stream()):
-        _steps(ours(_groups(params), lr=1e-2), params, 1)
+        take_steps(ours(make_groups(params), lr=1e-2), params, 1)
     assert len(syncs) == len(params)

@@ -11,10 +11,10 @@ import importlib
 
 import pytest
 import torch
+from optimizers import SEED, make_groups, make_params, take_steps
 
 from ten.train.optimizer_state import for_optimizer
 
-SEED = 0
 STEPS = 3
 
 
@@ -26,26 +26,11 @@ def adamw(groups, **kw):
     return torch.optim.AdamW(groups, **kw)
 
 
-def params() -> list[torch.nn.Parameter]:
-    g = torch.Generator().manual_seed(SEED)
-    # past bitsandbytes' 4096-element threshold for 8-bit states, and under it (32-bit)
-    return [torch.nn.Parameter(torch.randn(96, 64, generator=g)),
-            torch.nn.Parameter(torch.randn(64, generator=g))]
-
-
-def groups(ps):
-    return [{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:], "weight_decay": 0.0}]
-
-
-def train(make, steps: int = STEPS, **kw):
-    """``steps`` steps of the optimizer ``make`` builds, on the same gradients each time."""
-    ps = params()
-    opt = make(groups(ps), lr=1e-2, betas=(0.9, 0.95), **kw)
-    for i in range(steps):
-        g = torch.Generator().manual_seed(1000 + i)
-        for p in ps:
-            p.grad = torch.randn(p.shape, generator=g)
-        opt.step()
+def train(make, **kw):
+    """STEPS steps of the optimizer ``make`` builds, on the same gradients each time."""
+    ps = make_params()
+    opt = make(make_groups(ps), lr=1e-2, betas=(0.9, 0.95), **kw)
+    take_steps(opt, ps, STEPS)
     return ps, opt
 
 
@@ -68,8 +53,8 @@ def test_8bit_moments_load_into_adamw_as_adamw_would_have_them():
     print(f"seed {SEED}")
     _, q8 = train(adamw8bit)
     ref_ps, ref = train(adamw)  # what torch's AdamW holds after the same steps
-    ps = params()
-    opt = adamw(groups(ps), lr=1e-2, betas=(0.9, 0.95), fused=True)
+    ps = make_params()
+    opt = adamw(make_groups(ps), lr=1e-2, betas=(0.9, 0.95), fused=True)
     opt.load_state_dict(for_optimizer(q8.state_dict(), opt))
     for p, r in zip(ps, ref_ps, strict=True):
         mine, theirs = opt.state[p], ref.state[r]
@@ -84,8 +69,8 @@ def test_8bit_moments_load_into_adamw_as_adamw_would_have_them():
 def test_adamw_moments_load_into_8bit_as_bitsandbytes_encodes_them():
     print(f"seed {SEED}")
     ref_ps, ref = train(adamw)
-    ps = params()
-    opt = adamw8bit(groups(ps), lr=1e-2, betas=(0.9, 0.95))
+    ps = make_params()
+    opt = adamw8bit(make_groups(ps), lr=1e-2, betas=(0.9, 0.95))
     opt.load_state_dict(for_optimizer(ref.state_dict(), opt))
     big, small = ps
     assert opt.state[big]["state1"].dtype == torch.uint8  # the layout bitsandbytes chose
@@ -105,7 +90,8 @@ def test_adamw_moments_load_into_8bit_as_bitsandbytes_encodes_them():
 def test_a_state_in_the_optimizers_own_form_is_loaded_as_saved(make):
     _, opt = train(make)
     saved = opt.state_dict()
-    assert for_optimizer(saved, make(groups(params()), lr=1e-2)) is saved  # bit-exact resume
+    fresh = make(make_groups(make_params()), lr=1e-2)
+    assert for_optimizer(saved, fresh) is saved  # loaded as saved: a bit-exact resume
 
 
 def test_the_saved_learning_rates_are_kept():
@@ -115,7 +101,7 @@ def test_the_saved_learning_rates_are_kept():
     saved = q8.state_dict()
     for g in saved["param_groups"]:
         g["lr"], g["initial_lr"] = 4e-3, 1e-2
-    opt = adamw(groups(params()), lr=1e-2)
+    opt = adamw(make_groups(make_params()), lr=1e-2)
     opt.load_state_dict(for_optimizer(saved, opt))
     assert [(g["lr"], g["initial_lr"]) for g in opt.param_groups] == [(4e-3, 1e-2)] * 2
 
@@ -123,4 +109,4 @@ def test_the_saved_learning_rates_are_kept():
 def test_another_grouping_of_the_parameters_is_refused():
     _, q8 = train(adamw8bit)
     with pytest.raises(ValueError, match="2 parameter groups, this run's 1"):
-        for_optimizer(q8.state_dict(), adamw(params(), lr=1e-2))
+        for_optimizer(q8.state_dict(), adamw(make_params(), lr=1e-2))
