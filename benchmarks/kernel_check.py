@@ -76,8 +76,8 @@ SM_LIMITS = {89: (65536, 1536, 100 * 1024), 90: (65536, 2048, 228 * 1024)}
 MIN_PROGRAMS_PER_SM = 4
 # Kernels that hold more than a scan's lanes, with the programs an SM must fit instead.
 # The matrix state's keep a block of the state (forward, states) or of its gradient
-# (dstates) in registers, and a (16, 16, N) tile of decays (forward, backward): at the
-# flagship's head 2 programs of 4 warps, or 1 of 8 (backward). Whether that hides their
+# (dstates) in registers, or a (16, 16, N) tile of decays (backward): at the flagship's
+# head 2 programs of 4 warps, or 1 of 8 (backward). Whether that hides their
 # latency is for a GPU to measure (benchmarks/bench_scan.py --state matrix).
 FEWER_PROGRAMS = {"matrix scan forward": 2, "matrix scan states": 2,
                   "matrix scan dstates": 2, "matrix scan backward": 1}
@@ -157,12 +157,16 @@ def matrix_scan_variants(f: str, narrow: str) -> list[tuple[str, str, dict, dict
     def blocks(block: tuple[int, int]) -> tuple[dict, int]:
         return {"BT": m.BLOCK_T, "BN": m._block_n(32), "BP": m._block_p(256, block[0])}, block[1]
 
-    forward = {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "s0_ptr", "y_ptr", "send_ptr",
-                          "st_ptr"), **sizes}
+    forward = {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "s0_ptr", "sc_ptr", "y_ptr",
+                          "send_ptr", "st_ptr"), **sizes}
     fwd, fwd_warps = blocks(m.FORWARD_BLOCK)
     dst, dst_warps = blocks(m.DSTATES_BLOCK)
     bwd, bwd_warps = blocks(m.BACKWARD_BLOCK)
+    scores = {**pointers("k_ptr", "q_ptr", "ll_ptr", "sc_ptr"),
+              **{a: sizes[a] for a in ("T", "K", "H", "N", "ll_sb", "ll_st", "n_chunks")}}
     return [
+        ("matrix scan scores", f"{where}:_matrix_scores_kernel", scores,
+         {"BT": m.BLOCK_T, "BN": m._block_n(32)}, m.SCORES_WARPS),
         ("matrix scan forward", f"{where}:_matrix_forward_kernel", forward,
          {**fwd, "HAS_S0": False, "WRITE_Y": True, "WRITE_STATES": False}, fwd_warps),
         ("matrix scan states", f"{where}:_matrix_forward_kernel", forward,
@@ -171,8 +175,9 @@ def matrix_scan_variants(f: str, narrow: str) -> list[tuple[str, str, dict, dict
          {**pointers("k_ptr", "q_ptr", "ll_ptr", "dy_ptr", "dsend_ptr", "dst_ptr", "ds0_ptr"),
           **sizes}, {**dst, "HAS_DSEND": False}, dst_warps),
         ("matrix scan backward", f"{where}:_matrix_backward_kernel",
-         {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "st_ptr", "dst_ptr", "dy_ptr",
-                     "dk_ptr", "dv_ptr", "dq_ptr", "step_ptr"), **sizes}, bwd, bwd_warps),
+         {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "sc_ptr", "st_ptr", "dst_ptr",
+                     "dy_ptr", "dk_ptr", "dv_ptr", "dq_ptr", "step_ptr"), **sizes},
+         bwd, bwd_warps),
     ]
 
 

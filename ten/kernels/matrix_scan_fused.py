@@ -22,6 +22,12 @@ torch form does (``matrix_scan_chunked``), without writing any of it to memory:
 The decays are formed from differences R_j − R_s ≤ 0 (a (BT, BT, BN) tile, never as
 exp(R_j)·exp(−R_s), which overflows), the rest is five small matrix products. Everything
 between chunks stays in the rotated-real form, so no angle grows past one chunk's sum.
+The chunk's scores, score[j, s] (the first sum's Σ_n), do not depend on the value
+columns: a kernel of their own forms them once a chunk (``_matrix_scores_kernel``, one
+program per batch row, head and chunk, 1 KB a chunk) for every block of columns to read;
+formed by each block, the decays were most of the forward's instructions, P / BP times
+over (benchmarks/kernel_check.py, 32 columns: 2,675 instructions a pass and a warp, 1,493
+with the scores read, BENCHMARKS.md).
 
 Backward. With dS = dL/dS for the state leaving a chunk, rotated into the chunk's frame
 as dŜ = e^{-iφ_end} dS, and M[j, s] = dy_j · v_s over every value column:
@@ -38,9 +44,9 @@ both per batch row, head and block of value columns, into scratch buffers of B·
 states of 2N × P numbers, one layer at a time), then every chunk at once
 (``_matrix_backward_kernel``, one program per batch row, head and chunk): in one pass over
 the value columns, reading each column's v, dy and two states once, it writes dv and sums
-M and the state terms, then forms dq and dk whole; the (BT, BT, BN) decays are formed
-twice a chunk (for dv's scores before the pass, for dq and dk after it), not once per
-block of columns, and not held through the pass (held, they spilled). d log λ comes from
+M and the state terms, then forms dq and dk whole; dv's scores are the forward's (kept
+for the backward), and the (BT, BT, BN) decays are formed once a chunk after the pass,
+for dq and dk, not once per block of columns. d log λ comes from
 them, as in gated linear attention: the pair (j, s) depends on A_j − A_s, so for the step
 u it is the pairs with s < u ≤ j, which is
 
@@ -161,13 +167,35 @@ def _chunk_state_offset(b, h, c, H, N, P, n_chunks):
 
 
 @triton.jit
-def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr, st_ptr,
-                           T, K, H, N, P, ll_sb, ll_st, n_chunks,
+def _chunk_scores_offsets(b, h, c, H, n_chunks, BT: tl.constexpr):
+    """Offsets of chunk ``c``'s (BT, BT) scores in a (B, H, n_chunks, BT, BT) buffer."""
+    j = tl.arange(0, BT)
+    start = ((b.to(tl.int64) * H + h) * n_chunks + c) * BT * BT
+    return start + j[:, None] * BT + j[None, :]
+
+
+@triton.jit
+def _matrix_scores_kernel(k_ptr, q_ptr, ll_ptr, sc_ptr, T, K, H, N, ll_sb, ll_st, n_chunks,
+                          BT: tl.constexpr, BN: tl.constexpr):
+    """One (batch row, head, chunk)'s scores, score[j, s] = Σ_n e^{R_jn − R_sn}
+    Re(conj(q̂_jn) k̂_sn) (zero for s > j): the chunk's (BT, BT, BN) decays formed once,
+    for every block of value columns the forward then reads them in."""
+    b, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    R, khr, khi, qhr, qhi, _, _, _, _, _, _, _ = _chunk(
+        k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
+    tl.store(sc_ptr + _chunk_scores_offsets(b, h, c, H, n_chunks, BT),
+             _scores(_decay(R, BT), qhr, qhi, khr, khi))
+
+
+@triton.jit
+def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, sc_ptr, y_ptr, send_ptr,
+                           st_ptr, T, K, H, N, P, ll_sb, ll_st, n_chunks,
                            BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr,
                            HAS_S0: tl.constexpr, WRITE_Y: tl.constexpr,
                            WRITE_STATES: tl.constexpr):
-    """y for one (batch row, head, value block) and the state it ends with; with
-    WRITE_STATES the state entering every chunk too ((B, H, n_chunks, 2, N, P))."""
+    """y for one (batch row, head, value block), from the chunks' scores
+    (``_matrix_scores_kernel``'s), and the state it ends with; with WRITE_STATES (and no
+    scores read) the state entering every chunk too ((B, H, n_chunks, 2, N, P))."""
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
     pmask = p < P
@@ -186,7 +214,7 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, y_ptr, send_ptr,
             tl.store(st_ptr + c_off, Sr, mask=s_mask)
             tl.store(st_ptr + c_off + N * P, Si, mask=s_mask)
         if WRITE_Y:
-            scores = _scores(_decay(R, BT), qhr, qhi, khr, khi)
+            scores = tl.load(sc_ptr + _chunk_scores_offsets(b, h, c, H, n_chunks, BT))
             eR = tl.exp(R)
             y = tl.dot(scores, v, input_precision="ieee")
             y += tl.dot(qhr * eR, Sr, input_precision="ieee")
@@ -243,7 +271,7 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
 
 
 @triton.jit
-def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr,
+def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr, dy_ptr,
                             dk_ptr, dv_ptr, dq_ptr, step_ptr,
                             T, K, H, N, P, ll_sb, ll_st, n_chunks,
                             BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr):
@@ -265,8 +293,9 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, st_ptr, dst_ptr, dy_ptr
     write_r = tl.zeros((BT, BN), f32)  # dŜ v_s
     write_i = tl.zeros((BT, BN), f32)
     # dv's chunk terms, so that dv is written in the same pass over the columns that sums
-    # M and the state terms (its dy and dŜ read once); the decays formed again below
-    scores_t = tl.trans(_scores(_decay(R, BT), qhr, qhi, khr, khi))
+    # M and the state terms (its dy and dŜ read once): the forward's scores, and the decays
+    # formed below, once
+    scores_t = tl.trans(tl.load(sc_ptr + _chunk_scores_offsets(b, h, c, H, n_chunks, BT)))
     to_end = tl.exp(R_end[None, :] - R)
     wr, wi = khr * to_end, khi * to_end
     p0 = 0
@@ -324,7 +353,11 @@ INTERPRETED = type(_matrix_forward_kernel).__name__ == "InterpretedFunction"
 BLOCK_T = 16
 # (value columns a program takes at a time, warps) per kernel, from benchmarks/
 # kernel_check.py at the flagship's head (N 32, P 256): no spills, and as many programs
-# an SM as the registers allow.
+# an SM as the registers allow. The forward, states and dstates passes walk the chunks in
+# order, B·H·P/BP programs: at the job's micro-batch (4 x 32,768, 4 heads) 128 at 32
+# columns, one an SM, so a pass's instructions a warp set their time; 64 columns issue
+# fewer in all but more a pass, on half the SMs (BENCHMARKS.md).
+SCORES_WARPS = 4  # the chunks' scores: one program a chunk, its (16, 16, N) decays
 FORWARD_BLOCK = (32, 4)  # the forward and the states pass: a block of the state held
 DSTATES_BLOCK = (32, 4)  # dS held the same way
 BACKWARD_BLOCK = (16, 8)  # one chunk, every column in one pass: at 32 columns it spilled
@@ -354,16 +387,19 @@ def _ll_strides(log_lam: Tensor) -> tuple[int, int]:
 
 
 def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None, heads: int,
-             *, write_y: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(y, the last state (B, H, 2, N, P), the states entering the chunks or None)."""
+             scores: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(y, the last state (B, H, 2, N, P), None) from the chunks' scores; without them
+    (the backward's states pass) (an empty y, the last state, the states entering the
+    chunks)."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
     BP, warps = _block_p(P, FORWARD_BLOCK[0]), FORWARD_BLOCK[1]
+    write_y = scores is not None
     y = torch.empty_like(v) if write_y else v.new_empty(0)
     s_end = k.new_empty(B, heads, 2, N, P)
     states = None if write_y else k.new_empty(B, heads, n_chunks, 2, N, P)
     grid = (B, heads, math.ceil(P / BP))
     _matrix_forward_kernel[grid](
-        k, v, q, log_lam, s0 if s0 is not None else v, y, s_end,
+        k, v, q, log_lam, s0 if s0 is not None else v, scores if write_y else v, y, s_end,
         states if states is not None else v, T, K, heads, N, P, *_ll_strides(log_lam),
         n_chunks, BT=BLOCK_T, BN=_block_n(N), BP=BP, HAS_S0=s0 is not None, WRITE_Y=write_y,
         WRITE_STATES=not write_y, num_warps=warps)
@@ -374,13 +410,28 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
 # torch.compile, traceable under FakeTensorMode by their fakes. The backward is three, so
 # that a trace (ten.train.memory, bench_traffic) sees its two buffers of chunk states.
 
+def _scores_impl(k: Tensor, q: Tensor, log_lam: Tensor, heads: int) -> Tensor:
+    """Every chunk's (16, 16) scores, (B, H, T/16, 16, 16), for the forward to read."""
+    B, T, K, N, _, n_chunks = _launch_shape(k, q, heads)
+    scores = _scores_fake(k, q, log_lam, heads)
+    _matrix_scores_kernel[(B, heads, n_chunks)](
+        k, q, log_lam, scores, T, K, heads, N, *_ll_strides(log_lam), n_chunks,
+        BT=BLOCK_T, BN=_block_n(N), num_warps=SCORES_WARPS)
+    return scores
+
+
+def _scores_fake(k, q, log_lam, heads):
+    B, T, _, _, _, n_chunks = _launch_shape(k, q, heads)
+    return k.new_empty(B, heads, n_chunks, BLOCK_T, BLOCK_T)
+
+
 def _forward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
-                  heads: int) -> tuple[Tensor, Tensor]:
-    y, s_end, _ = _forward(k, v, q, log_lam, s0, heads)
+                  scores: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    y, s_end, _ = _forward(k, v, q, log_lam, s0, heads, scores)
     return y, s_end
 
 
-def _forward_fake(k, v, q, log_lam, s0, heads):
+def _forward_fake(k, v, q, log_lam, s0, scores, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
     return torch.empty_like(v), k.new_empty(B, heads, 2, N, P)
 
@@ -388,7 +439,7 @@ def _forward_fake(k, v, q, log_lam, s0, heads):
 def _states_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
                  heads: int) -> Tensor:
     """The states entering the chunks, (B, H, T/16, 2, N, P), recomputed for the backward."""
-    return _forward(k, v, q, log_lam, s0, heads, write_y=False)[2]
+    return _forward(k, v, q, log_lam, s0, heads, None)[2]
 
 
 def _states_fake(k, v, q, log_lam, s0, heads):
@@ -414,39 +465,39 @@ def _dstates_fake(k, q, log_lam, dy, ds_end, heads):
     return k.new_empty(B, heads, n_chunks, 2, N, P), k.new_empty(B, heads, 2, N, P)
 
 
-def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, states: Tensor,
-                   dstates: Tensor, dy: Tensor, heads: int
+def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, scores: Tensor,
+                   states: Tensor, dstates: Tensor, dy: Tensor, heads: int
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dk, dq, dv, each step's share of d log λ (B, T, 2K))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    dk, dq, dv, step = _backward_fake(k, v, q, log_lam, states, dstates, dy, heads)
+    dk, dq, dv, step = _backward_fake(k, v, q, log_lam, scores, states, dstates, dy, heads)
     _matrix_backward_kernel[(B, heads, n_chunks)](
-        k, v, q, log_lam, states, dstates, dy, dk, dv, dq, step,
+        k, v, q, log_lam, scores, states, dstates, dy, dk, dv, dq, step,
         T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
         BT=BLOCK_T, BN=_block_n(N), BP=_block_p(P, BACKWARD_BLOCK[0]),
         num_warps=BACKWARD_BLOCK[1])
     return dk, dq, dv, step
 
 
-def _backward_fake(k, v, q, log_lam, states, dstates, dy, heads):
+def _backward_fake(k, v, q, log_lam, scores, states, dstates, dy, heads):
     return torch.empty_like(k), torch.empty_like(q), torch.empty_like(v), torch.empty_like(k)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    k, v, q, log_lam, s0, heads = inputs
-    ctx.save_for_backward(k, v, q, log_lam, s0, output[1])
+    k, v, q, log_lam, s0, scores, heads = inputs
+    ctx.save_for_backward(k, v, q, log_lam, s0, scores, output[1])
     ctx.heads = heads
 
 
 def _backward(ctx, dy: Tensor | None, ds_end: Tensor | None):
-    k, v, q, log_lam, s0, s_end = ctx.saved_tensors
+    k, v, q, log_lam, s0, scores, s_end = ctx.saved_tensors
     dy = torch.zeros_like(v) if dy is None else dy.contiguous()
     ds_end = None if ds_end is None else ds_end.contiguous()
     states = _states_op(k, v, q, log_lam, s0, ctx.heads)
     dstates, ds0 = _dstates_op(k, q, log_lam, dy, ds_end, ctx.heads)
-    dk, dq, dv, step = _backward_op(k, v, q, log_lam, states, dstates, dy, ctx.heads)
+    dk, dq, dv, step = _backward_op(k, v, q, log_lam, scores, states, dstates, dy, ctx.heads)
     return (dk, dv, dq, _log_lam_grad(step, log_lam, s_end, ds_end),
-            ds0 if s0 is not None else None, None)
+            ds0 if s0 is not None else None, None, None)
 
 
 def _log_lam_grad(step: Tensor, log_lam: Tensor, s_end: Tensor, ds_end: Tensor | None
@@ -469,12 +520,15 @@ _dstates_op = define(
     "matrix_scan_fused_dstates(Tensor k, Tensor q, Tensor log_lam, Tensor dy, Tensor? ds_end, "
     "int heads) -> (Tensor, Tensor)", _dstates_impl, _dstates_fake)
 _backward_op = define(
-    "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor states, "
-    "Tensor dstates, Tensor dy, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
+    "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor scores, "
+    "Tensor states, Tensor dstates, Tensor dy, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
     _backward_impl, _backward_fake)
+_scores_op = define(
+    "matrix_scan_fused_scores(Tensor k, Tensor q, Tensor log_lam, int heads) -> Tensor",
+    _scores_impl, _scores_fake)
 _forward_op = define(
     "matrix_scan_fused_forward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor? s0, "
-    "int heads) -> (Tensor, Tensor)", _forward_impl, _forward_fake,
+    "Tensor scores, int heads) -> (Tensor, Tensor)", _forward_impl, _forward_fake,
     backward=_backward, setup_context=_setup_context)
 
 
@@ -485,6 +539,9 @@ def matrix_scan_fused(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, state: T
     queries in that dtype or a narrower one (bf16, fp16) on one device; y in the values'
     dtype."""
     s0 = None if state is None else torch.stack([state.real, state.imag], dim=2).contiguous()
-    y, s_end = _forward_op(k.contiguous(), v.contiguous(), q.contiguous(), log_lam.contiguous(),
-                           s0, heads)
+    k, v, q, log_lam = k.contiguous(), v.contiguous(), q.contiguous(), log_lam.contiguous()
+    # the scores are a function of k, q and log λ whose gradient the forward's backward
+    # gives whole (through them): they enter it as a constant, kept for the backward's dv
+    scores = _scores_op(k.detach(), q.detach(), log_lam.detach(), heads)
+    y, s_end = _forward_op(k, v, q, log_lam, s0, scores, heads)
     return y, torch.complex(s_end[:, :, 0], s_end[:, :, 1])
