@@ -13,11 +13,14 @@ times numpy, not the kernel): on a machine without CUDA the table says so and sk
     python benchmarks/bench_scan.py --device cuda --sweep            # fused launch plans
     python benchmarks/bench_scan.py --device cuda --state matrix --selective --batch 4 \\
         --eigenstates 128 --heads 4 --value-dim 256 --lengths 4096 32768  # small_32k's heads
+    python benchmarks/bench_scan.py --device cuda --state matrix --selective --batch 4 \\
+        --eigenstates 128 --heads 4 --value-dim 256 --lengths 32768 --sweep  # its blocks
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import statistics
@@ -127,7 +130,8 @@ def main() -> None:
     p.add_argument("--ref-max-T", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--sweep", action="store_true",
-                   help="time fused launch plans (block_t x block_k x groups) instead")
+                   help="time fused launch plans instead (block_t x block_k x groups; "
+                        "--state matrix: value columns x warps)")
     args = p.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -148,7 +152,7 @@ def main() -> None:
         except ScanBackendError as err:
             print(f"{name}: skipped ({err})")
     if args.sweep:
-        return sweep(args, device)
+        return matrix_sweep(args, device) if matrix else sweep(args, device)
     if matrix and "fused" in usable:  # the fused matrix scan needs triton as the vector's
         try:
             import ten.kernels.matrix_scan_fused  # noqa: F401
@@ -215,6 +219,66 @@ def sweep(args: argparse.Namespace, device: torch.device) -> None:
 
             sec = time_backend(fn, inputs, "fp32", device, args.repeat)["sec"]
             print(f"{T:>6} {bt:>7} {bk:>7} {groups:>6} {1e3 * sec:>9.3f} {base / sec:>9.2f}x")
+
+
+# (value columns, warps) a program of the fused matrix scan's chunk-walking kernels (the
+# forward, states and dstates passes) may take. At the job's micro-batch they run fewer
+# programs than an H100 has SMs, so which is fastest is for a GPU to say (BENCHMARKS.md).
+MATRIX_PLANS = ((32, 4), (32, 8), (16, 4), (16, 8), (64, 4))
+
+
+@contextlib.contextmanager
+def matrix_blocks(plan: tuple[int, int]):
+    """ten.kernels.matrix_scan_fused's FORWARD_BLOCK and DSTATES_BLOCK set to ``plan`` for
+    the time of the block (the kernels read them at each launch), then put back."""
+    import ten.kernels.matrix_scan_fused as fused
+
+    kept = fused.FORWARD_BLOCK, fused.DSTATES_BLOCK
+    fused.FORWARD_BLOCK = fused.DSTATES_BLOCK = plan
+    try:
+        yield
+    finally:
+        fused.FORWARD_BLOCK, fused.DSTATES_BLOCK = kept
+
+
+def time_matrix_plans(inputs: list[torch.Tensor], heads: int, dtype: str,
+                      device: torch.device, repeat: int) -> dict[str, dict]:
+    """The fused matrix scan's forward + backward with its blocks as they are ("default"),
+    then under each other plan of MATRIX_PLANS (keyed "columns x warps"): ms, and the
+    default's time over this plan's (above 1: faster than the default)."""
+    import ten.kernels.matrix_scan_fused as fused
+
+    def fn(*x):
+        return matrix_scan(*x, heads=heads, backend="fused")
+
+    defaults = {fused.FORWARD_BLOCK, fused.DSTATES_BLOCK}
+    runs = {"default": contextlib.nullcontext()}
+    runs.update({f"{c}x{w}": matrix_blocks((c, w)) for c, w in MATRIX_PLANS
+                 if {(c, w)} != defaults})
+    ms = {}
+    for name, blocks in runs.items():
+        with blocks:
+            ms[name] = 1e3 * time_backend(fn, inputs, dtype, device, repeat)["sec"]
+    return {name: {"ms": t, "vs_default": ms["default"] / t} for name, t in ms.items()}
+
+
+def matrix_sweep(args: argparse.Namespace, device: torch.device) -> None:
+    """The fused matrix scan's launch plans, to pick FORWARD_BLOCK and DSTATES_BLOCK in
+    ten.kernels.matrix_scan_fused by measurement."""
+    if device.type != "cuda":
+        print("--sweep times the compiled fused kernels: it needs --device cuda")
+        return
+    import ten.kernels.matrix_scan_fused as fused
+
+    print(f"default: forward and states {fused.FORWARD_BLOCK}, dstates "
+          f"{fused.DSTATES_BLOCK} (value columns, warps)")
+    print(f"{'T':>6} {'columns x warps':>15} {'ms':>9} {'vs default':>10}")
+    for T in args.lengths:
+        inputs = make_matrix_inputs(args.batch, T, args.eigenstates, args.heads,
+                                    args.value_dim, args.selective, device)
+        plans = time_matrix_plans(inputs, args.heads, args.dtype, device, args.repeat)
+        for name, r in plans.items():
+            print(f"{T:>6} {name:>15} {r['ms']:>9.3f} {r['vs_default']:>9.2f}x")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ class Sizes:
     ref_T: int = 2048  # the Python-loop oracle is timed (and checked against) here only
     selective_chunk: int = 32
     loss_rows: int | None = None  # loss: rows timed (None: a micro-batch's tokens)
+    blocks_batch: int | None = None  # matrix: its kernels' plans at (None: the micro-batch)
     warmup: int = 2
     steps: int = 5
     repeats: int = 3  # TEN vs transformer: timed windows of ``steps``, the median reported
@@ -117,7 +118,7 @@ class Sizes:
 
 FULL = Sizes()
 SMOKE = Sizes(batches=(1, 2), lengths=(32, 64), tokens_per_step=128, chunks=(16, 32),
-              ref_T=32, selective_chunk=16, loss_rows=16, warmup=1, steps=1,
+              ref_T=32, selective_chunk=16, loss_rows=16, blocks_batch=1, warmup=1, steps=1,
               baseline_compile=False,  # minutes of CPU compiling; the compile section has it
               e2e={"corpus_bytes": 2_000_000, "vocab": 512, "steps": 12, "every": 4,
                    "stop_at": 5, "kill_at": 9, "sample_s": 1.0, "eval_tokens": 256,
@@ -531,13 +532,16 @@ class Suite:
         ``model.state: matrix`` against the vector state's (the presets take the matrix
         state only at no more than ~25% fewer tokens/s), then its scan alone at the
         flagship's heads, chunked and fused, forward + backward at ref_T and the
-        flagship's T, and fused's largest error against ref at ref_T."""
+        flagship's T, fused's largest error against ref at ref_T, and last the fused
+        kernels' launch plans (bench_scan.MATRIX_PLANS) at the job's micro-batch and T,
+        to choose their blocks by. Each stage is kept as it ends."""
         vector = measure_step(self.flagship_config(), self.train, self.device, self.sizes)
         matrix = measure_step(self.flagship_config(state="matrix"), self.train, self.device,
                               self.sizes)
         out: dict[str, Any] = {"vector": vector, "matrix": matrix}
         if "tokens_per_s" in vector and "tokens_per_s" in matrix:
             out["matrix_over_vector"] = matrix["tokens_per_s"] / vector["tokens_per_s"]
+        self.keep(out)
         T, ref_T = self.flagship_config().seq_len, self.sizes.ref_T
         out["scan"] = {b: {str(t): self._time_matrix_scan(b, t) for t in (ref_T, T)}
                        for b in ("chunked", "fused")}
@@ -545,7 +549,30 @@ class Suite:
         if "ms" in chunked and "ms" in fused:
             out["fused_speedup_at_T"] = chunked["ms"] / fused["ms"]
         out["fused_max_error"] = self._matrix_fused_error()
+        self.keep(out)
+        out["blocks"] = self._matrix_blocks(T)
         return out
+
+    def _matrix_blocks(self, T: int) -> dict[str, Any]:
+        """bench_scan.time_matrix_plans at the job's micro-batch (Sizes.blocks_batch) of
+        the flagship's matrix state (selective), bf16: each plan's ms and the default's
+        time over it."""
+        from bench_scan import make_matrix_inputs, time_matrix_plans
+
+        cfg = self.flagship_config(state="matrix")
+        batch = self.sizes.blocks_batch or self.train.batch_size
+        inputs = make_matrix_inputs(batch, T, cfg.n_eigenstates, cfg.n_heads,
+                                    cfg.head_value_dim, True, self.device)
+        try:
+            return {"batch": batch, "T": T,
+                    "plans": time_matrix_plans(inputs, cfg.n_heads, "bf16", self.device,
+                                               self.sizes.steps)}
+        except RuntimeError as e:
+            if not _oom(e):
+                raise
+            return {"batch": batch, "T": T, "oom": True}
+        finally:
+            _free()
 
     def _matrix_fused_error(self) -> dict[str, float]:
         """The matrix scan's ``_error_against_ref`` at ref_T, fp32."""
@@ -1281,7 +1308,7 @@ ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6] + 
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
              "recompute": 240, "profile": 120, "bandwidth": 120, "optimizer": 90,
-             "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 420, "fp8": 540}
+             "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 480, "fp8": 540}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
 
@@ -1506,6 +1533,11 @@ def markdown(r: dict[str, Any]) -> str:
                   f"its scan fused {f(mat.get('fused_speedup_at_T'))}× chunked's at the "
                   f"flagship's T; fused's largest error "
                   f"{f(max(mat['fused_max_error'].values()))}."]
+        plans = mat.get("blocks", {}).get("plans")
+        if plans:
+            best = max(plans, key=lambda name: plans[name]["vs_default"])
+            lines[-1] += (f" Its kernels' fastest blocks (value columns x warps): {best}, "
+                          f"{f(plans[best]['vs_default'])}× the default's speed.")
     fp8 = r.get("fp8") or {}
     if "loss_fp8" in fp8:
         lines += ["", f"Float8 feed-forward GEMMs (issue 48): the job's step "

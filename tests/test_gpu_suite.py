@@ -101,6 +101,9 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert mat["matrix_over_vector"] > 0 and mat["matrix"]["tokens_per_s"] > 0
     assert mat["fused_speedup_at_T"] > 0  # interpreted on CPU: slow, but it ran
     assert max(mat["fused_max_error"].values()) < 1e-4  # fused agrees with ref
+    plans = mat["blocks"]["plans"]  # the fused kernels' blocks, each plan timed
+    assert plans["default"]["vs_default"] == 1 and len(plans) >= 4
+    assert all(p["ms"] > 0 and p["vs_default"] > 0 for p in plans.values())
     fp8 = r["fp8"]  # issue 48: each linear layer in bf16 and float8, the step, the loss
     assert set(fp8["layers"]) == {"mlp up", "mlp down", "gate", "drive", "out"}
     assert all(row["fp8 tensor"]["ms"] > 0 and max(row["fp8 row"]["errors"]) < 0.15

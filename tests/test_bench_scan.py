@@ -1,0 +1,62 @@
+"""benchmarks/bench_scan.py's sweep of the fused matrix scan's blocks (value columns x
+warps a program; the GPU suite's matrix section runs it to choose them): whichever plan
+a GPU finds fastest must give the reference's outputs and gradients, and the sweep must
+leave the kernels' blocks as it found them."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton_mode import HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
+
+interpret_without_cuda()
+pytestmark = [pytest.mark.cuda_kernels, pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return kernel_module("ten.kernels.matrix_scan_fused")
+
+
+def _outputs_and_grads(inputs, heads, backend):
+    from ten.kernels.matrix_scan import matrix_scan
+
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    y, last = matrix_scan(*leaves, heads=heads, backend=backend)
+    g = torch.Generator().manual_seed(SEED + 1)
+    w = torch.randn(y.shape, generator=g, dtype=y.dtype).to(y.device)
+    loss = (y * w).sum() + torch.view_as_real(last).sum()
+    return [y, last, *torch.autograd.grad(loss, leaves)]
+
+
+def _plans():
+    import bench_scan
+
+    return bench_scan.MATRIX_PLANS
+
+
+@pytest.mark.parametrize("plan", _plans(), ids=lambda p: f"{p[0]}x{p[1]}")
+def test_every_swept_plan_gives_the_references_outputs_and_gradients(fused, plan):
+    from bench_scan import make_matrix_inputs, matrix_blocks
+
+    print(f"seed {SEED}")
+    torch.manual_seed(SEED)
+    device = torch.device("cpu" if fused.INTERPRETED else "cuda")
+    # 70 values a head: several blocks of 16 and 32 columns, one masked block of 64
+    inputs = [t.double() if not t.is_complex() else t.to(torch.complex128)
+              for t in make_matrix_inputs(1, 21, 8, 2, 70, True, device)]
+    want = _outputs_and_grads(inputs, 2, "ref")
+    kept = fused.FORWARD_BLOCK, fused.DSTATES_BLOCK
+    with matrix_blocks(plan):
+        assert (fused.FORWARD_BLOCK, fused.DSTATES_BLOCK) == (plan, plan)
+        got = _outputs_and_grads(inputs, 2, "fused")
+    assert (fused.FORWARD_BLOCK, fused.DSTATES_BLOCK) == kept  # put back
+    names = ["y", "last state", "dk", "dv", "dq", "d log λ", "d state"]
+    for name, a, b in zip(names, want, got, strict=True):
+        err = ((a - b).abs().max() / a.abs().max().clamp(min=1.0)).item()
+        assert err < 1e-10, f"{name} under {plan}: {err:.2e}"
