@@ -40,11 +40,19 @@ as dŜ = e^{-iφ_end} dS, and M[j, s] = dy_j · v_s over every value column:
 Only the first is a recurrence. So, as gated linear attention's kernels do, three passes:
 the states entering the chunks recomputed (the forward kernel writing them instead of y),
 dS leaving every chunk by the recurrence walked backwards (``_matrix_dstates_kernel``;
-both per batch row, head and block of value columns, into scratch buffers of B·H·T/16
-states of 2N × P numbers, one layer at a time), then every chunk at once
-(``_matrix_backward_kernel``, one program per batch row, head and chunk): in one pass over
-the value columns, reading each column's v, dy and two states once, it writes dv and sums
-M and the state terms, then forms dq and dk whole; dv's scores are the forward's (kept
+both per batch row, head and block of value columns, one layer at a time), then every
+chunk at once (``_matrix_backward_kernel``, one program per batch row, head and chunk).
+The two passes keep one state of each pair of chunks (2m, 2m + 1) in their scratch
+buffers, B·H·T/32 states of 2N × P numbers each: S entering 2m and dS leaving 2m + 1;
+the backward takes the pair's other state one step from it, as the pass did (an odd
+chunk's S_in from its neighbour's keys and values, an even chunk's dS_out from its
+neighbour's queries and dy). The states are most of the scan's bytes (at the flagship's
+head a state is 64 KB, a chunk's keys, queries, log λ, v and dy ~26 KB): kept for every
+chunk they cost twice the writes and reads, for two (16, 16) products a block of columns
+and the neighbour's rows fewer (BENCHMARKS.md). In one pass over the value columns,
+reading each column's v, dy, the neighbour's v or dy and the two kept states once, the
+backward writes dv and sums M and the state terms, then forms dq and dk whole; dv's
+scores are the forward's (kept
 for the backward), and the (BT, BT, BN) decays are formed once a chunk after the pass,
 for dq and dk, not once per block of columns. d log λ comes from
 them, as in gated linear attention: the pair (j, s) depends on A_j − A_s, so for the step
@@ -161,9 +169,10 @@ def _block_or_zeros(ptr, off, mask, im, like_ptr, BN: tl.constexpr, BP: tl.const
 
 
 @triton.jit
-def _chunk_state_offset(b, h, c, H, N, P, n_chunks):
-    """Where chunk ``c``'s state starts in a (B, H, n_chunks, 2, N, P) buffer."""
-    return ((b.to(tl.int64) * H + h) * n_chunks + c) * 2 * N * P
+def _pair_state_offset(b, h, c, H, N, P, n_chunks):
+    """Where the state kept for chunk ``c``'s pair (chunks 2m and 2m + 1, m = c // 2)
+    starts in a (B, H, ceil(n_chunks / 2), 2, N, P) buffer."""
+    return ((b.to(tl.int64) * H + h) * ((n_chunks + 1) // 2) + c // 2) * 2 * N * P
 
 
 @triton.jit
@@ -195,7 +204,8 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, sc_ptr, y_ptr, s
                            WRITE_STATES: tl.constexpr):
     """y for one (batch row, head, value block), from the chunks' scores
     (``_matrix_scores_kernel``'s), and the state it ends with; with WRITE_STATES (and no
-    scores read) the state entering every chunk too ((B, H, n_chunks, 2, N, P))."""
+    scores read) the state entering every even chunk too, S_in(2m) at m
+    ((B, H, ceil(n_chunks / 2), 2, N, P))."""
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
     pmask = p < P
@@ -210,9 +220,10 @@ def _matrix_forward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, s0_ptr, sc_ptr, y_ptr, s
         vm = ok[:, None] & pmask[None, :]
         v = tl.load(v_ptr + v_off, mask=vm, other=0.0).to(khr.dtype)
         if WRITE_STATES:
-            c_off = _chunk_state_offset(b, h, c, H, N, P, n_chunks) + inner
-            tl.store(st_ptr + c_off, Sr, mask=s_mask)
-            tl.store(st_ptr + c_off + N * P, Si, mask=s_mask)
+            if c % 2 == 0:
+                c_off = _pair_state_offset(b, h, c, H, N, P, n_chunks) + inner
+                tl.store(st_ptr + c_off, Sr, mask=s_mask)
+                tl.store(st_ptr + c_off + N * P, Si, mask=s_mask)
         if WRITE_Y:
             scores = tl.load(sc_ptr + _chunk_scores_offsets(b, h, c, H, n_chunks, BT))
             eR = tl.exp(R)
@@ -242,20 +253,24 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
                            HAS_DSEND: tl.constexpr):
     """dL/dS for the state leaving every chunk of one (batch row, head, value block),
     walking the chunks backwards: dS <- e^{R_end} dŜ + Σ_j e^{R_j} q̂_j dy_jᵀ (module doc),
-    stored per chunk ((B, H, n_chunks, 2, N, P), in the absolute frame), and the last one
-    as the gradient of the state the scan started from."""
+    stored for every odd chunk, dS_out(2m + 1) at m ((B, H, ceil(n_chunks / 2), 2, N, P),
+    in the absolute frame), and the last one as the gradient of the state the scan
+    started from. With an odd number of chunks the walk starts at chunk n_chunks, past T,
+    whose step changes nothing (exactly: its decay is 1, its queries 0), so that the last
+    pair's entry is dS_end."""
     b, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p = pb * BP + tl.arange(0, BP)
     s_off, s_mask = _state_offsets(b, h, H, N, P, p, BN)
     dSr, dSi = _block_or_zeros(dsend_ptr, s_off, s_mask, N * P, k_ptr, BN, BP, HAS_DSEND)
     inner = s_off - (b.to(tl.int64) * H + h) * 2 * N * P  # n·P + p
-    c = n_chunks - 1
+    c = (n_chunks + 1) // 2 * 2 - 1
     while c >= 0:
         R, _, _, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
             k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
-        c_off = _chunk_state_offset(b, h, c, H, N, P, n_chunks) + inner
-        tl.store(dst_ptr + c_off, dSr, mask=s_mask)
-        tl.store(dst_ptr + c_off + N * P, dSi, mask=s_mask)
+        if c % 2 == 1:
+            c_off = _pair_state_offset(b, h, c, H, N, P, n_chunks) + inner
+            tl.store(dst_ptr + c_off, dSr, mask=s_mask)
+            tl.store(dst_ptr + c_off + N * P, dSi, mask=s_mask)
         dy_off = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P + p[None, :]
         dy = tl.load(dy_ptr + dy_off, mask=ok[:, None] & (p < P)[None, :],
                      other=0.0).to(qhr.dtype)
@@ -271,24 +286,58 @@ def _matrix_dstates_kernel(k_ptr, q_ptr, ll_ptr, dy_ptr, dsend_ptr, dst_ptr, ds0
 
 
 @triton.jit
+def _neighbour(k_ptr, q_ptr, ll_ptr, b, h, c, odd, T, K, H, N, P, ll_sb, ll_st,
+               BT: tl.constexpr, BN: tl.constexpr):
+    """Chunk ``c``'s pair neighbour's step, for ``_matrix_backward_kernel``: X (BT, BN),
+    re and im, the coefficients its step multiplies its v or dy rows by (odd c: the
+    neighbour's keys to its end, e^{R_end − R_s} k̂_s; even c: its queries, e^{R_j} q̂_j),
+    e^{R_end}, cos φ_end and sin φ_end (BN,), its rows of v or dy and which are in T."""
+    nb = c + 1 - 2 * (c % 2)
+    R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, _, _, t, ok = _chunk(
+        k_ptr, q_ptr, ll_ptr, b, h, nb, T, K, N, ll_sb, ll_st, BT, BN)
+    to_end = tl.exp(R_end[None, :] - R)
+    eR = tl.exp(R)
+    xr = tl.where(odd, to_end * khr, qhr * eR)
+    xi = tl.where(odd, to_end * khi, qhi * eR)
+    rows = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P
+    return xr, xi, tl.exp(R_end), cos_e, sin_e, rows, ok
+
+
+@triton.jit
 def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr, dy_ptr,
                             dk_ptr, dv_ptr, dq_ptr, step_ptr,
                             T, K, H, N, P, ll_sb, ll_st, n_chunks,
                             BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr):
-    """One (batch row, head, chunk), every value column: dk, dq and dv from the states
-    entering and the gradients leaving the chunk (the module doc's formulas), and each
+    """One (batch row, head, chunk), every value column: dk, dq and dv from the state
+    entering and the gradient leaving the chunk (the module doc's formulas), and each
     step's share of d log λ, [Re | -Im](conj(q) dq) - [Re | -Im](conj(k) dk), which torch
-    sums backwards over time. The (BT, BT, BN) decays are formed once, for all columns."""
+    sums backwards over time. The (BT, BT, BN) decays are formed once, for all columns.
+
+    The scratch keeps one state of each pair of chunks (2m, 2m + 1), S_in(2m) and
+    dS_out(2m + 1); the chunk's other one is a step of its neighbour (n) from the kept one:
+
+        odd c:  S_in = e^{A_end,n} S + e^{iφ_end,n} W,   W = Xᵀ v_n   (the states pass's)
+        even c: dS_out = e^{R_end,n} e^{-iφ_end,n} dS + U,   U = Xᵀ dy_n   (dstates')
+
+    (X: ``_neighbour``'s; past T the neighbour's step changes nothing). The chunk reads
+    its states only through products linear in them, so the step is taken on those
+    rather than on the (N, P) states, whose layout would change twice a block of columns
+    (benchmarks/kernel_check.py): with M_n = dy v_nᵀ (odd) or v dy_nᵀ (even), summed over
+    the columns as M is, S dy_jᵀ (``read``) becomes e^{iφ_end,n} (e^{R_end,n} read +
+    M_n X) and dŜ v_sᵀ (``write``) gains e^{-iφ_end} M_n X; dv's state term gains Z dy_n,
+    Z = Re(w e^{iφ_end} Xᴴ), w the chunk's keys to its end, and takes the kept dS turned
+    by the even chunk's factor."""
     b, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    odd = c % 2 == 1
     R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
         k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
     n = tl.arange(0, BN)
-    cr, ci = cos_e[:, None], sin_e[:, None]
-    chunk = _chunk_state_offset(b, h, c, H, N, P, n_chunks)
+    pair = _pair_state_offset(b, h, c, H, N, P, n_chunks)
     rows = (b.to(tl.int64) * T + t)[:, None] * (H * P) + h * P
     f32 = k_ptr.dtype.element_ty  # the arithmetic's (float32, or float64)
     M = tl.zeros((BT, BT), f32)  # dy_j · v_s over every column
-    read_r = tl.zeros((BT, BN), f32)  # S dy_j, per eigenstate
+    M_n = tl.zeros((BT, BT), f32)  # the neighbour's: dy_j · v_n,s (odd) or v_s · dy_n,j
+    read_r = tl.zeros((BT, BN), f32)  # S dy_j, per eigenstate, of the kept state
     read_i = tl.zeros((BT, BN), f32)
     write_r = tl.zeros((BT, BN), f32)  # dŜ v_s
     write_i = tl.zeros((BT, BN), f32)
@@ -298,20 +347,36 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
     scores_t = tl.trans(tl.load(sc_ptr + _chunk_scores_offsets(b, h, c, H, n_chunks, BT)))
     to_end = tl.exp(R_end[None, :] - R)
     wr, wi = khr * to_end, khi * to_end
+    xr, xi, a_n, cos_n, sin_n, rows_n, ok_n = _neighbour(
+        k_ptr, q_ptr, ll_ptr, b, h, c, odd, T, K, H, N, P, ll_sb, ll_st, BT, BN)
+    # dŜ = g dS of the kept dS: g = e^{-iφ_end}, times e^{R_end,n} e^{-iφ_end,n} (even)
+    gr, gi = _unturn(tl.where(odd, 1.0, a_n * cos_n), tl.where(odd, 0.0, -a_n * sin_n),
+                     cos_e, sin_e)
+    gr, gi = gr[:, None], gi[:, None]
+    w_tr, w_ti = _turn(wr, wi, cos_e[None, :], sin_e[None, :])  # w e^{iφ_end}
+    Z = tl.dot(w_tr, tl.trans(xr), input_precision="ieee")
+    Z += tl.dot(w_ti, tl.trans(xi), input_precision="ieee")
+    Z = tl.where(odd, 0.0, Z)  # (BT, BT): U's share of dv
     p0 = 0
     while p0 < P:
         p = p0 + tl.arange(0, BP)
         vm = ok[:, None] & (p < P)[None, :]
         v = tl.load(v_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
         dy = tl.load(dy_ptr + rows + p[None, :], mask=vm, other=0.0).to(f32)
-        s_off = chunk + n[:, None] * P + p[None, :]
+        # the neighbour's v (odd) or dy (even) rows of these columns: one of the two reads
+        vm_n = ok_n[:, None] & (p < P)[None, :]
+        y_n = tl.load(v_ptr + rows_n + p[None, :], mask=vm_n & odd, other=0.0).to(f32) \
+            + tl.load(dy_ptr + rows_n + p[None, :], mask=vm_n & (c % 2 == 0),
+                      other=0.0).to(f32)
+        s_off = pair + n[:, None] * P + p[None, :]
         s_mask = (n < N)[:, None] & (p < P)[None, :]
         Sr = tl.load(st_ptr + s_off, mask=s_mask, other=0.0)
         Si = tl.load(st_ptr + s_off + N * P, mask=s_mask, other=0.0)
         dSr = tl.load(dst_ptr + s_off, mask=s_mask, other=0.0)
         dSi = tl.load(dst_ptr + s_off + N * P, mask=s_mask, other=0.0)
-        dShr, dShi = _unturn(dSr, dSi, cr, ci)  # e^{-iφ_end} dS
+        dShr, dShi = gr * dSr - gi * dSi, gi * dSr + gr * dSi
         M += tl.dot(dy, tl.trans(v), input_precision="ieee")
+        M_n += tl.dot(tl.where(odd, dy, v), tl.trans(y_n), input_precision="ieee")
         read_r += tl.dot(dy, tl.trans(Sr), input_precision="ieee")
         read_i += tl.dot(dy, tl.trans(Si), input_precision="ieee")
         write_r += tl.dot(v, tl.trans(dShr), input_precision="ieee")
@@ -319,9 +384,21 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
         dv = tl.dot(scores_t, dy, input_precision="ieee")
         dv += tl.dot(wr, dShr, input_precision="ieee")
         dv += tl.dot(wi, dShi, input_precision="ieee")
+        dv += tl.dot(Z, y_n, input_precision="ieee")
         tl.store(dv_ptr + rows + p[None, :], dv.to(dv_ptr.dtype.element_ty), mask=vm)
         p0 += BP
-    # the chunk read again rather than held through the loop: held, it spilled (kernel_check)
+    mxr = tl.dot(M_n, xr, input_precision="ieee")
+    mxi = tl.dot(M_n, xi, input_precision="ieee")
+    # odd: the read of S_in = e^{iφ_end,n} (e^{R_end,n} read + M_n X); even: the write of
+    # U's share, e^{-iφ_end} M_n X
+    in_r, in_i = _turn(a_n[None, :] * read_r + mxr, a_n[None, :] * read_i + mxi,
+                       cos_n[None, :], sin_n[None, :])
+    read_r, read_i = tl.where(odd, in_r, read_r), tl.where(odd, in_i, read_i)
+    u_r, u_i = _unturn(mxr, mxi, cos_e[None, :], sin_e[None, :])
+    write_r, write_i = tl.where(odd, write_r, write_r + u_r), tl.where(odd, write_i,
+                                                                        write_i + u_i)
+    # the chunk read again rather than held through the loop: held, it spilled
+    # (kernel_check; the neighbour's X, held, did not)
     R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
         k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
     D = _decay(R, BT)
@@ -379,6 +456,11 @@ def _launch_shape(k: Tensor, v: Tensor, heads: int) -> tuple[int, int, int, int,
     return B, T, K, K // heads, v.shape[-1] // heads, math.ceil(T / BLOCK_T)
 
 
+def _pairs(n_chunks: int) -> int:
+    """The scratch buffers' states: one for each pair of chunks (the backward kernel's doc)."""
+    return (n_chunks + 1) // 2
+
+
 def _ll_strides(log_lam: Tensor) -> tuple[int, int]:
     """(batch, time) strides of log λ: 0 for a fixed one (2K,), read the same everywhere."""
     if log_lam.dim() == 1:
@@ -396,7 +478,7 @@ def _forward(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None
     write_y = scores is not None
     y = torch.empty_like(v) if write_y else v.new_empty(0)
     s_end = k.new_empty(B, heads, 2, N, P)
-    states = None if write_y else k.new_empty(B, heads, n_chunks, 2, N, P)
+    states = None if write_y else k.new_empty(B, heads, _pairs(n_chunks), 2, N, P)
     grid = (B, heads, math.ceil(P / BP))
     _matrix_forward_kernel[grid](
         k, v, q, log_lam, s0 if s0 is not None else v, scores if write_y else v, y, s_end,
@@ -438,18 +520,19 @@ def _forward_fake(k, v, q, log_lam, s0, scores, heads):
 
 def _states_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, s0: Tensor | None,
                  heads: int) -> Tensor:
-    """The states entering the chunks, (B, H, T/16, 2, N, P), recomputed for the backward."""
+    """The states entering the even chunks, (B, H, T/32, 2, N, P), recomputed for the
+    backward."""
     return _forward(k, v, q, log_lam, s0, heads, None)[2]
 
 
 def _states_fake(k, v, q, log_lam, s0, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    return k.new_empty(B, heads, n_chunks, 2, N, P)
+    return k.new_empty(B, heads, _pairs(n_chunks), 2, N, P)
 
 
 def _dstates_impl(k: Tensor, q: Tensor, log_lam: Tensor, dy: Tensor, ds_end: Tensor | None,
                   heads: int) -> tuple[Tensor, Tensor]:
-    """(dL/dS leaving every chunk (B, H, T/16, 2, N, P), d s0 (B, H, 2, N, P))."""
+    """(dL/dS leaving the odd chunks (B, H, T/32, 2, N, P), d s0 (B, H, 2, N, P))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, dy, heads)
     BP, warps = _block_p(P, DSTATES_BLOCK[0]), DSTATES_BLOCK[1]
     dstates, ds0 = _dstates_fake(k, q, log_lam, dy, ds_end, heads)
@@ -462,7 +545,7 @@ def _dstates_impl(k: Tensor, q: Tensor, log_lam: Tensor, dy: Tensor, ds_end: Ten
 
 def _dstates_fake(k, q, log_lam, dy, ds_end, heads):
     B, T, K, N, P, n_chunks = _launch_shape(k, dy, heads)
-    return k.new_empty(B, heads, n_chunks, 2, N, P), k.new_empty(B, heads, 2, N, P)
+    return k.new_empty(B, heads, _pairs(n_chunks), 2, N, P), k.new_empty(B, heads, 2, N, P)
 
 
 def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, scores: Tensor,
