@@ -328,7 +328,7 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
     Z = Re(w e^{iφ_end} Xᴴ), w the chunk's keys to its end, and takes the kept dS turned
     by the even chunk's factor."""
     b, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    odd = c % 2 == 1
+    odd, even = c % 2 == 1, c % 2 == 0
     R, khr, khi, qhr, qhi, R_end, cos_e, sin_e, cos_p, sin_p, t, ok = _chunk(
         k_ptr, q_ptr, ll_ptr, b, h, c, T, K, N, ll_sb, ll_st, BT, BN)
     n = tl.arange(0, BN)
@@ -366,7 +366,7 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
         # the neighbour's v (odd) or dy (even) rows of these columns: one of the two reads
         vm_n = ok_n[:, None] & (p < P)[None, :]
         y_n = tl.load(v_ptr + rows_n + p[None, :], mask=vm_n & odd, other=0.0).to(f32) \
-            + tl.load(dy_ptr + rows_n + p[None, :], mask=vm_n & (c % 2 == 0),
+            + tl.load(dy_ptr + rows_n + p[None, :], mask=vm_n & even,
                       other=0.0).to(f32)
         s_off = pair + n[:, None] * P + p[None, :]
         s_mask = (n < N)[:, None] & (p < P)[None, :]
