@@ -245,6 +245,19 @@ def _oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def _unless_oom(run: Callable[[], dict[str, Any]], **where: Any) -> dict[str, Any]:
+    """``where`` with ``run()``'s result, or with "oom": True when it did not fit; the
+    memory freed after either."""
+    try:
+        return {**where, **run()}
+    except RuntimeError as e:
+        if not _oom(e):
+            raise
+        return {**where, "oom": True}
+    finally:
+        _free()
+
+
 def attention_backend(name: str | None) -> Any:
     """A context in which SDPA runs on backend ``name`` only (None: torch chooses)."""
     import contextlib
@@ -460,16 +473,13 @@ class Suite:
         it does not fit."""
         from bench_scan import time_backend
 
-        try:
+        def run() -> dict[str, Any]:
             r = time_backend(fn, inputs(), "bf16", self.device, repeat or self.sizes.steps)
-        except RuntimeError as e:
-            if not _oom(e):
-                raise
-            return {"T": T, "oom": True}
-        finally:
-            _free()
-        return {"T": T, "ms": 1e3 * r["sec"], "queued_ms": 1e3 * r["queued_sec"],
-                "peak_mem_gb": None if math.isnan(r["peak_mb"]) else r["peak_mb"] * 2**20 / GB}
+            return {"ms": 1e3 * r["sec"], "queued_ms": 1e3 * r["queued_sec"],
+                    "peak_mem_gb": None if math.isnan(r["peak_mb"])
+                    else r["peak_mb"] * 2**20 / GB}
+
+        return _unless_oom(run, T=T)
 
     def conv(self) -> dict[str, Any]:
         """The short convolution at the flagship's shape, forward + backward: torch's
@@ -561,18 +571,14 @@ class Suite:
 
         cfg = self.flagship_config(state="matrix")
         batch = self.sizes.blocks_batch or self.train.batch_size
-        inputs = make_matrix_inputs(batch, T, cfg.n_eigenstates, cfg.n_heads,
-                                    cfg.head_value_dim, True, self.device)
-        try:
-            return {"batch": batch, "T": T,
-                    "plans": time_matrix_plans(inputs, cfg.n_heads, "bf16", self.device,
+
+        def run() -> dict[str, Any]:
+            inputs = make_matrix_inputs(batch, T, cfg.n_eigenstates, cfg.n_heads,
+                                        cfg.head_value_dim, True, self.device)
+            return {"plans": time_matrix_plans(inputs, cfg.n_heads, "bf16", self.device,
                                                self.sizes.steps)}
-        except RuntimeError as e:
-            if not _oom(e):
-                raise
-            return {"batch": batch, "T": T, "oom": True}
-        finally:
-            _free()
+
+        return _unless_oom(run, batch=batch, T=T)
 
     def _matrix_fused_error(self) -> dict[str, float]:
         """The matrix scan's ``_error_against_ref`` at ref_T, fp32."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from matrix_grads import outputs_and_grads, relative_error
 from triton_mode import HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
 interpret_without_cuda()
@@ -21,17 +22,6 @@ SEED = 11
 @pytest.fixture(scope="module")
 def fused():
     return kernel_module("ten.kernels.matrix_scan_fused")
-
-
-def _outputs_and_grads(inputs, heads, backend):
-    from ten.kernels.matrix_scan import matrix_scan
-
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    y, last = matrix_scan(*leaves, heads=heads, backend=backend)
-    g = torch.Generator().manual_seed(SEED + 1)
-    w = torch.randn(y.shape, generator=g, dtype=y.dtype).to(y.device)
-    loss = (y * w).sum() + torch.view_as_real(last).sum()
-    return [y, last, *torch.autograd.grad(loss, leaves)]
 
 
 def _plans():
@@ -49,13 +39,14 @@ def test_every_swept_plan_gives_the_references_outputs_and_gradients(fused, plan
     # 70 values a head: several blocks of 16 and 32 columns, one masked block of 64
     inputs = [t.double() if not t.is_complex() else t.to(torch.complex128)
               for t in make_matrix_inputs(1, 21, 8, 2, 70, True, device)]
-    want = _outputs_and_grads(inputs, 2, "ref")
+    *tensors, state = [t.requires_grad_() for t in inputs]
+    want = outputs_and_grads(tensors, state, 2, "ref", SEED + 1)
     kept = fused.FORWARD_BLOCK, fused.DSTATES_BLOCK
     with matrix_blocks(plan):
         assert (fused.FORWARD_BLOCK, fused.DSTATES_BLOCK) == (plan, plan)
-        got = _outputs_and_grads(inputs, 2, "fused")
+        got = outputs_and_grads(tensors, state, 2, "fused", SEED + 1)
     assert (fused.FORWARD_BLOCK, fused.DSTATES_BLOCK) == kept  # put back
     names = ["y", "last state", "dk", "dv", "dq", "d log λ", "d state"]
     for name, a, b in zip(names, want, got, strict=True):
-        err = ((a - b).abs().max() / a.abs().max().clamp(min=1.0)).item()
+        err = relative_error(a, b)
         assert err < 1e-10, f"{name} under {plan}: {err:.2e}"

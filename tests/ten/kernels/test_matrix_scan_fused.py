@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from matrix_grads import outputs_and_grads, relative_error
 from triton_mode import HAVE_TRITON, NO_TRITON, interpret_without_cuda, kernel_module
 
 from ten.kernels.matrix_scan import matrix_scan
@@ -52,17 +53,7 @@ def _inputs(B, T, H, N, P, *, selective, with_state, dtype=torch.float64, rate=0
 
 
 def _outputs_and_grads(tensors, state, heads, backend):
-    y, last = matrix_scan(*tensors, state, heads=heads, backend=backend, chunk_size=8)
-    g = torch.Generator().manual_seed(SEED + 1)
-    w = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y)
-    w_last = torch.randn(last.shape, generator=g, dtype=torch.complex128).to(last)
-    loss = (y * w).sum() + (last.conj() * w_last).real.sum()  # the last state read too
-    inputs = tensors + ([state] if state is not None else [])
-    return [y, last, *torch.autograd.grad(loss, inputs)]
-
-
-def _relative_error(want, got):
-    return ((want - got).abs().max() / want.abs().max().clamp(min=1.0)).item()
+    return outputs_and_grads(tensors, state, heads, backend, SEED + 1)
 
 
 # ((B, T, H, N, P), selective, carried state): one partial chunk; exactly one chunk;
@@ -85,7 +76,7 @@ def test_fused_matches_ref_outputs_and_gradients(fused, shape, selective, with_s
     names = ["y", "last state", "dk", "dv", "dq", "d log λ", "d state"]
     for name, a, b in zip(names[:len(want)], want, got, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype, name
-        assert _relative_error(a, b) < 1e-10, name
+        assert relative_error(a, b) < 1e-10, name
 
 
 def test_the_state_carries_across_calls(fused):
