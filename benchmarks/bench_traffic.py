@@ -60,10 +60,17 @@ class Gpu:
     bandwidth: float  # bytes/s, datasheet
     bf16: float  # FLOP/s, dense tensor cores
     tf32: float  # FLOP/s: fp32 matmuls run as TF32 (the trainer allows it)
+    fp8: float  # FLOP/s: float8 operands (_scaled_mm; model.fp8)
+
+    def peak(self, operands: torch.dtype) -> float:
+        """The dense tensor-core rate of a matmul whose operands are in ``operands``."""
+        if operands == torch.float32:
+            return self.tf32
+        return self.fp8 if operands.itemsize == 1 else self.bf16
 
 
-GPUS = (Gpu("H100 SXM", CARDS["H100"].bandwidth, 989e12, 494e12),
-        Gpu("L40S", CARDS["L40S"].bandwidth, 362e12, 181e12))
+GPUS = (Gpu("H100 SXM", CARDS["H100"].bandwidth, 989e12, 494e12, 1979e12),
+        Gpu("L40S", CARDS["L40S"].bandwidth, 362e12, 181e12, 733e12))
 
 # Operators that launch nothing on a GPU: allocation and metadata.
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
@@ -71,7 +78,11 @@ NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_str
              "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
              "sym_storage_offset", "size", "stride", "dim", "is_contiguous",
              "_unsafe_view", "_reshape_alias"}
-MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "_addmm_activation", "addbmm"}
+MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "_addmm_activation", "addbmm",
+           "_scaled_mm"}
+_BIAS_FIRST = {"addmm", "addmm_", "baddbmm", "_addmm_activation", "addbmm"}  # (c, a, b)
+READ_TWICE = {"cross_entropy_rows"}  # operators whose kernels read their first input twice:
+# the loss's two passes over the logits
 SYNCS = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_assert_async"}
 
 
@@ -84,13 +95,13 @@ class Tally:
     flops: float = 0.0
     floor_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    def add(self, nbytes: float, flops: float, fp32_matmul: bool) -> None:
+    def add(self, nbytes: float, flops: float, operands: torch.dtype) -> None:
+        """One kernel; ``flops`` at the tensor cores' rate for ``operands``."""
         self.kernels += 1
         self.bytes += nbytes
         self.flops += flops
         for gpu in GPUS:
-            peak = gpu.tf32 if fp32_matmul else gpu.bf16
-            self.floor_s[gpu.name] += max(nbytes / gpu.bandwidth, flops / peak)
+            self.floor_s[gpu.name] += max(nbytes / gpu.bandwidth, flops / gpu.peak(operands))
 
     def merge(self, other: Tally, times: float = 1.0) -> None:
         self.kernels += round(other.kernels * times)
@@ -110,12 +121,13 @@ def _bytes(t: Any) -> float:
         return float(whole)
 
 
-def _matmul_flops(name: str, args: tuple, out: Any) -> float:
+def _matmul_flops(name: str, args: tuple, out: Any) -> tuple[float, torch.dtype]:
+    """(FLOPs, the operands' dtype) of a matmul; (0, bf16) for any other operator."""
     if name not in MATMULS or not isinstance(out, torch.Tensor):
-        return 0.0
-    a = args[1] if name in ("addmm", "addmm_", "baddbmm", "_addmm_activation", "addbmm") \
-        else args[0]
-    return 2.0 * out.numel() * a.shape[-1] * (a.shape[0] if name == "addbmm" else 1)
+        return 0.0, torch.bfloat16
+    a = args[1] if name in _BIAS_FIRST else args[0]
+    flops = 2.0 * out.numel() * a.shape[-1] * (a.shape[0] if name == "addbmm" else 1)
+    return flops, a.dtype
 
 
 class TrafficMode(TorchDispatchMode):
@@ -147,18 +159,17 @@ class TrafficMode(TorchDispatchMode):
             if arg.alias_info is not None and arg.alias_info.is_write and \
                     id(value) not in returned:  # aten's x.add_() returns x: counted already
                 nbytes += _bytes(value)  # an input written in place is also written
-        if func.namespace == "ten" and name == "cross_entropy_rows":
-            nbytes += _bytes(args[0])  # its two passes read the logits twice
+        if func.namespace == "ten" and name in READ_TWICE:
+            nbytes += _bytes(args[0])
         if name in ("zero_", "fill_", "zeros", "full", "ones", "zeros_like", "ones_like",
                     "full_like", "copy_"):
             nbytes = sum(map(_bytes, outs)) + (sum(map(_bytes, ins[1:2])) if name == "copy_"
                                               else 0)
-        flops = _matmul_flops(name, args, out)
-        fp32 = flops > 0 and out.dtype == torch.float32
+        flops, operands = _matmul_flops(name, args, out)
         kind = self._kind(name, args, kwargs, out)
-        self.tallies[kind].add(nbytes, flops, fp32)
-        self.by_op[f"{kind}: {name}"].add(nbytes, flops, fp32)
-        self.operators[f"{func.namespace}::{name}"].add(nbytes, flops, fp32)
+        self.tallies[kind].add(nbytes, flops, operands)
+        self.by_op[f"{kind}: {name}"].add(nbytes, flops, operands)
+        self.operators[f"{func.namespace}::{name}"].add(nbytes, flops, operands)
         return out
 
     def _kind(self, name: str, args: tuple, kwargs: dict, out: Any) -> str:
@@ -321,10 +332,10 @@ def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
     tally = Tally()
     if optimizer == "adamw8bit":
         for p in model.parameters():
-            tally.add(16.0 * p.numel(), 0.0, False)
+            tally.add(16.0 * p.numel(), 0.0, torch.bfloat16)
         return tally, 0
     for _ in range(2):
-        tally.add(28.0 * n / 2, 0.0, False)
+        tally.add(28.0 * n / 2, 0.0, torch.bfloat16)
     return tally, 0
 
 

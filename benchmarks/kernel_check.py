@@ -105,6 +105,7 @@ def variants() -> list[tuple[str, str, dict, dict, int]]:
                 {"BV": 1024, "GRAD": True}, NUM_WARPS))
     out += element_wise_variants("fp32", "bf16")
     out += [(f"{name} fp64", *rest) for name, *rest in element_wise_variants("fp64", "fp64")]
+    out += fp8_variants()
     return out
 
 
@@ -245,6 +246,41 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                  "nu_ptr": _p(f), "theta_ptr": _p(f), "dpz_ptr": _p(act), "dbias_ptr": _p(f),
                  "dnu_ptr": _p(f), "dtheta_ptr": _p(f), "n": "i32", "K": "i32"}, consts,
                 NUM_WARPS))
+    return out
+
+
+def fp8_variants() -> list[tuple[str, str, dict, dict, int]]:
+    """The float8 cast's kernels (model.fp8: the feed-forward GEMMs' operands) from bf16:
+    the maxima per tensor, row and column, the scales, and the cast to each format in
+    each scaling, in the layouts ten.kernels.fp8.Float8Gemms asks for."""
+    from ten.kernels import fp8_kernels as k
+
+    where, out = "ten.kernels.fp8_kernels", []
+    tile = {"BR": k.BR, "BC": k.BC}
+    scalings = {"tensor": (False, False), "row": (True, False), "column": (False, True)}
+    for name, (per_row, per_col) in scalings.items():
+        out.append((f"fp8 amax per {name}", f"{where}:_amax_kernel",
+                    {"t_ptr": _p("bf16"), "part_ptr": _p("fp32"), "R": "i32", "C": "i32"},
+                    {"PER_ROW": per_row, "PER_COL": per_col, **tile, "STEPS": k.STEPS},
+                    k.NUM_WARPS))
+    out.append(("fp8 scales", f"{where}:_scale_kernel",
+                {"part_ptr": _p("fp32"), "scale_ptr": _p("fp32"), "P": "i32", "S": "i32"},
+                {"TOP": 448.0, "TINY": 1e-12, "BP": k.SCALE_BP, "BS": k.SCALE_BS},
+                k.NUM_WARPS))
+    # the layouts Float8Gemms asks for: row-major, transposed, both (a gradient, one scale)
+    layouts = {"": (True, False), " transposed": (False, True), " both layouts": (True, True)}
+    for (dtype, top, mant, emin), fmt in zip(k.FORMATS.values(), ("e4m3", "e5m2"), strict=True):
+        ptr = _p("fp8e4nv" if fmt == "e4m3" else "fp8e5")
+        for name, (per_row, per_col) in scalings.items():
+            for suffix, (rows, transposed) in layouts.items():
+                if rows and transposed and name != "tensor":
+                    continue  # both layouts share one scale a tensor only
+                out.append((f"fp8 cast {fmt} per {name}{suffix}", f"{where}:_cast_kernel",
+                            {"t_ptr": _p("bf16"), "scale_ptr": _p("fp32"), "out_ptr": ptr,
+                             "out_t_ptr": ptr, "R": "i32", "Rp": "i32", "C": "i32"},
+                            {"OUT": dtype, "TOP": top, "MANT": mant, "EMIN": emin,
+                             "PER_ROW": per_row, "PER_COL": per_col, "ROWS": rows,
+                             "TRANSPOSED": transposed, **tile}, k.NUM_WARPS))
     return out
 
 

@@ -211,24 +211,30 @@ class _SwiGLUDown(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ab: Tensor, w: Tensor, gemms: Float8Gemms | None) -> Tensor:
         ctx.gemms = gemms
-        ctx.save_for_backward(ab, w)
         with torch.autocast(ab.device.type, enabled=False):  # in the inputs' dtype
             y = _swiglu(ab)
             if gemms is None:
+                ctx.save_for_backward(ab, w, None)
                 return F.linear(y, w)
-            return gemms.forward(y.view(-1, y.shape[-1]), w, ab.dtype).view(
-                *y.shape[:-1], w.shape[0])
+            z, y_scale = gemms.forward(y.view(-1, y.shape[-1]), w, ab.dtype)
+            # backward recomputes y from ab: forward's scale serves it (within y's last
+            # bit, which the cast's clamp to the format's range absorbs)
+            ctx.save_for_backward(ab, w, y_scale)
+            return z.view(*y.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, None]:
-        ab, w = ctx.saved_tensors
+        ab, w, y_scale = ctx.saved_tensors
         d, h = w.shape
         dz = dz.reshape(-1, d)
-        dy_then_y = dz @ w if ctx.gemms is None else ctx.gemms.grad_input(dz.contiguous(), w)
-        dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
         if ctx.gemms is None:
+            dy_then_y = dz @ w
+            dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
             return dab, dz.t() @ dy_then_y, None
-        return dab, ctx.gemms.grad_weight(dz.contiguous(), dy_then_y).to(w.dtype), None
+        g = ctx.gemms.grad(dz.contiguous())
+        dy_then_y = ctx.gemms.grad_input(g, w, dz.dtype)
+        dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
+        return dab, ctx.gemms.grad_weight(g, dy_then_y, y_scale).to(w.dtype), None
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:

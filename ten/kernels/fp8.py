@@ -18,6 +18,14 @@ GEMM casts its own operands from the high-precision tensors a layer keeps for ba
 operand. torch's ``_scaled_mm`` multiplies, accumulating in fp32, and applies the scales
 to the result. Which wins on a card is measured (benchmarks/bench_fp8.py).
 
+The casts are operators (``ten::fp8_scale``, ``ten::fp8_cast``, ``ten::fp8_cast_both``):
+torch's kernels here, Triton's on CUDA (ten.kernels.fp8_kernels: the same bits, 5 bytes
+an element from bf16 where eager torch moved ~40), each writing its operand in the layout
+its GEMM reads, zero rows included, so no copy follows. The casts are what FP8 costs: on
+the flagship's micro-batch they move 74 GB under one scale a tensor, 22 ms at an H100's
+bandwidth against the 27 ms of GEMM time FP8 saves it, 86 ms on an L40S against 74
+(benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8 casts").
+
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with
 row scales, a bf16 output; ``_mm`` holds every call to that on any device, so the tests
@@ -27,6 +35,9 @@ is not FP8's to run: :func:`fp8_eligible`.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -34,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ten.config import FP8_ALIGN, FP8_SCALINGS
+from ten.kernels.ops import define, register_cuda
 
 E4M3 = torch.float8_e4m3fn  # what is multiplied forward: inputs and weights
 E5M2 = torch.float8_e5m2  # the gradients that flow back
@@ -41,7 +53,7 @@ SCALINGS = FP8_SCALINGS  # declared with the model's fields (ten.config)
 Scaling = Literal["tensor", "row"]
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (L40S, sm_89) and Hopper (H100, sm_90)
 ALIGN = FP8_ALIGN  # _scaled_mm's widths on CUDA (the model config checks them too)
-_TINY = 1e-12  # an all-zero tensor's amax: its scale stays finite (and its values zero)
+TINY = 1e-12  # an all-zero tensor's amax: its scale stays finite (and its values zero)
 
 
 class FP8Error(ValueError):
@@ -70,15 +82,105 @@ def fp8_eligible(in_features: int, out_features: int) -> bool:
     return in_features % ALIGN == 0 and out_features % ALIGN == 0
 
 
+def _scale_impl(t: Tensor, dtype: torch.dtype, dim: int | None) -> Tensor:
+    """The fp32 scale that puts t's largest magnitude (the tensor's, or each slice's along
+    ``dim``, kept as a size-1 dimension) on ``dtype``'s largest value. Here torch's
+    kernels; on CUDA ten.kernels.fp8_kernels' (one pass over t, and one over its partial
+    maxima)."""
+    t = t.float().abs()
+    amax = t.amax() if dim is None else t.amax(dim=dim, keepdim=True)
+    return amax.clamp_min(TINY) / torch.finfo(dtype).max
+
+
+def _rounded(t: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """t / scale in ``dtype``, clamped to its range: times the scale's reciprocal, a
+    product an element (division, IEEE's in the kernels too, is ~10 instructions)."""
+    top = torch.finfo(dtype).max
+    return (t.float() * scale.reciprocal()).clamp(-top, top).to(dtype)
+
+
 def to_fp8(t: Tensor, dtype: torch.dtype, dim: int | None = None) -> tuple[Tensor, Tensor]:
     """(t in ``dtype``, the fp32 scale that takes it back: t ≈ t8 · scale). One scale for
     the tensor (``dim`` None), or one per slice along ``dim`` kept as a size-1 dimension
     (dim 1 of an (M, K) tensor: a scale per row, (M, 1))."""
-    t = t.float()
-    amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
-    top = torch.finfo(dtype).max
-    scale = amax.clamp_min(_TINY) / top
-    return (t / scale).clamp(-top, top).to(dtype), scale
+    scale = _scale_impl(t, dtype, dim)
+    return _rounded(t, scale, dtype), scale
+
+
+def _padded(t: Tensor, scale: Tensor, rows_to: int) -> Tensor:
+    """t (R, C) with zero rows after it up to a multiple of ``rows_to``: zero rows add
+    nothing to a GEMM that sums over them, nor to an amax; a scale a row has none for them."""
+    extra = -t.shape[0] % rows_to
+    if extra and scale.numel() > 1 and scale.shape[-1] == 1:
+        raise ValueError("fp8 cast: zero rows are appended under one scale a tensor or a "
+                         "column, not a row")
+    return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+
+def _cast_impl(t: Tensor, scale: Tensor, dtype: torch.dtype, transpose: bool,
+               rows_to: int) -> Tensor:
+    """t rounded as :func:`to_fp8` rounds it with ``scale``, padded (:func:`_padded`), and
+    written transposed where ``transpose`` is set. Here torch's kernels; on CUDA
+    ten.kernels.fp8_kernels' (one pass)."""
+    t8 = _rounded(_padded(t, scale, rows_to), scale, dtype)
+    return t8.t().contiguous() if transpose else t8
+
+
+def _cast_both_impl(t: Tensor, scale: Tensor, dtype: torch.dtype,
+                    rows_to: int) -> tuple[Tensor, Tensor]:
+    """:func:`_cast_impl` of t in both layouts, from one read of t on CUDA."""
+    t8 = _rounded(_padded(t, scale, rows_to), scale, dtype)
+    return t8, t8.t().contiguous()
+
+
+def _padded_shape(t: Tensor, rows_to: int) -> tuple[int, int]:
+    rows, cols = t.shape
+    return rows + (-rows % rows_to), cols
+
+
+def _scale_fake(t, dtype, dim):
+    rows, cols = t.shape
+    return t.new_empty({None: (), 0: (1, cols), 1: (rows, 1)}[dim], dtype=torch.float32)
+
+
+def _cast_fake(t, scale, dtype, transpose, rows_to):
+    rows, cols = _padded_shape(t, rows_to)
+    return t.new_empty((cols, rows) if transpose else (rows, cols), dtype=dtype)
+
+
+def _cast_both_fake(t, scale, dtype, rows_to):
+    rows, cols = _padded_shape(t, rows_to)
+    return t.new_empty((rows, cols), dtype=dtype), t.new_empty((cols, rows), dtype=dtype)
+
+
+_scale = define("fp8_scale(Tensor t, ScalarType dtype, int? dim) -> Tensor", _scale_impl,
+                _scale_fake)
+_cast = define("fp8_cast(Tensor t, Tensor scale, ScalarType dtype, bool transpose, "
+               "int rows_to) -> Tensor", _cast_impl, _cast_fake)
+_cast_both = define("fp8_cast_both(Tensor t, Tensor scale, ScalarType dtype, int rows_to) "
+                    "-> (Tensor, Tensor)", _cast_both_impl, _cast_both_fake)
+
+
+def scale_of(t: Tensor, dtype: torch.dtype, dim: int | None = None) -> Tensor:
+    """t's (R, C) scale for ``dtype``: () for the tensor, (1, C) a column (``dim`` 0) or
+    (R, 1) a row (``dim`` 1): what :func:`cast` takes and ``_scaled_mm`` multiplies back."""
+    return _scale(t, dtype, dim)
+
+
+def cast(t: Tensor, scale: Tensor, dtype: torch.dtype, *, transpose: bool = False,
+         rows_to: int = 1) -> Tensor:
+    """t (R, C) in float8 with ``scale`` (:func:`scale_of`), after zero rows appended up to
+    a multiple of ``rows_to`` (dw's summed width, the tokens, must be a multiple of 16 on
+    CUDA), laid out as the GEMM reads it: (R', C) row-major, or with ``transpose`` its
+    transpose (C, R') row-major, so ``t8.t()`` is the column-major operand ``_scaled_mm``
+    takes second. One operator, no copy after it."""
+    return _cast(t, scale, dtype, transpose, rows_to)
+
+
+def cast_both(t: Tensor, scale: Tensor, dtype: torch.dtype, *,
+              rows_to: int = 1) -> tuple[Tensor, Tensor]:
+    """:func:`cast` of t in both layouts (row-major, transposed) from one read of it."""
+    return _cast_both(t, scale, dtype, rows_to)
 
 
 def _mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
@@ -102,22 +204,25 @@ def _mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
 
 
-def _column_major(t: Tensor) -> Tensor:
-    """t (K, N) with the same values laid out column by column."""
-    return t.t().contiguous().t()
+@dataclass(frozen=True)
+class Float8Grad:
+    """An output's gradient dy (M, N) cast once for both backward GEMMs: by its rows,
+    row-major (dx = dy w), and by its columns, transposed with zero rows up to a multiple
+    of 16 (dw = dyᵀ x); one scale a tensor serves both (one amax, one pass writing both)."""
 
-
-def _rows_to_align(t: Tensor) -> Tensor:
-    """t (M, ·) with zero rows after it up to a multiple of 16: dw sums over the rows
-    (tokens), a width CUDA wants aligned; zero rows add nothing to it, nor to an amax."""
-    extra = -t.shape[0] % ALIGN
-    return F.pad(t, (0, 0, 0, extra)) if extra else t
+    rows: Tensor  # (M, N) e5m2
+    rows_scale: Tensor  # () or (M, 1)
+    cols_t: Tensor  # (N, M') e5m2
+    cols_scale: Tensor  # () or (N, 1)
 
 
 class Float8Gemms:
     """The three GEMMs of y = x wᵀ (x (M, K), w (N, K)) in float8, each casting its
     high-precision operands with scales of ``scaling``: what a layer that keeps x and w
-    for backward (as F.linear's autograd keeps them) calls in place of torch's matmuls."""
+    for backward (as F.linear's autograd keeps them) calls in place of torch's matmuls.
+    Each cast writes its operand in the layout its GEMM takes (:func:`cast`); under one
+    scale a tensor x's scale from forward serves dw's cast of x too (the same tensor, the
+    same amax), and the gradient is cast once for both of backward's GEMMs."""
 
     def __init__(self, scaling: Scaling = "tensor"):
         if scaling not in SCALINGS:
@@ -125,48 +230,62 @@ class Float8Gemms:
         self.scaling = scaling
         self._row = scaling == "row"
 
-    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype) -> Tensor:
-        """y = x wᵀ (M, N) in ``out_dtype``: x by its rows, w by its rows (y's columns)."""
+    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype
+                ) -> tuple[Tensor, Tensor | None]:
+        """(y = x wᵀ (M, N) in ``out_dtype``, x's scale for :meth:`grad_weight`, or None
+        under a scale a row, where dw's scales are x's columns'): x by its rows, w by its
+        rows (y's columns)."""
         dim = 1 if self._row else None
-        x8, sx = to_fp8(x, E4M3, dim)  # (M, 1) or ()
-        w8, sw = to_fp8(w, E4M3, dim)  # (N, 1) or ()
-        return _mm(x8, w8.t(), sx, sw.t() if self._row else sw,
+        sx, sw = scale_of(x, E4M3, dim), scale_of(w, E4M3, dim)  # (M, 1), (N, 1) or ()
+        y = _mm(cast(x, sx, E4M3), cast(w, sw, E4M3).t(), sx, sw.t() if self._row else sw,
+                torch.bfloat16 if self._row else out_dtype).to(out_dtype)
+        return y, None if self._row else sx
+
+    def grad(self, dy: Tensor) -> Float8Grad:
+        """dy (M, N) cast for :meth:`grad_input` and :meth:`grad_weight`."""
+        if not self._row:
+            s = scale_of(dy, E5M2)
+            rows, cols_t = cast_both(dy, s, E5M2, rows_to=ALIGN)
+            return Float8Grad(rows[:dy.shape[0]], s, cols_t, s)
+        by_row, by_col = scale_of(dy, E5M2, 1), scale_of(dy, E5M2, 0)  # (M, 1), (1, N)
+        return Float8Grad(cast(dy, by_row, E5M2), by_row,
+                          cast(dy, by_col, E5M2, transpose=True, rows_to=ALIGN),
+                          by_col.view(-1, 1))
+
+    def grad_input(self, g: Float8Grad, w: Tensor, out_dtype: torch.dtype) -> Tensor:
+        """dx = dy w (M, K) in ``out_dtype``: dy by its rows, w by its columns."""
+        sw = scale_of(w, E4M3, 0 if self._row else None)  # (1, K) or ()
+        return _mm(g.rows, cast(w, sw, E4M3, transpose=True).t(), g.rows_scale, sw,
                    torch.bfloat16 if self._row else out_dtype).to(out_dtype)
 
-    def grad_input(self, dy: Tensor, w: Tensor) -> Tensor:
-        """dx = dy w (M, K) in dy's dtype: dy by its rows, w by its columns."""
-        g8, sg = to_fp8(dy, E5M2, 1 if self._row else None)  # (M, 1) or ()
-        w8, sw = to_fp8(w, E4M3, 0 if self._row else None)  # (1, K) or ()
-        return _mm(g8, _column_major(w8), sg, sw,
-                   torch.bfloat16 if self._row else dy.dtype).to(dy.dtype)
-
-    def grad_weight(self, dy: Tensor, x: Tensor) -> Tensor:
-        """dw = dyᵀ x (N, K) in float32: dyᵀ by its rows (dy's columns), x by its columns,
-        both with zero rows up to a multiple of 16 (the sum runs over them)."""
-        dy, x = _rows_to_align(dy), _rows_to_align(x)
-        g8, sg = to_fp8(dy.t(), E5M2, 1 if self._row else None)  # (N, 1) or ()
-        x8, sx = to_fp8(x, E4M3, 0 if self._row else None)  # (1, K) or ()
-        return _mm(g8.contiguous(), _column_major(x8), sg, sx,
+    def grad_weight(self, g: Float8Grad, x: Tensor, x_scale: Tensor | None = None) -> Tensor:
+        """dw = dyᵀ x (N, K) in float32: dyᵀ by its rows (dy's columns), x by its columns
+        (or by ``x_scale``, forward's one scale), both with zero rows up to a multiple of
+        16 (the sum runs over them)."""
+        sx = scale_of(x, E4M3, 0 if self._row else None) if x_scale is None else x_scale
+        xt8 = cast(x, sx, E4M3, transpose=True, rows_to=ALIGN)  # (K, M')
+        return _mm(g.cols_t, xt8.t(), g.cols_scale, sx,
                    torch.bfloat16 if self._row else torch.float32).float()
 
 
 class _FP8Linear(torch.autograd.Function):
     """y = x wᵀ with float8 GEMMs each way (:class:`Float8Gemms`), keeping x and w for
-    backward as F.linear does."""
+    backward as F.linear does (and x's scale, under one a tensor)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, out_dtype: torch.dtype,
                 gemms: Float8Gemms) -> Tensor:
         ctx.gemms = gemms
-        ctx.save_for_backward(x, w)
-        return gemms.forward(x, w, out_dtype)
+        y, x_scale = gemms.forward(x, w, out_dtype)
+        ctx.save_for_backward(x, w, x_scale)
+        return y
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        x, w = ctx.saved_tensors
-        dy = dy.contiguous()
-        return (ctx.gemms.grad_input(dy, w).to(x.dtype),
-                ctx.gemms.grad_weight(dy, x).to(w.dtype), None, None)
+        x, w, x_scale = ctx.saved_tensors
+        g = ctx.gemms.grad(dy.contiguous())
+        return (ctx.gemms.grad_input(g, w, x.dtype),
+                ctx.gemms.grad_weight(g, x, x_scale).to(w.dtype), None, None)
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -192,3 +311,13 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """What fp8_linear approximates: F.linear in x's dtype (float64 in the tests)."""
     return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+# --- the CUDA kernels (ten.kernels.fp8_kernels), registered where CUDA is ------------------
+
+if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    from ten.kernels import fp8_kernels as _k
+
+    register_cuda("fp8_scale", functools.partial(_k.fp8_scale, tiny=TINY))
+    register_cuda("fp8_cast", _k.fp8_cast)
+    register_cuda("fp8_cast_both", _k.fp8_cast_both)

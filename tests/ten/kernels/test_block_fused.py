@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from operator_layout import assert_fake_layout
 from saved_tensors import saved_for_backward
 from torch import nn
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, cpu, interpret_without_cuda, kernel_module
@@ -278,20 +279,6 @@ def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of
 
 
 # --- the kernels against the operators ---------------------------------------------------------
-
-def assert_fake_layout(op: str, inputs, outputs) -> None:
-    """A kernel's outputs have the shapes and strides of the operator's fake for the same
-    inputs (what torch.compile plans with, and checks on every call)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fakes = getattr(torch.ops.ten, op).default(
-            *(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs))
-    fakes = fakes if isinstance(fakes, tuple) else (fakes,)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    for fake, out in zip(fakes, outputs, strict=True):
-        assert (tuple(out.shape), out.stride()) == (tuple(fake.shape), fake.stride()), op
-
 
 @pytest.fixture(scope="module")
 def kernels():

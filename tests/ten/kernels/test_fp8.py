@@ -4,8 +4,11 @@ both scalings; the result stays within float8's rounding of the float64 linear; 
 outlier row costs the other rows their digits under one scale a tensor, not under a scale
 a row; and every call keeps the layout and widths CUDA's _scaled_mm demands."""
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ten.kernels.block_fused import swiglu_down
 from ten.kernels.fp8 import (
@@ -147,3 +150,33 @@ def test_the_swiglu_block_in_float8_equals_its_product_kept_then_projected(scali
     assert torch.allclose(z, z2, rtol=1e-6, atol=1e-6)
     assert torch.allclose(ab.grad, ab2.grad, rtol=1e-5, atol=1e-6)
     assert torch.allclose(w.grad, w2.grad, rtol=1e-5, atol=1e-6)
+
+
+class TenOps(TorchDispatchMode):
+    """Counts the ``ten::`` operators dispatched inside it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "ten":
+            self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("scaling, scales, casts, both", [("tensor", 4, 4, 1),
+                                                          ("row", 6, 6, 0)])  # passes
+def test_one_scale_a_tensor_takes_xs_amax_once_and_casts_the_gradient_once(scaling, scales,
+                                                                          casts, both):
+    """Each amax is a pass over its tensor: under one scale a tensor, forward's scale of x
+    serves dw's cast of x, and the gradient is scaled once and cast into both layouts in
+    one pass (x, w forward; dy, w backward: 4 scales; x, w, then w and x transposed, and
+    dy's two layouts at once); a scale a row needs dy's rows and columns and x's columns
+    apart (6 scales), each layout cast alone (6)."""
+    x, w, dy = inputs()
+    with TenOps() as ops:
+        fp8_linear(x, w, scaling=scaling).backward(dy)
+    assert ops.counts["fp8_scale"] == scales
+    assert ops.counts["fp8_cast"] == casts
+    assert ops.counts["fp8_cast_both"] == both
