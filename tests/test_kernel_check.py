@@ -64,8 +64,9 @@ def test_no_kernel_spills_or_starves_an_sm(rows):
     stack frame for huge angles, and the H100 fixed-mode backward with a carried state
     spilled 32 B."""
     fast = [r for r in rows if r.speed_matters]
-    assert len(fast) == 2 * 35  # per arch: 11 scan, 5 matrix scan, the loss, 16 block
-    # kernels (4 norms of a bf16 stream), the drive's 2
+    assert len(fast) == 2 * 53  # per arch: 11 scan, 5 matrix scan, the loss, 16 block
+    # kernels (4 norms of a bf16 stream), the drive's 2, and float8's 18 (3 amax, the
+    # scales, 7 casts a format)
     assert [(r.name, r.arch, r.problems()) for r in fast if r.problems()] == []
     assert all(r.programs_per_sm >= r.min_programs and r.spills == 0 for r in fast)
     assert {r.name for r in fast if r.min_programs < 4} == {
