@@ -112,7 +112,7 @@ def _cast_kernel(t_ptr, scale_ptr, out_ptr, out_t_ptr, R, Rp, C, OUT: tl.constex
     """round(clamp(t · (1 / scale), ±TOP)) in OUT, rows from R to Rp zero: into out (Rp, C)
     with ROWS, into out_t (C, Rp) with TRANSPOSED (both: one read for two layouts)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    cols = (tl.program_id(1) * BC + tl.arange(0, BC)).to(tl.int64)  # cols * Rp: past 2^31
     x = tl.load(t_ptr + rows[:, None] * C + cols[None, :],
                 mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
     if PER_ROW:
