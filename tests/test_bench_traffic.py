@@ -92,3 +92,27 @@ def test_a_step_counts_its_clip_once_and_every_later_micro_batchs_gradient_sum()
     assert step.by_op["elementwise: add_"].kernels == round(n * (g - 1) / g)
     assert single.by_op["elementwise: mul_"].kernels == n  # the clip's scale
     assert step.by_op["elementwise: mul_"].kernels == round(n / g)
+
+
+def test_a_float8_matmul_counts_its_flops_at_the_cards_float8_rate():
+    """_scaled_mm is a matmul (it was counted as an element-wise kernel without FLOPs):
+    2·M·N·K at the float8 dense rate, where the same bf16 product takes the bf16 rate."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    M, K, N = 4096, 4096, 4096
+    modes = {"fp8": bench_traffic.TrafficMode(), "bf16": bench_traffic.TrafficMode()}
+    with FakeTensorMode():
+        a8 = torch.empty(M, K, dtype=torch.float8_e4m3fn)
+        b8 = torch.empty(N, K, dtype=torch.float8_e4m3fn).t()
+        one = torch.ones(())
+        with modes["fp8"]:
+            torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        with modes["bf16"]:
+            torch.empty(M, K, dtype=torch.bfloat16) @ torch.empty(K, N, dtype=torch.bfloat16)
+    fp8, bf16 = modes["fp8"].tallies["matmul"], modes["bf16"].tallies["matmul"]
+    assert fp8.flops == bf16.flops == 2.0 * M * N * K
+    for gpu in bench_traffic.GPUS:
+        assert fp8.floor_s[gpu.name] == pytest.approx(2.0 * M * N * K / gpu.fp8)
+        assert gpu.fp8 == pytest.approx(2 * gpu.bf16, rel=0.02)  # the datasheets' 2x
+        assert bf16.floor_s[gpu.name] == pytest.approx(2.0 * M * N * K / gpu.bf16)
