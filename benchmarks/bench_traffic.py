@@ -81,8 +81,6 @@ NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_str
 MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "_addmm_activation", "addbmm",
            "_scaled_mm"}
 _BIAS_FIRST = {"addmm", "addmm_", "baddbmm", "_addmm_activation", "addbmm"}  # (c, a, b)
-READ_TWICE = {"cross_entropy_rows"}  # operators whose kernels read their first input twice:
-# the loss's two passes over the logits
 SYNCS = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_assert_async"}
 
 
@@ -159,8 +157,8 @@ class TrafficMode(TorchDispatchMode):
             if arg.alias_info is not None and arg.alias_info.is_write and \
                     id(value) not in returned:  # aten's x.add_() returns x: counted already
                 nbytes += _bytes(value)  # an input written in place is also written
-        if func.namespace == "ten" and name in READ_TWICE:
-            nbytes += _bytes(args[0])
+        if func.namespace == "ten" and name == "cross_entropy_rows":
+            nbytes += _bytes(args[0])  # its two passes read the logits twice
         if name in ("zero_", "fill_", "zeros", "full", "ones", "zeros_like", "ones_like",
                     "full_like", "copy_"):
             nbytes = sum(map(_bytes, outs)) + (sum(map(_bytes, ins[1:2])) if name == "copy_"

@@ -270,7 +270,7 @@ def fp8_variants() -> list[tuple[str, str, dict, dict, int]]:
     # the layouts Float8Gemms asks for: row-major, transposed, both (a gradient, one scale)
     layouts = {"": (True, False), " transposed": (False, True), " both layouts": (True, True)}
     for (dtype, top, mant, emin), fmt in zip(k.FORMATS.values(), ("e4m3", "e5m2"), strict=True):
-        ptr = _p("fp8e4nv" if fmt == "e4m3" else "fp8e5")
+        ptr = _p(dtype.name)  # fp8e4nv, fp8e5
         for name, (per_row, per_col) in scalings.items():
             for suffix, (rows, transposed) in layouts.items():
                 if rows and transposed and name != "tensor":
