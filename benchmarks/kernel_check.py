@@ -207,12 +207,16 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                          "d": "i32"},
                         {"ROWS": 16, "BD": D, "ACC": acc, "DH": add, "DR": add and act != s},
                         NUM_WARPS))
-    out.append(("swiglu forward", f"{blk}:_swiglu_forward_kernel",
-                {"ab_ptr": _p(act), "y_ptr": _p(act), "h": "i32"}, {"BH": 1024, "ACC": acc},
-                NUM_WARPS))
-    out.append(("swiglu backward", f"{blk}:_swiglu_backward_kernel",
-                {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act), "h": "i32"},
-                {"BH": 1024, "ACC": acc}, NUM_WARPS))
+    for amax in (False, True):  # with the maxima of what it writes: the float8 block's
+        scaled = " taking its float8 maxima" if amax else ""
+        part = _p("fp32") if amax else _p(act)  # without: the output passed in its place
+        out.append((f"swiglu forward{scaled}", f"{blk}:_swiglu_forward_kernel",
+                    {"ab_ptr": _p(act), "y_ptr": _p(act), "part_ptr": part, "h": "i32"},
+                    {"BH": 1024, "ACC": acc, "AMAX": amax}, NUM_WARPS))
+        out.append((f"swiglu backward{scaled}", f"{blk}:_swiglu_backward_kernel",
+                    {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act),
+                     "part_ptr": part, "h": "i32"}, {"BH": 1024, "ACC": acc, "AMAX": amax},
+                    NUM_WARPS))
     for name, kernel, sig in (
             ("sigmoid gate forward", "_gate_forward_kernel",
              {"g_ptr": _p(act), "o_ptr": _p(act), "y_ptr": _p(act), "n": "i32"}),

@@ -35,6 +35,7 @@ tensors there, and the tests hold them to the operators here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 from collections.abc import Iterator
 
@@ -42,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.kernels.fp8 import Float8Gemms
+from ten.kernels.fp8 import E4M3, E5M2, TINY, Float8Gemms, check_widths, gemm_rows, scale_of
 from ten.kernels.ops import define, register_cuda
 
-__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear", "layer_norm",
-           "sigmoid_gate", "swiglu_down"]
+__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear",
+           "float8_swiglu", "layer_norm", "sigmoid_gate", "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
 
@@ -193,9 +194,40 @@ def _swiglu_backward_fake(dy, ab):
     return torch.empty_like(ab)
 
 
+def _swiglu_with_scale_impl(ab: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(silu(a)·b, its one float8 scale for ``dtype``, ten.kernels.fp8's ``scale_of``).
+    Here a pass more of torch's; on CUDA the SwiGLU kernel takes the maxima as it writes
+    the product, and the scale is reduced from one float of theirs a program."""
+    y = _swiglu_impl(ab)
+    return y, scale_of(y.reshape(-1, y.shape[-1]), dtype)
+
+
+def _swiglu_with_scale_fake(ab, dtype):
+    return _swiglu_fake(ab), ab.new_empty((), dtype=torch.float32)
+
+
+def _swiglu_backward_with_scale_impl(dy: Tensor, ab: Tensor,
+                                     dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(:func:`_swiglu_backward_impl`'s [d a | d b], y written over dy as there, and the
+    gradient's one float8 scale for ``dtype``), as :func:`_swiglu_with_scale_impl`."""
+    dab = _swiglu_backward_impl(dy, ab)
+    return dab, scale_of(dab.reshape(-1, dab.shape[-1]), dtype)
+
+
+def _swiglu_backward_with_scale_fake(dy, ab, dtype):
+    return torch.empty_like(ab), ab.new_empty((), dtype=torch.float32)
+
+
 _swiglu_backward = define("swiglu_backward(Tensor(a!) dy, Tensor ab) -> Tensor",
                           _swiglu_backward_impl, _swiglu_backward_fake)
 _swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake)
+_swiglu_with_scale = define(
+    "swiglu_with_scale(Tensor ab, ScalarType dtype) -> (Tensor, Tensor)",
+    _swiglu_with_scale_impl, _swiglu_with_scale_fake)
+_swiglu_backward_with_scale = define(
+    "swiglu_backward_with_scale(Tensor(a!) dy, Tensor ab, ScalarType dtype) "
+    "-> (Tensor, Tensor)",
+    _swiglu_backward_with_scale_impl, _swiglu_backward_with_scale_fake)
 
 
 class _SwiGLUDown(torch.autograd.Function):
@@ -203,38 +235,69 @@ class _SwiGLUDown(torch.autograd.Function):
     y between them: backward gets y again from the SwiGLU backward's pass over a and b,
     which reads them anyway, written over y's gradient once read (one more write of y,
     where keeping it held (..., H) per block from forward to backward: 172 MiB of the
-    flagship's 32K-token micro-batch, per block). ``gemms``: the three GEMMs in float8
-    (ten.kernels.fp8), or None for torch's.
+    flagship's 32K-token micro-batch, per block).
     Not an operator: its three kernels each way stay visible to the traffic and memory
     tracers (an operator's inside is not)."""
 
     @staticmethod
-    def forward(ctx, ab: Tensor, w: Tensor, gemms: Float8Gemms | None) -> Tensor:
-        ctx.gemms = gemms
+    def forward(ctx, ab: Tensor, w: Tensor) -> Tensor:
         with torch.autocast(ab.device.type, enabled=False):  # in the inputs' dtype
-            y = _swiglu(ab)
-            if gemms is None:
-                ctx.save_for_backward(ab, w, None)
-                return F.linear(y, w)
-            z, y_scale = gemms.forward(y.view(-1, y.shape[-1]), w, ab.dtype)
-            # backward recomputes y from ab: forward's scale serves it (within y's last
-            # bit, which the cast's clamp to the format's range absorbs)
-            ctx.save_for_backward(ab, w, y_scale)
-            return z.view(*y.shape[:-1], w.shape[0])
+            ctx.save_for_backward(ab, w)
+            return F.linear(_swiglu(ab), w)
 
     @staticmethod
-    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, None]:
-        ab, w, y_scale = ctx.saved_tensors
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor]:
+        ab, w = ctx.saved_tensors
         d, h = w.shape
         dz = dz.reshape(-1, d)
-        if ctx.gemms is None:
-            dy_then_y = dz @ w
-            dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
-            return dab, dz.t() @ dy_then_y, None
-        g = ctx.gemms.grad(dz.contiguous())
-        dy_then_y = ctx.gemms.grad_input(g, w, dz.dtype)
+        dy_then_y = dz @ w
         dab = _swiglu_backward(dy_then_y.view(*ab.shape[:-1], h), ab)
-        return dab, ctx.gemms.grad_weight(g, dy_then_y, y_scale).to(w.dtype), None
+        return dab, dz.t() @ dy_then_y
+
+
+class _Float8SwiGLU(torch.autograd.Function):
+    """z = down(silu(a)·b) with [a | b] = up(x) (x (M, d) rows), both projections' GEMMs in
+    float8 (``gemms``), the product not kept for backward (as :class:`_SwiGLUDown`). One
+    function for the whole block so that a SwiGLU kernel's output reaches its GEMMs with
+    its scale: under one scale a tensor, the SwiGLU passes take the maxima of what they
+    write (forward the product's, backward [d a | d b]'s), and no pass over either
+    computes its scale again (the product is (M, H), its gradient (M, 2H): of the
+    flagship's micro-batch, 2.2 GB a block of the 2.8 GB its scales read).
+
+    Memory: [a | b] is kept until this backward ends, where the up projection's own node
+    would have let it go before its GEMMs ran (one (M, 2H) tensor at most, one block's
+    backward at a time)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms) -> Tensor:
+        ctx.gemms = gemms
+        ab, x_scale = gemms.forward(x, up, x.dtype)
+        if gemms.per_tensor:
+            y, y_scale = _swiglu_with_scale(ab, E4M3)
+        else:  # a scale a row: the GEMMs take each row's from the product
+            y, y_scale = _swiglu(ab), None
+        z, y_scale = gemms.forward(y, down, x.dtype, y_scale)
+        # backward recomputes y from ab: forward's scale serves it (within y's last bit,
+        # which the cast's clamp to the format's range absorbs)
+        ctx.save_for_backward(x, up, down, ab, x_scale, y_scale)
+        return z
+
+    @staticmethod
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        x, up, down, ab, x_scale, y_scale = ctx.saved_tensors
+        gemms = ctx.gemms
+        g = gemms.grad(dz.contiguous())
+        dy_then_y = gemms.grad_input(g, down, dz.dtype)
+        if gemms.per_tensor:
+            dab, dab_scale = _swiglu_backward_with_scale(dy_then_y, ab, E5M2)
+        else:
+            dab, dab_scale = _swiglu_backward(dy_then_y, ab), None
+        d_down = gemms.grad_weight(g, dy_then_y, y_scale).to(down.dtype)
+        del dy_then_y, g
+        g = gemms.grad(dab, dab_scale)
+        del dab
+        return (gemms.grad_input(g, up, x.dtype), gemms.grad_weight(g, x, x_scale).to(up.dtype),
+                d_down, None)
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
@@ -388,14 +451,24 @@ def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: floa
     return h.view(shape), y.view(shape)
 
 
-def swiglu_down(ab: Tensor, weight: Tensor, gemms: Float8Gemms | None = None) -> Tensor:
+def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
     """The SwiGLU feed-forward block's output: silu(a)·b of ab = [a | b] along the last
     dimension, projected by ``weight`` (d, H) (the down projection's, cast to ab's dtype:
     under autocast ab is the up projection's output). Differentiable in both; the product
-    silu(a)·b is not kept for backward (see :class:`_SwiGLUDown`). ``gemms``: the
-    projection's GEMMs in float8 (weight then in its own dtype, cast by them)."""
-    return _SwiGLUDown.apply(ab.contiguous(),
-                             weight if gemms is not None else weight.to(ab.dtype), gemms)
+    silu(a)·b is not kept for backward (see :class:`_SwiGLUDown`)."""
+    return _SwiGLUDown.apply(ab.contiguous(), weight.to(ab.dtype))
+
+
+def float8_swiglu(x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms) -> Tensor:
+    """The SwiGLU feed-forward block, ``swiglu_down(x @ upᵀ, down)``, its six GEMMs in
+    float8 (:class:`_Float8SwiGLU`), in the autocast dtype where autocast is on, else x's
+    (as ``fp8_linear``). up (2H, d), down (d, H), in their own dtype (the GEMMs cast them);
+    every width a multiple of 16."""
+    check_widths("float8_swiglu", up, down)
+    rows, out_dtype = gemm_rows(x)
+    with torch.autocast(x.device.type, enabled=False):  # the casts are the GEMMs' own
+        z = _Float8SwiGLU.apply(rows, up, down, gemms)
+    return z.view(*x.shape[:-1], down.shape[0])
 
 
 def causal_conv_and_linear(x: Tensor, tail: Tensor | None, conv_weight: Tensor,
@@ -478,6 +551,9 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("add_layer_norm_backward", _k.add_layer_norm_backward)
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
+    register_cuda("swiglu_with_scale", functools.partial(_k.swiglu_with_scale, tiny=TINY))
+    register_cuda("swiglu_backward_with_scale",
+                  functools.partial(_k.swiglu_backward_with_scale, tiny=TINY))
     register_cuda("sigmoid_gate", _k.sigmoid_gate)
     register_cuda("sigmoid_gate_backward", _k.sigmoid_gate_backward)
     register_cuda("causal_conv", _k.causal_conv)

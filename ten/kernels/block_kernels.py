@@ -6,7 +6,9 @@ rows per program in backward, whose partial weight gradients torch then sums), p
 block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
 convolution, whose backward writes weight-gradient shares torch sums); loops over a
 runtime count are while loops (Triton 3.6's interpreter takes no runtime bound in
-range()).
+range()). With AMAX, the SwiGLU kernels also store each program's largest magnitude of
+what they wrote: the float8 scale of their output (ten.kernels.fp8, under one scale a
+tensor) is then reduced from one float a program, not from another pass over the output.
 
 Arithmetic is in ``ACC``: fp32 for bf16, fp16 and fp32 tensors, fp64 for fp64 ones (a
 float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
@@ -18,9 +20,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ten.kernels.fp8_kernels import fp8_scale, max_nan
+
 __all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "causal_conv",
            "causal_conv_backward", "compute_dtype", "layer_norm", "layer_norm_backward",
-           "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward"]
+           "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward",
+           "swiglu_backward_with_scale", "swiglu_with_scale"]
 
 
 @triton.jit
@@ -99,21 +104,38 @@ def _swiglu_halves(ab_ptr, h, BH: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_forward_kernel(ab_ptr, y_ptr, h, BH: tl.constexpr, ACC: tl.constexpr):
-    row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH, ACC)
-    y = a * tl.sigmoid(a) * b
-    tl.store(y_ptr + row * h + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+def _partial_amax(part_ptr, magnitude):
+    """This program's largest ``magnitude`` (NaN wins, as in torch's amax), stored at its
+    place in the (rows, column blocks) partial maxima a float8 scale is reduced from."""
+    p = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+    tl.store(part_ptr + p, tl.reduce(magnitude, 0, max_nan))
 
 
 @triton.jit
-def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: tl.constexpr):
+def _swiglu_forward_kernel(ab_ptr, y_ptr, part_ptr, h, BH: tl.constexpr, ACC: tl.constexpr,
+                           AMAX: tl.constexpr):
+    """y = silu(a)·b; with AMAX, this program's largest |y| as stored, into part."""
+    row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH, ACC)
+    y = (a * tl.sigmoid(a) * b).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * h + cols, y, mask=mask)
+    if AMAX:  # masked lanes hold silu(0)·0 = 0
+        _partial_amax(part_ptr, tl.abs(y.to(tl.float32)))
+
+
+@triton.jit
+def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, h, BH: tl.constexpr,
+                            ACC: tl.constexpr, AMAX: tl.constexpr):
+    """[d a | d b], and forward's y over dy; with AMAX, this program's largest |d a|, |d b|
+    as stored, into part."""
     row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH, ACC)
     g = tl.load(dy_ptr + row * h + cols, mask=mask, other=0.0).to(ACC)
     s = tl.sigmoid(a)
-    da = g * b * s * (1.0 + a * (1.0 - s))
-    db = g * a * s
-    tl.store(dab_ptr + row * 2 * h + cols, da.to(dab_ptr.dtype.element_ty), mask=mask)
-    tl.store(dab_ptr + row * 2 * h + h + cols, db.to(dab_ptr.dtype.element_ty), mask=mask)
+    da = (g * b * s * (1.0 + a * (1.0 - s))).to(dab_ptr.dtype.element_ty)
+    db = (g * a * s).to(dab_ptr.dtype.element_ty)
+    tl.store(dab_ptr + row * 2 * h + cols, da, mask=mask)
+    tl.store(dab_ptr + row * 2 * h + h + cols, db, mask=mask)
+    if AMAX:
+        _partial_amax(part_ptr, max_nan(tl.abs(da.to(tl.float32)), tl.abs(db.to(tl.float32))))
     y = a * s * b  # the forward's product, its operations in its order: the same bits
     # over dy, which this program has read
     tl.store(dy_ptr + row * h + cols, y.to(dy_ptr.dtype.element_ty), mask=mask)
@@ -328,22 +350,51 @@ def _swiglu_cut(ab: Tensor) -> tuple[int, int, int]:
     return (ab.numel() // (2 * h) if h else 0), h, min(1024, triton.next_power_of_2(max(h, 1)))
 
 
-def swiglu(ab: Tensor) -> Tensor:
+def _swiglu_forward(ab: Tensor, amax: bool) -> tuple[Tensor, Tensor | None]:
+    """(y, and with ``amax`` the partial maxima of |y|: one a program)."""
     rows, h, bh = _swiglu_cut(ab)
+    grid = (rows, triton.cdiv(h, bh))
     y = ab.new_empty(*ab.shape[:-1], h)
+    part = ab.new_empty(grid, dtype=torch.float32) if amax else None
     if rows:
-        _swiglu_forward_kernel[(rows, triton.cdiv(h, bh))](ab, y, h, BH=bh, ACC=acc(ab),
-                                                           num_warps=4)
-    return y
+        _swiglu_forward_kernel[grid](ab, y, y if part is None else part, h, BH=bh,
+                                     ACC=acc(ab), AMAX=amax, num_warps=4)
+    return y, part
+
+
+def _swiglu_backward(dy: Tensor, ab: Tensor, amax: bool) -> tuple[Tensor, Tensor | None]:
+    """([d a | d b] with y written over dy, and with ``amax`` the partial maxima of it)."""
+    rows, h, bh = _swiglu_cut(ab)
+    grid = (rows, triton.cdiv(h, bh))
+    dab = torch.empty_like(ab)
+    part = ab.new_empty(grid, dtype=torch.float32) if amax else None
+    if rows:
+        _swiglu_backward_kernel[grid](dy, ab, dab, dab if part is None else part, h, BH=bh,
+                                      ACC=acc(dy, ab), AMAX=amax, num_warps=4)
+    return dab, part
+
+
+def swiglu(ab: Tensor) -> Tensor:
+    return _swiglu_forward(ab, amax=False)[0]
 
 
 def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
-    rows, h, bh = _swiglu_cut(ab)
-    dab = torch.empty_like(ab)
-    if rows:
-        _swiglu_backward_kernel[(rows, triton.cdiv(h, bh))](dy, ab, dab, h, BH=bh,
-                                                            ACC=acc(dy, ab), num_warps=4)
-    return dab
+    return _swiglu_backward(dy, ab, amax=False)[0]
+
+
+def swiglu_with_scale(ab: Tensor, dtype: torch.dtype, *, tiny: float) -> tuple[Tensor, Tensor]:
+    """``ten::swiglu_with_scale``: y and its float8 scale for ``dtype`` from the maxima the
+    SwiGLU pass took as it wrote y (a reduction of one float a program, not a pass over y);
+    ``tiny`` as ten.kernels.fp8 binds it for its own scales."""
+    y, part = _swiglu_forward(ab, amax=True)
+    return y, fp8_scale(part, dtype, None, tiny=tiny)
+
+
+def swiglu_backward_with_scale(dy: Tensor, ab: Tensor, dtype: torch.dtype, *,
+                               tiny: float) -> tuple[Tensor, Tensor]:
+    """``ten::swiglu_backward_with_scale``: [d a | d b] (y over dy) and its float8 scale."""
+    dab, part = _swiglu_backward(dy, ab, amax=True)
+    return dab, fp8_scale(part, dtype, None, tiny=tiny)
 
 
 GATE_BLOCK = 1024  # elements per gate program

@@ -229,28 +229,41 @@ class Float8Gemms:
             raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
         self.scaling = scaling
         self._row = scaling == "row"
+        self.per_tensor = not self._row  # one scale a tensor: a kernel writing one can take it
 
-    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype
-                ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype,
+                x_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """(y = x wᵀ (M, N) in ``out_dtype``, x's scale for :meth:`grad_weight`, or None
         under a scale a row, where dw's scales are x's columns'): x by its rows, w by its
-        rows (y's columns)."""
+        rows (y's columns). ``x_scale``: x's one scale where the kernel that wrote x took
+        it (ten.kernels.block_fused's SwiGLU), so no pass over x computes it again."""
         dim = 1 if self._row else None
-        sx, sw = scale_of(x, E4M3, dim), scale_of(w, E4M3, dim)  # (M, 1), (N, 1) or ()
+        sx = self._given(x_scale) if x_scale is not None else scale_of(x, E4M3, dim)
+        sw = scale_of(w, E4M3, dim)  # (M, 1), (N, 1) or ()
         y = _mm(cast(x, sx, E4M3), cast(w, sw, E4M3).t(), sx, sw.t() if self._row else sw,
                 torch.bfloat16 if self._row else out_dtype).to(out_dtype)
         return y, None if self._row else sx
 
-    def grad(self, dy: Tensor) -> Float8Grad:
-        """dy (M, N) cast for :meth:`grad_input` and :meth:`grad_weight`."""
+    def grad(self, dy: Tensor, scale: Tensor | None = None) -> Float8Grad:
+        """dy (M, N) cast for :meth:`grad_input` and :meth:`grad_weight`; ``scale``: dy's
+        one scale, where the kernel that wrote dy took it."""
         if not self._row:
-            s = scale_of(dy, E5M2)
+            s = scale_of(dy, E5M2) if scale is None else scale
             rows, cols_t = cast_both(dy, s, E5M2, rows_to=ALIGN)
             return Float8Grad(rows[:dy.shape[0]], s, cols_t, s)
+        self._given(scale)
         by_row, by_col = scale_of(dy, E5M2, 1), scale_of(dy, E5M2, 0)  # (M, 1), (1, N)
         return Float8Grad(cast(dy, by_row, E5M2), by_row,
                           cast(dy, by_col, E5M2, transpose=True, rows_to=ALIGN),
                           by_col.view(-1, 1))
+
+    def _given(self, scale: Tensor | None) -> Tensor | None:
+        """A scale taken by the kernel that wrote its tensor: one a tensor's, which a scale
+        a row cannot use (ValueError)."""
+        if self._row and scale is not None:
+            raise ValueError("Float8Gemms: a tensor's one scale was passed to GEMMs that "
+                             "scale each row")
+        return scale
 
     def grad_input(self, g: Float8Grad, w: Tensor, out_dtype: torch.dtype) -> Tensor:
         """dx = dy w (M, K) in ``out_dtype``: dy by its rows, w by its columns."""
@@ -295,17 +308,30 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     for backward in that dtype too, as autocast's F.linear keeps its cast. weight (N, K)
     with N and K multiples of 16 (:func:`fp8_eligible`); x (..., K), any number of rows."""
     gemms = Float8Gemms(scaling)
-    N, K = weight.shape
-    if not fp8_eligible(K, N):
-        raise ValueError(f"fp8_linear needs widths that are multiples of {ALIGN}, "
-                         f"got a ({N}, {K}) weight")
+    check_widths("fp8_linear", weight)
+    rows, out_dtype = gemm_rows(x)
+    with torch.autocast(x.device.type, enabled=False):  # the casts are this function's own
+        y = _FP8Linear.apply(rows, weight, out_dtype, gemms)
+        y = y.view(*x.shape[:-1], weight.shape[0])
+        return y if bias is None else y + bias.to(out_dtype)
+
+
+def check_widths(caller: str, *weights: Tensor) -> None:
+    """ValueError naming ``caller`` unless each (N, K) weight is :func:`fp8_eligible`."""
+    for weight in weights:
+        N, K = weight.shape
+        if not fp8_eligible(K, N):
+            raise ValueError(f"{caller} needs widths that are multiples of {ALIGN}, "
+                             f"got a ({N}, {K}) weight")
+
+
+def gemm_rows(x: Tensor) -> tuple[Tensor, torch.dtype]:
+    """(x (..., K) as the (M, K) rows a float8 layer multiplies, the dtype of its output):
+    autocast's where autocast is on, as F.linear's output would be (x is kept for backward
+    in that dtype too, as autocast's F.linear keeps its cast), else x's."""
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    with torch.autocast(dev, enabled=False):  # the casts are this function's own
-        rows = x.reshape(-1, K).to(out_dtype).contiguous()
-        y = _FP8Linear.apply(rows, weight, out_dtype, gemms)
-        y = y.view(*x.shape[:-1], N)
-        return y if bias is None else y + bias.to(out_dtype)
+    return x.reshape(-1, x.shape[-1]).to(out_dtype).contiguous(), out_dtype
 
 
 def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["fp8_cast", "fp8_cast_both", "fp8_scale"]
+__all__ = ["fp8_cast", "fp8_cast_both", "fp8_scale", "max_nan"]
 
 BR, BC = 64, 64  # a tile: rows x columns
 STEPS = 8  # tiles an amax program reduces over (one partial per 8 tiles)
@@ -40,7 +40,7 @@ _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it - it is x to an integer
 
 
 @triton.jit
-def _max_nan(a, b):
+def max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)  # as torch's amax: NaN wins
 
 
@@ -61,16 +61,16 @@ def _amax_kernel(t_ptr, part_ptr, R, C, PER_ROW: tl.constexpr, PER_COL: tl.const
         rows = rows.to(tl.int64)
         mask = (rows[:, None] < R) & (cols[None, :] < C)
         x = tl.load(t_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-        top = _max_nan(top, tl.abs(x.to(tl.float32)))
+        top = max_nan(top, tl.abs(x.to(tl.float32)))
     if PER_ROW:
         rows = (pr * BR + tl.arange(0, BR)).to(tl.int64)
-        tl.store(part_ptr + pc * R + rows, tl.reduce(top, 1, _max_nan), mask=rows < R)
+        tl.store(part_ptr + pc * R + rows, tl.reduce(top, 1, max_nan), mask=rows < R)
     elif PER_COL:
         cols = pc * BC + tl.arange(0, BC)
-        tl.store(part_ptr + pr * C + cols, tl.reduce(top, 0, _max_nan), mask=cols < C)
+        tl.store(part_ptr + pr * C + cols, tl.reduce(top, 0, max_nan), mask=cols < C)
     else:
         tl.store(part_ptr + pr * tl.num_programs(1) + pc,
-                 tl.reduce(tl.reduce(top, 1, _max_nan), 0, _max_nan))
+                 tl.reduce(tl.reduce(top, 1, max_nan), 0, max_nan))
 
 
 @triton.jit
@@ -83,10 +83,10 @@ def _scale_kernel(part_ptr, scale_ptr, P, S, TOP: tl.constexpr, TINY: tl.constex
     while p0 < P:
         p = p0 + tl.arange(0, BP)
         mask = (p[:, None] < P) & (s[None, :] < S)
-        top = _max_nan(top, tl.load(part_ptr + p[:, None] * S + s[None, :], mask=mask,
+        top = max_nan(top, tl.load(part_ptr + p[:, None] * S + s[None, :], mask=mask,
                                     other=0.0))
         p0 += BP
-    amax = _max_nan(tl.reduce(top, 0, _max_nan), TINY)
+    amax = max_nan(tl.reduce(top, 0, max_nan), TINY)
     tl.store(scale_ptr + s, tl.math.div_rn(amax, tl.full((BS,), TOP, tl.float32)),
              mask=s < S)
 

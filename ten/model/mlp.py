@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.kernels.block_fused import swiglu_down
+from ten.kernels.block_fused import float8_swiglu, swiglu_down
 from ten.kernels.fp8 import Float8Gemms, fp8_linear
 from ten.model.config import MLP_KINDS
 
@@ -28,8 +28,10 @@ class MLP(nn.Module):
             self.down = nn.Linear(hidden, d_model)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
+        if self.kind == "swiglu" and self.gemms is not None:
+            return float8_swiglu(x, self.up.weight, self.down.weight, self.gemms)
         if self.kind == "swiglu":  # keeps up(x) for backward, not silu(a)·b
-            return swiglu_down(self.project(x, self.up), self.down.weight, self.gemms)
+            return swiglu_down(self.up(x), self.down.weight)
         return self.project(F.gelu(self.project(x, self.up)), self.down)
 
     def project(self, x: Tensor, layer: nn.Linear) -> Tensor:

@@ -24,6 +24,7 @@ from ten.kernels.block_fused import (
     sigmoid_gate,
     swiglu_down,
 )
+from ten.kernels.fp8 import E4M3, E5M2, TINY
 from ten.model.mlp import MLP
 
 interpret_without_cuda()
@@ -407,6 +408,39 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
     assert torch.equal(dy_then_y, y)
     assert_fake_layout("swiglu", (ab,), y)
     assert_fake_layout("swiglu_backward", (dy, ab), dab)
+
+
+@pytest.mark.parametrize("h", [5, 1100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_swiglu_kernels_scale_what_they_write_as_a_pass_over_it_would(kernels, h, dtype):
+    """With the maxima taken as the product and [d a | d b] are written (the float8 block's
+    SwiGLU), the outputs are the plain kernels' bit for bit, and each scale is the one
+    ten::fp8_scale takes of that output afterwards (e4m3 forward, e5m2 backward). The
+    largest magnitude is planted in the ragged last block of a row."""
+    ab, dy = rand(2, 3, 2 * h).to(dtype), rand(2, 3, h, seed=1).to(dtype)
+    ab[1, 2, h - 1] = ab[1, 2, 2 * h - 1] = 40.0  # silu(40)·40: the product's largest
+    y, y_scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    assert torch.equal(y, kernels.swiglu(ab))
+    assert torch.equal(y_scale.cpu(), torch.ops.ten.fp8_scale.default(y.cpu().view(-1, h),
+                                                                       E4M3, None))
+    plain_dy, dy_then_y = dy.clone(), dy.clone()
+    dab, dab_scale = kernels.swiglu_backward_with_scale(dy_then_y, ab, E5M2, tiny=TINY)
+    assert torch.equal(dab, kernels.swiglu_backward(plain_dy, ab))
+    assert torch.equal(dy_then_y, y)  # forward's product over dy, as without the maxima
+    assert torch.equal(dab_scale.cpu(), torch.ops.ten.fp8_scale.default(
+        dab.cpu().view(-1, 2 * h), E5M2, None))
+    assert_fake_layout("swiglu_with_scale", (ab, E4M3), (y, y_scale))
+    assert_fake_layout("swiglu_backward_with_scale", (dy, ab, E5M2), (dab, dab_scale))
+
+
+def test_a_nan_in_the_swiglu_output_makes_its_scale_nan_as_torchs_amax_does(kernels):
+    """A non-finite step must show in the float8 scale (the trainer's non-finite check
+    then skips the step), not be dropped by a max that ignores NaN."""
+    ab = rand(4, 2 * 64)
+    ab[2, 3] = float("nan")
+    _, scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    assert torch.isnan(scale).item()
+    assert torch.isnan(torch.ops.ten.swiglu_with_scale.default(ab.cpu(), E4M3)[1]).item()
 
 
 @pytest.mark.parametrize("n", [5, 3000])  # below one program's block; blocks and a ragged one

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ten.kernels.block_fused import swiglu_down
+from ten.kernels.block_fused import float8_swiglu
 from ten.kernels.fp8 import (
     E4M3,
     E5M2,
@@ -133,23 +133,46 @@ def test_every_call_keeps_cudas_layout_and_format_rules():
         _mm(a8[:, :24], b8[:, :24].t(), sa, sb, torch.float32)
 
 
-@pytest.mark.parametrize("scaling", ["tensor", "row"])
-def test_the_swiglu_block_in_float8_equals_its_product_kept_then_projected(scaling):
-    """swiglu_down's float8 path gets silu(a)·b back in backward instead of keeping it:
-    the same GEMMs on the same operands as projecting the kept product with fp8_linear."""
+def swiglu_block_inputs():
     g = torch.Generator().manual_seed(SEED)
-    ab = torch.randn(2, 20, 2 * 48, generator=g, requires_grad=True)
-    w = (torch.randn(32, 48, generator=g) / 48 ** 0.5).requires_grad_()
-    dz = torch.randn(2, 20, 32, generator=g)
-    ab2, w2 = ab.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    z = swiglu_down(ab, w, Float8Gemms(scaling))
+    print(f"seed {SEED}")
+    x = torch.randn(2, 20, 64, generator=g, requires_grad=True)
+    up = (torch.randn(2 * 48, 64, generator=g) / 64 ** 0.5).requires_grad_()
+    down = (torch.randn(32, 48, generator=g) / 48 ** 0.5).requires_grad_()
+    return x, up, down, torch.randn(2, 20, 32, generator=g)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_the_swiglu_block_in_float8_equals_its_two_projections_with_the_product_kept(scaling):
+    """float8_swiglu takes the product's and its gradient's scales from the SwiGLU passes
+    and gets the product back in backward instead of keeping it: the same GEMMs on the
+    same operands as fp8_linear, silu(a)·b kept, and fp8_linear again."""
+    x, up, down, dz = swiglu_block_inputs()
+    x2, up2, down2 = (t.detach().clone().requires_grad_() for t in (x, up, down))
+    z = float8_swiglu(x, up, down, Float8Gemms(scaling))
     z.backward(dz)
-    a, b = ab2.chunk(2, dim=-1)
-    z2 = fp8_linear(torch.nn.functional.silu(a) * b, w2, scaling=scaling)
+    a, b = fp8_linear(x2, up2, scaling=scaling).chunk(2, dim=-1)
+    z2 = fp8_linear(torch.nn.functional.silu(a) * b, down2, scaling=scaling)
     z2.backward(dz)
+    assert z.shape == (2, 20, 32)
     assert torch.allclose(z, z2, rtol=1e-6, atol=1e-6)
-    assert torch.allclose(ab.grad, ab2.grad, rtol=1e-5, atol=1e-6)
-    assert torch.allclose(w.grad, w2.grad, rtol=1e-5, atol=1e-6)
+    for got, want in ((x.grad, x2.grad), (up.grad, up2.grad), (down.grad, down2.grad)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_float8_swiglu_block_refuses_widths_cuda_cannot_multiply():
+    x, up, down, _ = swiglu_block_inputs()
+    with pytest.raises(ValueError, match=r"float8_swiglu needs widths that are multiples of "
+                                         r"16, got a \(32, 40\) weight"):
+        float8_swiglu(x, up[:80], down[:, :40], Float8Gemms())
+
+
+def test_a_scale_a_row_takes_no_scale_from_the_kernel_that_wrote_its_operand():
+    x, w, dy = inputs()
+    with pytest.raises(ValueError, match="one scale was passed to GEMMs that scale each row"):
+        Float8Gemms("row").forward(x, w, torch.float32, torch.ones(()))
+    with pytest.raises(ValueError, match="one scale was passed to GEMMs that scale each row"):
+        Float8Gemms("row").grad(dy, torch.ones(()))
 
 
 class TenOps(TorchDispatchMode):
@@ -180,3 +203,19 @@ def test_one_scale_a_tensor_takes_xs_amax_once_and_casts_the_gradient_once(scali
     assert ops.counts["fp8_scale"] == scales
     assert ops.counts["fp8_cast"] == casts
     assert ops.counts["fp8_cast_both"] == both
+
+
+@pytest.mark.parametrize("scaling, scales, fused", [("tensor", 6, 1), ("row", 12, 0)])
+def test_the_swiglu_blocks_product_and_its_gradient_are_scaled_by_the_passes_writing_them(
+        scaling, scales, fused):
+    """Under one scale a tensor, the float8 SwiGLU block's largest operands, the product
+    (M, H) and [d a | d b] (M, 2H), get their scales from the SwiGLU kernels that write
+    them: the passes left are x and the output's gradient, and the weights (each twice:
+    forward, then backward's dx), 6 where two fp8_linear layers take 8; a scale a row
+    takes each operand's own (12)."""
+    x, up, down, dz = swiglu_block_inputs()
+    with TenOps() as ops:
+        float8_swiglu(x, up, down, Float8Gemms(scaling)).backward(dz)
+    assert ops.counts["fp8_scale"] == scales
+    assert ops.counts["swiglu_with_scale"] == ops.counts["swiglu_backward_with_scale"] == fused
+    assert ops.counts["swiglu"] == ops.counts["swiglu_backward"] == 1 - fused
