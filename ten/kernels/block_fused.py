@@ -43,7 +43,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.kernels.fp8 import E4M3, E5M2, TINY, Float8Gemms, check_widths, gemm_rows, scale_of
+from ten.kernels.fp8 import (
+    E4M3,
+    E5M2,
+    TINY,
+    Float8Gemms,
+    Float8Operand,
+    check_widths,
+    gemm_rows,
+    scale_of,
+)
 from ten.kernels.ops import define, register_cuda
 
 __all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear",
@@ -264,40 +273,43 @@ class _Float8SwiGLU(torch.autograd.Function):
     computes its scale again (the product is (M, H), its gradient (M, 2H): of the
     flagship's micro-batch, 2.2 GB a block of the 2.8 GB its scales read).
 
-    Memory: [a | b] is kept until this backward ends, where the up projection's own node
-    would have let it go before its GEMMs ran (one (M, 2H) tensor at most, one block's
-    backward at a time)."""
+    Kept for backward: of x, dw's operand in float8 (:class:`Float8Gemms`: half x's
+    bytes), [a | b] and the weights; [a | b] lives until this backward ends, where a node
+    of the up projection's own would have let it go before its GEMMs ran (one (M, 2H)
+    tensor, one block's backward at a time)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms) -> Tensor:
-        ctx.gemms = gemms
-        ab, x_scale = gemms.forward(x, up, x.dtype)
+        ctx.gemms, ctx.x_dtype = gemms, x.dtype
+        x8 = gemms.operand(x, E4M3)  # both layouts: y's GEMM now, dw's kept for backward
+        ab = gemms.forward(x8, up, x.dtype)
         if gemms.per_tensor:
             y, y_scale = _swiglu_with_scale(ab, E4M3)
         else:  # a scale a row: the GEMMs take each row's from the product
             y, y_scale = _swiglu(ab), None
-        z, y_scale = gemms.forward(y, down, x.dtype, y_scale)
+        z = gemms.forward(gemms.operand(y, E4M3, y_scale, cols=False), down, x.dtype)
         # backward recomputes y from ab: forward's scale serves it (within y's last bit,
         # which the cast's clamp to the format's range absorbs)
-        ctx.save_for_backward(x, up, down, ab, x_scale, y_scale)
+        ctx.save_for_backward(x8.cols_t, x8.cols_scale, up, down, ab, y_scale)
         return z
 
     @staticmethod
     def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        x, up, down, ab, x_scale, y_scale = ctx.saved_tensors
+        x_cols_t, x_cols_scale, up, down, ab, y_scale = ctx.saved_tensors
         gemms = ctx.gemms
-        g = gemms.grad(dz.contiguous())
+        g = gemms.operand(dz.contiguous(), E5M2)
         dy_then_y = gemms.grad_input(g, down, dz.dtype)
         if gemms.per_tensor:
             dab, dab_scale = _swiglu_backward_with_scale(dy_then_y, ab, E5M2)
         else:
             dab, dab_scale = _swiglu_backward(dy_then_y, ab), None
-        d_down = gemms.grad_weight(g, dy_then_y, y_scale).to(down.dtype)
-        del dy_then_y, g
-        g = gemms.grad(dab, dab_scale)
+        y8 = gemms.operand(dy_then_y, E4M3, y_scale, rows=False)
+        d_down = gemms.grad_weight(g, y8).to(down.dtype)
+        del dy_then_y, g, y8
+        g = gemms.operand(dab, E5M2, dab_scale)
         del dab
-        return (gemms.grad_input(g, up, x.dtype), gemms.grad_weight(g, x, x_scale).to(up.dtype),
-                d_down, None)
+        d_up = gemms.grad_weight(g, Float8Operand.by_columns(x_cols_t, x_cols_scale))
+        return gemms.grad_input(g, up, ctx.x_dtype), d_up.to(up.dtype), d_down, None
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:

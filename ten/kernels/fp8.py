@@ -205,24 +205,35 @@ def _mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
 
 
 @dataclass(frozen=True)
-class Float8Grad:
-    """An output's gradient dy (M, N) cast once for both backward GEMMs: by its rows,
-    row-major (dx = dy w), and by its columns, transposed with zero rows up to a multiple
-    of 16 (dw = dyᵀ x); one scale a tensor serves both (one amax, one pass writing both)."""
+class Float8Operand:
+    """A GEMM operand t (M, K) cast once for the GEMMs of a layer that read it, each in the
+    layout its GEMM takes: by its rows, row-major (x in y = x wᵀ, dy in dx = dy w), and by
+    its columns, transposed, with zero rows up to a multiple of 16 (x and dy in dw = dyᵀ x,
+    which sums over the rows). A layout no GEMM asks for is None."""
 
-    rows: Tensor  # (M, N) e5m2
-    rows_scale: Tensor  # () or (M, 1)
-    cols_t: Tensor  # (N, M') e5m2
-    cols_scale: Tensor  # () or (N, 1)
+    rows: Tensor | None  # (M, K)
+    rows_scale: Tensor | None  # () or (M, 1)
+    cols_t: Tensor | None  # (K, M')
+    cols_scale: Tensor | None  # () or (1, K)
+
+    @classmethod
+    def by_columns(cls, cols_t: Tensor, cols_scale: Tensor) -> Float8Operand:
+        """The columns' layout alone (what a layer keeps of x for dw)."""
+        return cls(None, None, cols_t, cols_scale)
+
+
+def _as_rows_scale(scale: Tensor) -> Tensor:
+    """A (1, K) scale of t's columns as the (K, 1) scale of tᵀ's rows (one a tensor as it is)."""
+    return scale.view(-1, 1) if scale.dim() else scale
 
 
 class Float8Gemms:
-    """The three GEMMs of y = x wᵀ (x (M, K), w (N, K)) in float8, each casting its
-    high-precision operands with scales of ``scaling``: what a layer that keeps x and w
-    for backward (as F.linear's autograd keeps them) calls in place of torch's matmuls.
-    Each cast writes its operand in the layout its GEMM takes (:func:`cast`); under one
-    scale a tensor x's scale from forward serves dw's cast of x too (the same tensor, the
-    same amax), and the gradient is cast once for both of backward's GEMMs."""
+    """The three GEMMs of y = x wᵀ (x (M, K), w (N, K)) in float8, with scales of
+    ``scaling``, for a layer that casts its operands with :meth:`operand`: x once in forward
+    into both layouts (y's, and dw's, which the layer keeps for backward in x's place: half
+    its bytes, and no pass over x in backward), the output's gradient once in backward
+    for dx and dw. Under one scale a tensor both layouts share one scale and come from one
+    pass (:func:`cast_both`); the weight is cast in each GEMM from its own dtype."""
 
     def __init__(self, scaling: Scaling = "tensor"):
         if scaling not in SCALINGS:
@@ -231,82 +242,74 @@ class Float8Gemms:
         self._row = scaling == "row"
         self.per_tensor = not self._row  # one scale a tensor: a kernel writing one can take it
 
-    def forward(self, x: Tensor, w: Tensor, out_dtype: torch.dtype,
-                x_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """(y = x wᵀ (M, N) in ``out_dtype``, x's scale for :meth:`grad_weight`, or None
-        under a scale a row, where dw's scales are x's columns'): x by its rows, w by its
-        rows (y's columns). ``x_scale``: x's one scale where the kernel that wrote x took
-        it (ten.kernels.block_fused's SwiGLU), so no pass over x computes it again."""
-        dim = 1 if self._row else None
-        sx = self._given(x_scale) if x_scale is not None else scale_of(x, E4M3, dim)
-        sw = scale_of(w, E4M3, dim)  # (M, 1), (N, 1) or ()
-        y = _mm(cast(x, sx, E4M3), cast(w, sw, E4M3).t(), sx, sw.t() if self._row else sw,
-                torch.bfloat16 if self._row else out_dtype).to(out_dtype)
-        return y, None if self._row else sx
+    def operand(self, t: Tensor, dtype: torch.dtype, scale: Tensor | None = None, *,
+                rows: bool = True, cols: bool = True) -> Float8Operand:
+        """t (M, K) in ``dtype`` by its rows and by its columns (:class:`Float8Operand`;
+        ``rows`` or ``cols`` False leaves that layout out). ``scale``: t's one scale where
+        the kernel that wrote t took it (ten.kernels.block_fused's SwiGLU), so no pass over
+        t computes it again; a scale a row refuses one (ValueError)."""
+        if self._row:
+            if scale is not None:
+                raise ValueError("Float8Gemms: a tensor's one scale was passed to GEMMs "
+                                 "that scale each row")
+            by_row = scale_of(t, dtype, 1) if rows else None  # (M, 1)
+            by_col = scale_of(t, dtype, 0) if cols else None  # (1, K)
+            return Float8Operand(
+                cast(t, by_row, dtype) if rows else None, by_row,
+                cast(t, by_col, dtype, transpose=True, rows_to=ALIGN) if cols else None, by_col)
+        s = scale_of(t, dtype) if scale is None else scale
+        if rows and cols:
+            t8, t8_t = cast_both(t, s, dtype, rows_to=ALIGN)
+            return Float8Operand(t8[:t.shape[0]], s, t8_t, s)
+        return Float8Operand(cast(t, s, dtype) if rows else None, s if rows else None,
+                             cast(t, s, dtype, transpose=True, rows_to=ALIGN) if cols else None,
+                             s if cols else None)
 
-    def grad(self, dy: Tensor, scale: Tensor | None = None) -> Float8Grad:
-        """dy (M, N) cast for :meth:`grad_input` and :meth:`grad_weight`; ``scale``: dy's
-        one scale, where the kernel that wrote dy took it."""
-        if not self._row:
-            s = scale_of(dy, E5M2) if scale is None else scale
-            rows, cols_t = cast_both(dy, s, E5M2, rows_to=ALIGN)
-            return Float8Grad(rows[:dy.shape[0]], s, cols_t, s)
-        self._given(scale)
-        by_row, by_col = scale_of(dy, E5M2, 1), scale_of(dy, E5M2, 0)  # (M, 1), (1, N)
-        return Float8Grad(cast(dy, by_row, E5M2), by_row,
-                          cast(dy, by_col, E5M2, transpose=True, rows_to=ALIGN),
-                          by_col.view(-1, 1))
+    def forward(self, x: Float8Operand, w: Tensor, out_dtype: torch.dtype) -> Tensor:
+        """y = x wᵀ (M, N) in ``out_dtype``: x by its rows, w by its rows (y's columns)."""
+        sw = scale_of(w, E4M3, 1 if self._row else None)  # (N, 1) or ()
+        return _mm(x.rows, cast(w, sw, E4M3).t(), x.rows_scale, sw.t() if self._row else sw,
+                   torch.bfloat16 if self._row else out_dtype).to(out_dtype)
 
-    def _given(self, scale: Tensor | None) -> Tensor | None:
-        """A scale taken by the kernel that wrote its tensor: one a tensor's, which a scale
-        a row cannot use (ValueError)."""
-        if self._row and scale is not None:
-            raise ValueError("Float8Gemms: a tensor's one scale was passed to GEMMs that "
-                             "scale each row")
-        return scale
-
-    def grad_input(self, g: Float8Grad, w: Tensor, out_dtype: torch.dtype) -> Tensor:
+    def grad_input(self, g: Float8Operand, w: Tensor, out_dtype: torch.dtype) -> Tensor:
         """dx = dy w (M, K) in ``out_dtype``: dy by its rows, w by its columns."""
         sw = scale_of(w, E4M3, 0 if self._row else None)  # (1, K) or ()
         return _mm(g.rows, cast(w, sw, E4M3, transpose=True).t(), g.rows_scale, sw,
                    torch.bfloat16 if self._row else out_dtype).to(out_dtype)
 
-    def grad_weight(self, g: Float8Grad, x: Tensor, x_scale: Tensor | None = None) -> Tensor:
-        """dw = dyᵀ x (N, K) in float32: dyᵀ by its rows (dy's columns), x by its columns
-        (or by ``x_scale``, forward's one scale), both with zero rows up to a multiple of
-        16 (the sum runs over them)."""
-        sx = scale_of(x, E4M3, 0 if self._row else None) if x_scale is None else x_scale
-        xt8 = cast(x, sx, E4M3, transpose=True, rows_to=ALIGN)  # (K, M')
-        return _mm(g.cols_t, xt8.t(), g.cols_scale, sx,
+    def grad_weight(self, g: Float8Operand, x: Float8Operand) -> Tensor:
+        """dw = dyᵀ x (N, K) in float32: dy by its columns, x by its columns, both with
+        zero rows up to a multiple of 16 (the sum runs over them)."""
+        return _mm(g.cols_t, x.cols_t.t(), _as_rows_scale(g.cols_scale), x.cols_scale,
                    torch.bfloat16 if self._row else torch.float32).float()
 
 
 class _FP8Linear(torch.autograd.Function):
-    """y = x wᵀ with float8 GEMMs each way (:class:`Float8Gemms`), keeping x and w for
-    backward as F.linear does (and x's scale, under one a tensor)."""
+    """y = x wᵀ with float8 GEMMs each way (:class:`Float8Gemms`), keeping w and, of x,
+    what dw reads: x by its columns in float8 (half the bytes F.linear keeps)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, out_dtype: torch.dtype,
                 gemms: Float8Gemms) -> Tensor:
-        ctx.gemms = gemms
-        y, x_scale = gemms.forward(x, w, out_dtype)
-        ctx.save_for_backward(x, w, x_scale)
-        return y
+        ctx.gemms, ctx.x_dtype = gemms, x.dtype
+        x8 = gemms.operand(x, E4M3)
+        ctx.save_for_backward(x8.cols_t, x8.cols_scale, w)
+        return gemms.forward(x8, w, out_dtype)
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        x, w, x_scale = ctx.saved_tensors
-        g = ctx.gemms.grad(dy.contiguous())
-        return (ctx.gemms.grad_input(g, w, x.dtype),
-                ctx.gemms.grad_weight(g, x, x_scale).to(w.dtype), None, None)
+        x_cols_t, x_cols_scale, w = ctx.saved_tensors
+        g = ctx.gemms.operand(dy.contiguous(), E5M2)
+        dw = ctx.gemms.grad_weight(g, Float8Operand.by_columns(x_cols_t, x_cols_scale))
+        return ctx.gemms.grad_input(g, w, ctx.x_dtype), dw.to(w.dtype), None, None
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                scaling: Scaling = "tensor") -> Tensor:
     """``F.linear(x, weight, bias)`` with its GEMMs in float8 (forward and backward), in
-    the autocast dtype where autocast is on (as F.linear would be), else x's; x is kept
-    for backward in that dtype too, as autocast's F.linear keeps its cast. weight (N, K)
-    with N and K multiples of 16 (:func:`fp8_eligible`); x (..., K), any number of rows."""
+    the autocast dtype where autocast is on (as F.linear would be), else x's; of x,
+    backward keeps what dw reads, in float8. weight (N, K) with N and K multiples of 16
+    (:func:`fp8_eligible`); x (..., K), any number of rows."""
     gemms = Float8Gemms(scaling)
     check_widths("fp8_linear", weight)
     rows, out_dtype = gemm_rows(x)
@@ -327,8 +330,7 @@ def check_widths(caller: str, *weights: Tensor) -> None:
 
 def gemm_rows(x: Tensor) -> tuple[Tensor, torch.dtype]:
     """(x (..., K) as the (M, K) rows a float8 layer multiplies, the dtype of its output):
-    autocast's where autocast is on, as F.linear's output would be (x is kept for backward
-    in that dtype too, as autocast's F.linear keeps its cast), else x's."""
+    autocast's where autocast is on, as F.linear's output would be, else x's."""
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     return x.reshape(-1, x.shape[-1]).to(out_dtype).contiguous(), out_dtype

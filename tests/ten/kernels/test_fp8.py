@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from saved_tensors import saved_for_backward
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ten.kernels.block_fused import float8_swiglu
@@ -95,7 +96,8 @@ def test_under_bf16_autocast_the_output_is_bf16_and_the_grads_the_params_dtypes(
         y = fp8_linear(x.view(4, 10, 64), w)
     assert y.dtype == torch.bfloat16 and y.shape == (4, 10, 32)
     gemms = y.grad_fn.next_functions[0][0]  # under the view: the float8 GEMMs' node
-    assert gemms.saved_tensors[0].dtype == torch.bfloat16  # x kept as autocast keeps it
+    x_cols_t, _, kept_w = gemms.saved_tensors  # of x, dw's operand: (K, M padded to 16)
+    assert x_cols_t.dtype == E4M3 and x_cols_t.shape == (64, 48) and kept_w is w
     y.backward(dy.view(4, 10, 32).bfloat16())
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
     assert torch.isfinite(w.grad).all()
@@ -160,6 +162,16 @@ def test_the_swiglu_block_in_float8_equals_its_two_projections_with_the_product_
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_the_float8_swiglu_block_keeps_of_x_only_what_dw_reads_in_float8(scaling):
+    """x (40 rows of 64) is cast in forward for dw too: backward keeps that (64, 48) float8
+    operand (the rows padded to 16), one byte an element, and no copy of x itself."""
+    x, up, down, _ = swiglu_block_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        saved = saved_for_backward(float8_swiglu, x, up, down, Float8Gemms(scaling))
+    assert 40 * 64 not in saved.sizes and 64 * 48 in saved.sizes
+
+
 def test_the_float8_swiglu_block_refuses_widths_cuda_cannot_multiply():
     x, up, down, _ = swiglu_block_inputs()
     with pytest.raises(ValueError, match=r"float8_swiglu needs widths that are multiples of "
@@ -168,11 +180,11 @@ def test_the_float8_swiglu_block_refuses_widths_cuda_cannot_multiply():
 
 
 def test_a_scale_a_row_takes_no_scale_from_the_kernel_that_wrote_its_operand():
-    x, w, dy = inputs()
-    with pytest.raises(ValueError, match="one scale was passed to GEMMs that scale each row"):
-        Float8Gemms("row").forward(x, w, torch.float32, torch.ones(()))
-    with pytest.raises(ValueError, match="one scale was passed to GEMMs that scale each row"):
-        Float8Gemms("row").grad(dy, torch.ones(()))
+    x, _, dy = inputs()
+    for t, dtype in ((x, E4M3), (dy, E5M2)):
+        with pytest.raises(ValueError, match="one scale was passed to GEMMs that scale each "
+                                             "row"):
+            Float8Gemms("row").operand(t.detach(), dtype, torch.ones(()))
 
 
 class TenOps(TorchDispatchMode):
@@ -188,14 +200,15 @@ class TenOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("scaling, scales, casts, both", [("tensor", 4, 4, 1),
+@pytest.mark.parametrize("scaling, scales, casts, both", [("tensor", 4, 2, 2),
                                                           ("row", 6, 6, 0)])  # passes
-def test_one_scale_a_tensor_takes_xs_amax_once_and_casts_the_gradient_once(scaling, scales,
-                                                                          casts, both):
-    """Each amax is a pass over its tensor: under one scale a tensor, forward's scale of x
-    serves dw's cast of x, and the gradient is scaled once and cast into both layouts in
-    one pass (x, w forward; dy, w backward: 4 scales; x, w, then w and x transposed, and
-    dy's two layouts at once); a scale a row needs dy's rows and columns and x's columns
+def test_x_and_the_gradient_are_each_scaled_once_and_cast_once_for_both_their_gemms(
+        scaling, scales, casts, both):
+    """Each amax and each cast is a pass over its tensor. Under one scale a tensor, x is
+    scaled once and cast into both layouts in one pass in forward (y's, and dw's, kept
+    for backward), and so is the gradient in backward (dx's and dw's); the weight is
+    scaled and cast for each GEMM (forward by rows, backward transposed): 4 scales, 2
+    casts, 2 of both layouts. A scale a row needs x's and the gradient's rows and columns
     apart (6 scales), each layout cast alone (6)."""
     x, w, dy = inputs()
     with TenOps() as ops:
