@@ -823,12 +823,12 @@ class Suite:
             rows[name] = row
         return rows
 
-    def _profiled_step(self) -> Any:
+    def _profiled_step(self, cfg: Any = None) -> Any:
         """The events of one micro-batch step of the job (and its optimizer step) under
-        torch.profiler, after the sizes' warm-up."""
+        torch.profiler, after the sizes' warm-up; ``cfg``: another model than the job's."""
         from torch.profiler import ProfilerActivity, profile
 
-        step = Step(self.flagship_config(), self.train, self.device, grad_accum=1)
+        step = Step(cfg or self.flagship_config(), self.train, self.device, grad_accum=1)
         for _ in range(self.sizes.warmup):
             step.once()
         _sync(self.device)
@@ -875,14 +875,38 @@ class Suite:
         on fake tensors: each input and output once) over the device time the profiler
         gives a call (its kernels, and those of torch ops inside it): GB/s, and that as a
         share of the card's datasheet bandwidth and of what a device-to-device copy
-        reaches here in the same call."""
-        import bench_traffic
+        reaches here in the same call. Then ``fp8``: the same table of the step with
+        float8 feed-forward GEMMs (one scale a tensor: the cast kernels and the SwiGLU
+        kernels that take the scales), or why this device refuses it."""
         import torch
 
         from ten.cards import card_named
+        from ten.kernels.fp8 import FP8Error, check_device
+
+        cuda = self.device.type == "cuda"
+        card = card_named(torch.cuda.get_device_name(self.device)) if cuda else None
+        datasheet = card.bandwidth if card else None
+        copy = copy_bandwidth(self.device, 2**30 if cuda else 2**24)
+        out = {**self._operator_rates(self.flagship_config(), copy, datasheet),
+               "copy_gbps": copy / GB, "datasheet_gbps": datasheet / GB if card else None}
+        self.keep(out)  # the bf16 table stands whatever the float8 step does
+        try:
+            check_device(self.device)
+            fp8 = self._operator_rates(self.flagship_config(fp8="tensor"), copy, datasheet)
+        except FP8Error as err:
+            fp8 = {"refused": str(err)}
+        except RuntimeError as err:  # float8 that this card's torch does not run
+            fp8 = {"error": str(err).strip().splitlines()[0][:200]}
+        return {**out, "fp8": fp8}
+
+    def _operator_rates(self, cfg: Any, copy_bps: float,
+                        datasheet_bps: float | None) -> dict[str, Any]:
+        """:meth:`bandwidth`'s table for the job's micro-batch with model ``cfg``, and the
+        operators the trace and the profile do not share (none, when both see the step)."""
+        import bench_traffic
+
         from ten.train.execution import AMP_DTYPES, resolve_execution
 
-        cfg = self.flagship_config()
         run = resolve_execution(cfg, self.train.precision, self.train.loss, self.device)
         precision = {dtype: name for name, dtype in AMP_DTYPES.items()}[run.amp_dtype]
         # the step as it runs here, one micro-batch: the backends and dtype resolved
@@ -892,18 +916,14 @@ class Suite:
             self.train.batch_size)
         cuda = self.device.type == "cuda"
         profiled: dict[str, tuple[int, float]] = {}
-        for e in self._profiled_step():
+        for e in self._profiled_step(cfg):
             if e.name.startswith("ten::") and e.device_type.name == "CPU":
                 calls, sec = profiled.get(e.name, (0, 0.0))
                 us = e.device_time_total if cuda else e.cpu_time_total
                 profiled[e.name] = (calls + 1, sec + us / 1e6)
         ops = {name: (t.kernels, t.bytes) for name, t in traced.operators.items()
                if name.startswith("ten::")}
-        card = card_named(torch.cuda.get_device_name(self.device)) if cuda else None
-        copy = copy_bandwidth(self.device, 2**30 if cuda else 2**24)
-        table = kernel_table(ops, profiled, copy, card.bandwidth if card else None)
-        return {"rows": table, "copy_gbps": copy / GB,
-                "datasheet_gbps": card.bandwidth / GB if card else None,
+        return {"rows": kernel_table(ops, profiled, copy_bps, datasheet_bps),
                 "untraced": sorted(set(profiled) - set(ops)),
                 "unprofiled": sorted(set(ops) - set(profiled)),
                 "by": "CUDA kernels" if cuda else "CPU time of the ops (torch's, not kernels)"}
@@ -1313,7 +1333,7 @@ ONE_CALL = tuple(name for name in SECTIONS if name not in PARTS[5] + PARTS[6] + 
 # The most a section may take on the GPU (seconds), start-up and kernel compiles included.
 TIMEOUT_S = {"flagship": 300, "memory": 60, "ten_vs_transformer": 480, "chunk": 180,
              "scan": 180, "conv": 60, "loss": 120, "compile": 360, "graphs": 120, "selective": 240,
-             "recompute": 240, "profile": 120, "bandwidth": 120, "optimizer": 90,
+             "recompute": 240, "profile": 120, "bandwidth": 180, "optimizer": 90,
              "e2e": 480, "gpu_tests": 240, "recall": 540, "matrix": 480, "fp8": 540}
 MIN_START_S = 30  # a section is not started with less than this left of the call's budget
 
@@ -1507,16 +1527,19 @@ def markdown(r: dict[str, Any]) -> str:
                   f"{f(opt['ten_adamw8bit']['ms'])} ms ({f(opt['speedup'])}×); torch's AdamW "
                   f"{f(opt['torch_adamw']['ms'])} ms."]
     bw = r.get("bandwidth") or {}
-    if bw.get("rows"):
-        lines += ["", f"Our operators in the job's micro-batch ({bw['by']}): traced bytes over "
-                  f"profiled time; a copy here {f(bw['copy_gbps'], '.0f')} GB/s, the datasheet "
-                  f"{f(bw['datasheet_gbps'], '.0f')}:", "",
-                  "| operator | calls | GB | ms | GB/s | of the copy's | of the datasheet's |",
-                  "|---|---|---|---|---|---|---|"]
-        for x in bw["rows"]:
-            lines.append(f"| {x['op']} | {x['calls']} | {f(x['gb'])} | {f(x['ms'])} | "
-                         f"{f(x['gbps'], '.0f')} | {f(x['of_copy'], '.0%')} | "
-                         f"{f(x['of_datasheet'], '.0%')} |")
+    fp8_bw = bw.get("fp8") or {}
+    for rates, step in ((bw, "the job's micro-batch"),
+                        (fp8_bw, "the micro-batch with fp8: tensor (issue 48)")):
+        if rates.get("rows"):
+            lines += ["", f"Our operators in {step} ({rates['by']}): traced bytes over "
+                      f"profiled time; a copy here {f(bw['copy_gbps'], '.0f')} GB/s, the "
+                      f"datasheet {f(bw['datasheet_gbps'], '.0f')}:", "",
+                      "| operator | calls | GB | ms | GB/s | of the copy's | of the datasheet's |",
+                      "|---|---|---|---|---|---|---|"]
+            for x in rates["rows"]:
+                lines.append(f"| {x['op']} | {x['calls']} | {f(x['gb'])} | {f(x['ms'])} | "
+                             f"{f(x['gbps'], '.0f')} | {f(x['of_copy'], '.0%')} | "
+                             f"{f(x['of_datasheet'], '.0%')} |")
     # its settings (a timed-out section keeps them beside its error and output)
     recall = {k: v for k, v in (r.get("recall") or {}).items() if isinstance(v, dict)}
     if recall:

@@ -118,6 +118,8 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert all(x["calls"] == x["traced_calls"] for x in bw["rows"])
     assert {"ten::swiglu_backward", "ten::causal_conv_backward",
             "ten::add_layer_norm_backward"} <= {x["op"] for x in bw["rows"]}
+    # and of the float8 step where the card runs one (the casts' rates): refused here
+    assert bw["fp8"]["refused"].startswith("TENConfig.fp8 runs float8 GEMMs")
     assert set(r["targets"]) == {"flagship_mfu", "flagship_peak_mem_gb_batch_1",
                                  "ten_over_transformer_32768", "ten_over_transformer_2048",
                                  "fused_over_chunked_scan", "matrix_over_vector_tokens_per_s",

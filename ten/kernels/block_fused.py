@@ -49,9 +49,9 @@ from ten.kernels.fp8 import (
     TINY,
     Float8Gemms,
     Float8Operand,
+    amax_scale,
     check_widths,
     gemm_rows,
-    scale_of,
 )
 from ten.kernels.ops import define, register_cuda
 
@@ -204,11 +204,11 @@ def _swiglu_backward_fake(dy, ab):
 
 
 def _swiglu_with_scale_impl(ab: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(silu(a)·b, its one float8 scale for ``dtype``, ten.kernels.fp8's ``scale_of``).
+    """(silu(a)·b, its one float8 scale for ``dtype``, as ``ten::fp8_scale`` takes it).
     Here a pass more of torch's; on CUDA the SwiGLU kernel takes the maxima as it writes
     the product, and the scale is reduced from one float of theirs a program."""
     y = _swiglu_impl(ab)
-    return y, scale_of(y.reshape(-1, y.shape[-1]), dtype)
+    return y, amax_scale(y, dtype)
 
 
 def _swiglu_with_scale_fake(ab, dtype):
@@ -220,7 +220,7 @@ def _swiglu_backward_with_scale_impl(dy: Tensor, ab: Tensor,
     """(:func:`_swiglu_backward_impl`'s [d a | d b], y written over dy as there, and the
     gradient's one float8 scale for ``dtype``), as :func:`_swiglu_with_scale_impl`."""
     dab = _swiglu_backward_impl(dy, ab)
-    return dab, scale_of(dab.reshape(-1, dab.shape[-1]), dtype)
+    return dab, amax_scale(dab, dtype)
 
 
 def _swiglu_backward_with_scale_fake(dy, ab, dtype):

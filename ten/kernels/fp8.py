@@ -82,11 +82,13 @@ def fp8_eligible(in_features: int, out_features: int) -> bool:
     return in_features % ALIGN == 0 and out_features % ALIGN == 0
 
 
-def _scale_impl(t: Tensor, dtype: torch.dtype, dim: int | None) -> Tensor:
+def amax_scale(t: Tensor, dtype: torch.dtype, dim: int | None = None) -> Tensor:
     """The fp32 scale that puts t's largest magnitude (the tensor's, or each slice's along
-    ``dim``, kept as a size-1 dimension) on ``dtype``'s largest value. Here torch's
-    kernels; on CUDA ten.kernels.fp8_kernels' (one pass over t, and one over its partial
-    maxima)."""
+    ``dim``, kept as a size-1 dimension) on ``dtype``'s largest value, in torch's ops: the
+    torch version of ``ten::fp8_scale`` (on CUDA ten.kernels.fp8_kernels': one pass over
+    t, and one over its partial maxima), and what another operator's torch version
+    computes a scale with (an operator called inside one would show in a profile where
+    the trace, which sees the outer one only, has nothing)."""
     t = t.float().abs()
     amax = t.amax() if dim is None else t.amax(dim=dim, keepdim=True)
     return amax.clamp_min(TINY) / torch.finfo(dtype).max
@@ -103,7 +105,7 @@ def to_fp8(t: Tensor, dtype: torch.dtype, dim: int | None = None) -> tuple[Tenso
     """(t in ``dtype``, the fp32 scale that takes it back: t ≈ t8 · scale). One scale for
     the tensor (``dim`` None), or one per slice along ``dim`` kept as a size-1 dimension
     (dim 1 of an (M, K) tensor: a scale per row, (M, 1))."""
-    scale = _scale_impl(t, dtype, dim)
+    scale = amax_scale(t, dtype, dim)
     return _rounded(t, scale, dtype), scale
 
 
@@ -153,7 +155,7 @@ def _cast_both_fake(t, scale, dtype, rows_to):
     return t.new_empty((rows, cols), dtype=dtype), t.new_empty((cols, rows), dtype=dtype)
 
 
-_scale = define("fp8_scale(Tensor t, ScalarType dtype, int? dim) -> Tensor", _scale_impl,
+_scale = define("fp8_scale(Tensor t, ScalarType dtype, int? dim) -> Tensor", amax_scale,
                 _scale_fake)
 _cast = define("fp8_cast(Tensor t, Tensor scale, ScalarType dtype, bool transpose, "
                "int rows_to) -> Tensor", _cast_impl, _cast_fake)
