@@ -12,19 +12,23 @@ their bf16 rate.
 A tensor is scaled so its largest magnitude lands on its format's largest value, then
 rounded: ``scaling="tensor"`` takes one scale per tensor (one amax reduction each,
 cheap; an outlier token costs every token its digits), ``"row"`` one per row of each
-GEMM's operands along the summed dimension (an outlier costs its own row only). Each
-GEMM casts its own operands from the high-precision tensors a layer keeps for backward
-(as F.linear keeps x and w): no more memory than bf16, an amax and a cast more per
-operand. torch's ``_scaled_mm`` multiplies, accumulating in fp32, and applies the scales
-to the result. Which wins on a card is measured (benchmarks/bench_fp8.py).
+GEMM's operands along the summed dimension (an outlier costs its own row only). x is
+cast once in forward into both layouts its GEMMs read (y's, and dw's, which the layer
+keeps for backward in x's place: half the bytes F.linear keeps), the output's gradient
+once in backward, the weight for each GEMM from its own dtype (:class:`Float8Gemms`).
+torch's ``_scaled_mm`` multiplies, accumulating in fp32, and applies the scales to the
+result. Which wins on a card is measured (benchmarks/bench_fp8.py).
 
 The casts are operators (``ten::fp8_scale``, ``ten::fp8_cast``, ``ten::fp8_cast_both``):
 torch's kernels here, Triton's on CUDA (ten.kernels.fp8_kernels: the same bits, 5 bytes
 an element from bf16 where eager torch moved ~40), each writing its operand in the layout
-its GEMM reads, zero rows included, so no copy follows. The casts are what FP8 costs: on
-the flagship's micro-batch they move 74 GB under one scale a tensor, 22 ms at an H100's
-bandwidth against the 27 ms of GEMM time FP8 saves it, 86 ms on an L40S against 74
-(benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8 casts").
+its GEMM reads, zero rows included, so no copy follows; in the SwiGLU block the kernels
+that write its largest operands take their scales as they write them
+(ten.kernels.block_fused.float8_swiglu). The casts are what FP8 costs: on the flagship's
+micro-batch they move 55 GB under one scale a tensor, 16 ms at an H100's bandwidth
+against the 27 ms of GEMM time FP8 saves it, 63 ms on an L40S against 74
+(benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8 casts" and "scales
+from the kernels that write them").
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with
