@@ -213,10 +213,20 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
         out.append((f"swiglu forward{scaled}", f"{blk}:_swiglu_forward_kernel",
                     {"ab_ptr": _p(act), "y_ptr": _p(act), "part_ptr": part, "h": "i32"},
                     {"BH": 1024, "ACC": acc, "AMAX": amax}, NUM_WARPS))
-        out.append((f"swiglu backward{scaled}", f"{blk}:_swiglu_backward_kernel",
-                    {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act),
-                     "part_ptr": part, "h": "i32"}, {"BH": 1024, "ACC": acc, "AMAX": amax},
-                    NUM_WARPS))
+    out.append(("swiglu backward", f"{blk}:_swiglu_backward_kernel",
+                {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act), "h": "i32"},
+                {"BH": 1024, "ACC": acc}, NUM_WARPS))
+    from ten.kernels import block_kernels as bk
+    from ten.kernels import fp8_kernels
+    from ten.kernels.fp8 import E4M3
+
+    y8, top, mant, emin = fp8_kernels.FORMATS[E4M3]  # the product's format
+    out.append(("swiglu backward in float8", f"{blk}:_swiglu_backward_float8_kernel",
+                {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act),
+                 "part_ptr": _p("fp32"), "y_scale_ptr": _p("fp32"), "y8_t_ptr": _p(y8.name),
+                 "M": "i32", "Mp": "i32", "h": "i32"},
+                {"Y8": y8, "TOP": top, "MANT": mant, "EMIN": emin, "BR": bk.SWIGLU_F8_BR,
+                 "BC": bk.SWIGLU_F8_BC}, bk.SWIGLU_F8_WARPS))
     for name, kernel, sig in (
             ("sigmoid gate forward", "_gate_forward_kernel",
              {"g_ptr": _p(act), "o_ptr": _p(act), "y_ptr": _p(act), "n": "i32"}),
@@ -224,7 +234,6 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
              {"dy_ptr": _p(act), "g_ptr": _p(act), "o_ptr": _p(act), "dg_ptr": _p(act),
               "do_ptr": _p(act), "n": "i32"})):
         out.append((name, f"{blk}:{kernel}", sig, {"BLOCK": 1024, "ACC": acc}, NUM_WARPS))
-    from ten.kernels import block_kernels as bk
 
     for tail in (False, True):  # training starts every sequence from zeros; a tail when
         # generating continues from the last inputs

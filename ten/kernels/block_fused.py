@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.kernels.fp8 import (
+    ALIGN,
     E4M3,
     E5M2,
     TINY,
@@ -51,6 +52,7 @@ from ten.kernels.fp8 import (
     Float8Operand,
     amax_scale,
     check_widths,
+    float8_copy,
     gemm_rows,
 )
 from ten.kernels.ops import define, register_cuda
@@ -184,18 +186,24 @@ def _swiglu_fake(ab):
     return ab.new_empty(*ab.shape[:-1], ab.shape[-1] // 2)
 
 
-def _swiglu_backward_impl(dy: Tensor, ab: Tensor) -> Tensor:
-    """[d a | d b] for y = silu(a)·b: d a = dy·b·silu'(a), d b = dy·silu(a), written into
-    one (..., 2H) buffer (no cat); and y itself, computed again as forward did, written
-    over dy (the down projection's weight gradient reads y, which forward did not keep;
-    in dy's place, backward holds no more than it did when y was kept)."""
+def _swiglu_grads(dy: Tensor, ab: Tensor) -> tuple[Tensor, Tensor]:
+    """([d a | d b] for y = silu(a)·b, written into one (..., 2H) buffer (no cat), and y
+    again, as forward computed it): d a = dy·b·silu'(a), d b = dy·silu(a)."""
     a, b = ab.chunk(2, dim=-1)
     dab = torch.empty_like(ab)
     da, db = dab.chunk(2, dim=-1)
     silu = F.silu(a)
     torch.mul(dy, silu, out=db)
     da.copy_(torch.ops.aten.silu_backward(dy * b, a))
-    torch.mul(silu, b, out=dy)
+    return dab, silu * b
+
+
+def _swiglu_backward_impl(dy: Tensor, ab: Tensor) -> Tensor:
+    """[d a | d b] (:func:`_swiglu_grads`), and y written over dy (the down projection's
+    weight gradient reads y, which forward did not keep; in dy's place, backward holds no
+    more than it did when y was kept)."""
+    dab, y = _swiglu_grads(dy, ab)
+    dy.copy_(y)
     return dab
 
 
@@ -215,16 +223,23 @@ def _swiglu_with_scale_fake(ab, dtype):
     return _swiglu_fake(ab), ab.new_empty((), dtype=torch.float32)
 
 
-def _swiglu_backward_with_scale_impl(dy: Tensor, ab: Tensor,
-                                     dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(:func:`_swiglu_backward_impl`'s [d a | d b], y written over dy as there, and the
-    gradient's one float8 scale for ``dtype``), as :func:`_swiglu_with_scale_impl`."""
-    dab = _swiglu_backward_impl(dy, ab)
-    return dab, amax_scale(dab, dtype)
+def _swiglu_backward_float8_impl(dy: Tensor, ab: Tensor, y_scale: Tensor,
+                                 grad_dtype: torch.dtype, y_dtype: torch.dtype,
+                                 rows_to: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The float8 SwiGLU block's backward pass over dy (M, H) and ab (M, 2H), neither
+    written: ([d a | d b], its one float8 scale for ``grad_dtype``, and y cast as
+    ``ten::fp8_cast`` casts it with forward's ``y_scale``, transposed (H, M') with zero
+    rows up to a multiple of ``rows_to``: the down projection's dw operand). Here torch's
+    ops; on CUDA one kernel writes the three (the gradient's maxima taken as it is
+    written, y in float8 where the plain backward writes it in bf16 over dy)."""
+    dab, y = _swiglu_grads(dy, ab)
+    return dab, amax_scale(dab, grad_dtype), float8_copy(y, y_scale, y_dtype, True, rows_to)
 
 
-def _swiglu_backward_with_scale_fake(dy, ab, dtype):
-    return torch.empty_like(ab), ab.new_empty((), dtype=torch.float32)
+def _swiglu_backward_float8_fake(dy, ab, y_scale, grad_dtype, y_dtype, rows_to):
+    M, h = dy.shape
+    return (torch.empty_like(ab), ab.new_empty((), dtype=torch.float32),
+            ab.new_empty((h, M + (-M % rows_to)), dtype=y_dtype))
 
 
 _swiglu_backward = define("swiglu_backward(Tensor(a!) dy, Tensor ab) -> Tensor",
@@ -233,10 +248,10 @@ _swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake)
 _swiglu_with_scale = define(
     "swiglu_with_scale(Tensor ab, ScalarType dtype) -> (Tensor, Tensor)",
     _swiglu_with_scale_impl, _swiglu_with_scale_fake)
-_swiglu_backward_with_scale = define(
-    "swiglu_backward_with_scale(Tensor(a!) dy, Tensor ab, ScalarType dtype) "
-    "-> (Tensor, Tensor)",
-    _swiglu_backward_with_scale_impl, _swiglu_backward_with_scale_fake)
+_swiglu_backward_float8 = define(
+    "swiglu_backward_float8(Tensor dy, Tensor ab, Tensor y_scale, ScalarType grad_dtype, "
+    "ScalarType y_dtype, int rows_to) -> (Tensor, Tensor, Tensor)",
+    _swiglu_backward_float8_impl, _swiglu_backward_float8_fake)
 
 
 class _SwiGLUDown(torch.autograd.Function):
@@ -271,7 +286,10 @@ class _Float8SwiGLU(torch.autograd.Function):
     its scale: under one scale a tensor, the SwiGLU passes take the maxima of what they
     write (forward the product's, backward [d a | d b]'s), and no pass over either
     computes its scale again (the product is (M, H), its gradient (M, 2H): of the
-    flagship's micro-batch, 2.2 GB a block of the 2.8 GB its scales read).
+    flagship's micro-batch, 2.2 GB a block of the 2.8 GB its scales read). And backward,
+    which gets the product back from [a | b] for the down projection's dw, writes it in
+    float8 with forward's scale, transposed as that GEMM reads it (1 byte an element,
+    where writing it in bf16 and casting it moved 5).
 
     Kept for backward: of x, dw's operand in float8 (:class:`Float8Gemms`: half x's
     bytes), [a | b] and the weights; [a | b] lives until this backward ends, where a node
@@ -298,14 +316,16 @@ class _Float8SwiGLU(torch.autograd.Function):
         x_cols_t, x_cols_scale, up, down, ab, y_scale = ctx.saved_tensors
         gemms = ctx.gemms
         g = gemms.operand(dz.contiguous(), E5M2)
-        dy_then_y = gemms.grad_input(g, down, dz.dtype)
-        if gemms.per_tensor:
-            dab, dab_scale = _swiglu_backward_with_scale(dy_then_y, ab, E5M2)
-        else:
-            dab, dab_scale = _swiglu_backward(dy_then_y, ab), None
-        y8 = gemms.operand(dy_then_y, E4M3, y_scale, rows=False)
+        dy = gemms.grad_input(g, down, dz.dtype)
+        if gemms.per_tensor:  # y in float8 for dw, from the pass that gets it back
+            dab, dab_scale, y_t = _swiglu_backward_float8(dy, ab, y_scale, E5M2, E4M3, ALIGN)
+            y8 = Float8Operand.by_columns(y_t, y_scale)
+            del y_t  # y8 holds it (until its GEMM is done)
+        else:  # y's columns' scales need all of y first: y over dy, then its own cast
+            dab, dab_scale = _swiglu_backward(dy, ab), None
+            y8 = gemms.operand(dy, E4M3, rows=False)
         d_down = gemms.grad_weight(g, y8).to(down.dtype)
-        del dy_then_y, g, y8
+        del dy, g, y8
         g = gemms.operand(dab, E5M2, dab_scale)
         del dab
         d_up = gemms.grad_weight(g, Float8Operand.by_columns(x_cols_t, x_cols_scale))
@@ -564,8 +584,8 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
     register_cuda("swiglu_with_scale", functools.partial(_k.swiglu_with_scale, tiny=TINY))
-    register_cuda("swiglu_backward_with_scale",
-                  functools.partial(_k.swiglu_backward_with_scale, tiny=TINY))
+    register_cuda("swiglu_backward_float8",
+                  functools.partial(_k.swiglu_backward_float8, tiny=TINY))
     register_cuda("sigmoid_gate", _k.sigmoid_gate)
     register_cuda("sigmoid_gate_backward", _k.sigmoid_gate_backward)
     register_cuda("causal_conv", _k.causal_conv)

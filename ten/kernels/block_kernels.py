@@ -6,9 +6,12 @@ rows per program in backward, whose partial weight gradients torch then sums), p
 block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
 convolution, whose backward writes weight-gradient shares torch sums); loops over a
 runtime count are while loops (Triton 3.6's interpreter takes no runtime bound in
-range()). With AMAX, the SwiGLU kernels also store each program's largest magnitude of
-what they wrote: the float8 scale of their output (ten.kernels.fp8, under one scale a
-tensor) is then reduced from one float a program, not from another pass over the output.
+range()). For the float8 SwiGLU block (ten.kernels.fp8, one scale a tensor) the SwiGLU
+forward with AMAX, and its float8 backward, also store each program's largest magnitude
+of what they wrote, so the output's scale is reduced from one float a program, not from
+another pass over the output; the float8 backward (tiles of tokens and columns) writes
+the product in float8 as its GEMM reads it, transposed, in place of the bf16 product the
+plain backward writes over dy.
 
 Arithmetic is in ``ACC``: fp32 for bf16, fp16 and fp32 tensors, fp64 for fp64 ones (a
 float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
@@ -20,12 +23,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ten.kernels.fp8_kernels import fp8_scale, max_nan
+from ten.kernels.fp8_kernels import FORMATS, fp8_scale, max_nan, quantize
 
 __all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "causal_conv",
            "causal_conv_backward", "compute_dtype", "layer_norm", "layer_norm_backward",
            "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward",
-           "swiglu_backward_with_scale", "swiglu_with_scale"]
+           "swiglu_backward_float8", "swiglu_with_scale"]
 
 
 @triton.jit
@@ -123,22 +126,51 @@ def _swiglu_forward_kernel(ab_ptr, y_ptr, part_ptr, h, BH: tl.constexpr, ACC: tl
 
 
 @triton.jit
-def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, h, BH: tl.constexpr,
-                            ACC: tl.constexpr, AMAX: tl.constexpr):
-    """[d a | d b], and forward's y over dy; with AMAX, this program's largest |d a|, |d b|
-    as stored, into part."""
+def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: tl.constexpr):
     row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH, ACC)
     g = tl.load(dy_ptr + row * h + cols, mask=mask, other=0.0).to(ACC)
     s = tl.sigmoid(a)
-    da = (g * b * s * (1.0 + a * (1.0 - s))).to(dab_ptr.dtype.element_ty)
-    db = (g * a * s).to(dab_ptr.dtype.element_ty)
-    tl.store(dab_ptr + row * 2 * h + cols, da, mask=mask)
-    tl.store(dab_ptr + row * 2 * h + h + cols, db, mask=mask)
-    if AMAX:
-        _partial_amax(part_ptr, max_nan(tl.abs(da.to(tl.float32)), tl.abs(db.to(tl.float32))))
+    da = g * b * s * (1.0 + a * (1.0 - s))
+    db = g * a * s
+    tl.store(dab_ptr + row * 2 * h + cols, da.to(dab_ptr.dtype.element_ty), mask=mask)
+    tl.store(dab_ptr + row * 2 * h + h + cols, db.to(dab_ptr.dtype.element_ty), mask=mask)
     y = a * s * b  # the forward's product, its operations in its order: the same bits
     # over dy, which this program has read
     tl.store(dy_ptr + row * h + cols, y.to(dy_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_backward_float8_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, y_scale_ptr, y8_t_ptr,
+                                   M, Mp, h, Y8: tl.constexpr, TOP: tl.constexpr,
+                                   MANT: tl.constexpr, EMIN: tl.constexpr, BR: tl.constexpr,
+                                   BC: tl.constexpr):
+    """On a BR x BC tile of tokens and columns: [d a | d b] for y = silu(a)·b, this
+    program's largest |d a|, |d b| as stored into part, and y as forward stored it, in
+    float8 (Y8) with forward's scale, written transposed into y8_t (H, Mp) for the down
+    projection's weight gradient, rows M to Mp zeros (their a and b read as zeros)."""
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    cols = (tl.program_id(1) * BC + tl.arange(0, BC)).to(tl.int64)  # cols * Mp: past 2^31
+    inside = (rows[:, None] < M) & (cols[None, :] < h)
+    at = rows[:, None] * 2 * h + cols[None, :]
+    a = tl.load(ab_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(ab_ptr + at + h, mask=inside, other=0.0).to(tl.float32)
+    g = tl.load(dy_ptr + rows[:, None] * h + cols[None, :], mask=inside,
+                other=0.0).to(tl.float32)
+    s = tl.sigmoid(a)
+    da = (g * b * s * (1.0 + a * (1.0 - s))).to(dab_ptr.dtype.element_ty)
+    db = (g * a * s).to(dab_ptr.dtype.element_ty)
+    tl.store(dab_ptr + at, da, mask=inside)
+    tl.store(dab_ptr + at + h, db, mask=inside)
+    magnitude = max_nan(tl.abs(da.to(tl.float32)), tl.abs(db.to(tl.float32)))
+    tl.store(part_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+             tl.reduce(tl.reduce(magnitude, 1, max_nan), 0, max_nan))
+    y = (a * s * b).to(ab_ptr.dtype.element_ty).to(tl.float32)  # forward's, as it stored it
+    inverse = tl.math.div_rn(tl.full((1, 1), 1.0, tl.float32),
+                             tl.load(y_scale_ptr + tl.zeros((1, 1), tl.int32)))
+    tl.store(y8_t_ptr + cols[None, :] * Mp + rows[:, None],
+             quantize(y, inverse, TOP, MANT, EMIN).to(Y8),
+             mask=(rows[:, None] < Mp) & (cols[None, :] < h))
+
 
 @triton.jit
 def _gate_forward_kernel(g_ptr, o_ptr, y_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
@@ -362,24 +394,17 @@ def _swiglu_forward(ab: Tensor, amax: bool) -> tuple[Tensor, Tensor | None]:
     return y, part
 
 
-def _swiglu_backward(dy: Tensor, ab: Tensor, amax: bool) -> tuple[Tensor, Tensor | None]:
-    """([d a | d b] with y written over dy, and with ``amax`` the partial maxima of it)."""
-    rows, h, bh = _swiglu_cut(ab)
-    grid = (rows, triton.cdiv(h, bh))
-    dab = torch.empty_like(ab)
-    part = ab.new_empty(grid, dtype=torch.float32) if amax else None
-    if rows:
-        _swiglu_backward_kernel[grid](dy, ab, dab, dab if part is None else part, h, BH=bh,
-                                      ACC=acc(dy, ab), AMAX=amax, num_warps=4)
-    return dab, part
-
-
 def swiglu(ab: Tensor) -> Tensor:
     return _swiglu_forward(ab, amax=False)[0]
 
 
 def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
-    return _swiglu_backward(dy, ab, amax=False)[0]
+    rows, h, bh = _swiglu_cut(ab)
+    dab = torch.empty_like(ab)
+    if rows:
+        _swiglu_backward_kernel[(rows, triton.cdiv(h, bh))](dy, ab, dab, h, BH=bh,
+                                                            ACC=acc(dy, ab), num_warps=4)
+    return dab
 
 
 def swiglu_with_scale(ab: Tensor, dtype: torch.dtype, *, tiny: float) -> tuple[Tensor, Tensor]:
@@ -390,11 +415,31 @@ def swiglu_with_scale(ab: Tensor, dtype: torch.dtype, *, tiny: float) -> tuple[T
     return y, fp8_scale(part, dtype, None, tiny=tiny)
 
 
-def swiglu_backward_with_scale(dy: Tensor, ab: Tensor, dtype: torch.dtype, *,
-                               tiny: float) -> tuple[Tensor, Tensor]:
-    """``ten::swiglu_backward_with_scale``: [d a | d b] (y over dy) and its float8 scale."""
-    dab, part = _swiglu_backward(dy, ab, amax=True)
-    return dab, fp8_scale(part, dtype, None, tiny=tiny)
+# the float8 backward's tile (tokens x columns) and warps: 32 x 64, a transposed row of 32
+# float8 bytes (a DRAM sector) a store; 64 x 64 took 166 registers in 4 warps, 68 in 8,
+# and 3 programs an SM on the H100 either way (benchmarks/kernel_check.py)
+SWIGLU_F8_BR, SWIGLU_F8_BC, SWIGLU_F8_WARPS = 32, 64, 4
+
+
+def swiglu_backward_float8(dy: Tensor, ab: Tensor, y_scale: Tensor, grad_dtype: torch.dtype,
+                           y_dtype: torch.dtype, rows_to: int, *,
+                           tiny: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``ten::swiglu_backward_float8``: ([d a | d b], its float8 scale for ``grad_dtype``
+    from the maxima the pass took, y in ``y_dtype`` with ``y_scale`` transposed (H, M')
+    with zero rows up to a multiple of ``rows_to``); dy (M, H) and ab (M, 2H) are read
+    only."""
+    M, h = dy.shape
+    Mp = M + (-M % rows_to)
+    grid = (triton.cdiv(Mp, SWIGLU_F8_BR), triton.cdiv(h, SWIGLU_F8_BC))
+    dab = torch.empty_like(ab)
+    part = ab.new_empty(grid, dtype=torch.float32)
+    y8_t = ab.new_empty((h, Mp), dtype=y_dtype)
+    fmt, top, mant, emin = FORMATS[y_dtype]
+    if M:
+        _swiglu_backward_float8_kernel[grid](
+            dy, ab, dab, part, y_scale, y8_t, M, Mp, h, Y8=fmt, TOP=top, MANT=mant, EMIN=emin,
+            BR=SWIGLU_F8_BR, BC=SWIGLU_F8_BC, num_warps=SWIGLU_F8_WARPS)
+    return dab, fp8_scale(part, grad_dtype, None, tiny=tiny), y8_t
 
 
 GATE_BLOCK = 1024  # elements per gate program

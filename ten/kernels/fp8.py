@@ -123,18 +123,19 @@ def _padded(t: Tensor, scale: Tensor, rows_to: int) -> Tensor:
     return F.pad(t, (0, 0, 0, extra)) if extra else t
 
 
-def _cast_impl(t: Tensor, scale: Tensor, dtype: torch.dtype, transpose: bool,
-               rows_to: int) -> Tensor:
+def float8_copy(t: Tensor, scale: Tensor, dtype: torch.dtype, transpose: bool,
+                rows_to: int) -> Tensor:
     """t rounded as :func:`to_fp8` rounds it with ``scale``, padded (:func:`_padded`), and
-    written transposed where ``transpose`` is set. Here torch's kernels; on CUDA
-    ten.kernels.fp8_kernels' (one pass)."""
+    written transposed where ``transpose`` is set, in torch's ops: the torch version of
+    ``ten::fp8_cast`` (on CUDA ten.kernels.fp8_kernels': one pass), and what another
+    operator's torch version casts with (as :func:`amax_scale`)."""
     t8 = _rounded(_padded(t, scale, rows_to), scale, dtype)
     return t8.t().contiguous() if transpose else t8
 
 
 def _cast_both_impl(t: Tensor, scale: Tensor, dtype: torch.dtype,
                     rows_to: int) -> tuple[Tensor, Tensor]:
-    """:func:`_cast_impl` of t in both layouts, from one read of t on CUDA."""
+    """:func:`float8_copy` of t in both layouts, from one read of t on CUDA."""
     t8 = _rounded(_padded(t, scale, rows_to), scale, dtype)
     return t8, t8.t().contiguous()
 
@@ -162,7 +163,7 @@ def _cast_both_fake(t, scale, dtype, rows_to):
 _scale = define("fp8_scale(Tensor t, ScalarType dtype, int? dim) -> Tensor", amax_scale,
                 _scale_fake)
 _cast = define("fp8_cast(Tensor t, Tensor scale, ScalarType dtype, bool transpose, "
-               "int rows_to) -> Tensor", _cast_impl, _cast_fake)
+               "int rows_to) -> Tensor", float8_copy, _cast_fake)
 _cast_both = define("fp8_cast_both(Tensor t, Tensor scale, ScalarType dtype, int rows_to) "
                     "-> (Tensor, Tensor)", _cast_both_impl, _cast_both_fake)
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["fp8_cast", "fp8_cast_both", "fp8_scale", "max_nan"]
+__all__ = ["FORMATS", "fp8_cast", "fp8_cast_both", "fp8_scale", "max_nan", "quantize"]
 
 BR, BC = 64, 64  # a tile: rows x columns
 STEPS = 8  # tiles an amax program reduces over (one partial per 8 tiles)
@@ -105,6 +105,16 @@ def _to_grid(q, MANT: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
+def quantize(x, inverse, TOP: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr):
+    """x (fp32) times its scale's reciprocal, clamped to ±TOP (NaN kept), on the float8
+    grid (:func:`_to_grid`): what the conversion to the format then writes exactly."""
+    q = x * inverse
+    q = tl.minimum(tl.maximum(q, -TOP, propagate_nan=tl.PropagateNan.ALL), TOP,
+                   propagate_nan=tl.PropagateNan.ALL)
+    return _to_grid(q, MANT, EMIN)
+
+
+@triton.jit
 def _cast_kernel(t_ptr, scale_ptr, out_ptr, out_t_ptr, R, Rp, C, OUT: tl.constexpr,
                  TOP: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
                  PER_ROW: tl.constexpr, PER_COL: tl.constexpr, ROWS: tl.constexpr,
@@ -124,10 +134,7 @@ def _cast_kernel(t_ptr, scale_ptr, out_ptr, out_t_ptr, R, Rp, C, OUT: tl.constex
     else:
         inverse = tl.math.div_rn(tl.full((1, 1), 1.0, tl.float32),
                                  tl.load(scale_ptr + tl.zeros((1, 1), tl.int32)))
-    q = x * inverse
-    q = tl.minimum(tl.maximum(q, -TOP, propagate_nan=tl.PropagateNan.ALL), TOP,
-                   propagate_nan=tl.PropagateNan.ALL)
-    y = _to_grid(q, MANT, EMIN).to(OUT)
+    y = quantize(x, inverse, TOP, MANT, EMIN).to(OUT)
     keep = (rows[:, None] < Rp) & (cols[None, :] < C)
     if ROWS:
         tl.store(out_ptr + rows[:, None] * C + cols[None, :], y, mask=keep)

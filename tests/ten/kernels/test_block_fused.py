@@ -412,25 +412,42 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
 
 @pytest.mark.parametrize("h", [5, 1100])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_swiglu_kernels_scale_what_they_write_as_a_pass_over_it_would(kernels, h, dtype):
-    """With the maxima taken as the product and [d a | d b] are written (the float8 block's
-    SwiGLU), the outputs are the plain kernels' bit for bit, and each scale is the one
-    ten::fp8_scale takes of that output afterwards (e4m3 forward, e5m2 backward). The
-    largest magnitude is planted in the ragged last block of a row."""
-    ab, dy = rand(2, 3, 2 * h).to(dtype), rand(2, 3, h, seed=1).to(dtype)
+def test_the_swiglu_forward_scales_what_it_writes_as_a_pass_over_it_would(kernels, h, dtype):
+    """With the maxima taken as the product is written (the float8 block's SwiGLU), the
+    product is the plain kernel's bit for bit, and its scale the one ten::fp8_scale takes
+    of it afterwards. The largest magnitude is planted in the ragged last block of a row."""
+    ab = rand(2, 3, 2 * h).to(dtype)
     ab[1, 2, h - 1] = ab[1, 2, 2 * h - 1] = 40.0  # silu(40)·40: the product's largest
     y, y_scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
     assert torch.equal(y, kernels.swiglu(ab))
     assert torch.equal(y_scale.cpu(), torch.ops.ten.fp8_scale.default(y.cpu().view(-1, h),
                                                                        E4M3, None))
-    plain_dy, dy_then_y = dy.clone(), dy.clone()
-    dab, dab_scale = kernels.swiglu_backward_with_scale(dy_then_y, ab, E5M2, tiny=TINY)
-    assert torch.equal(dab, kernels.swiglu_backward(plain_dy, ab))
-    assert torch.equal(dy_then_y, y)  # forward's product over dy, as without the maxima
-    assert torch.equal(dab_scale.cpu(), torch.ops.ten.fp8_scale.default(
-        dab.cpu().view(-1, 2 * h), E5M2, None))
     assert_fake_layout("swiglu_with_scale", (ab, E4M3), (y, y_scale))
-    assert_fake_layout("swiglu_backward_with_scale", (dy, ab, E5M2), (dab, dab_scale))
+
+
+@pytest.mark.parametrize("rows, h", [(6, 5), (70, 100)])  # one tile; tiles and ragged ones
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_float8_swiglu_backward_is_the_plain_one_with_its_scale_and_y_cast(kernels, rows,
+                                                                               h, dtype):
+    """The float8 block's backward pass: [d a | d b] as the plain kernel writes it, its
+    scale as ten::fp8_scale takes it of that, and y (which the plain kernel writes over
+    dy in bf16) in float8 with forward's scale, transposed with zero rows to 16, the bytes
+    ten::fp8_cast writes of the plain kernels' y; dy is left as it was. The gradient's
+    largest magnitudes are planted in the last, ragged tile."""
+    ab, dy = rand(rows, 2 * h).to(dtype), rand(rows, h, seed=1).to(dtype)
+    ab[rows - 1, 2 * h - 1], dy[rows - 1, h - 1] = 3.0, 50.0
+    y, y_scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    before = dy.clone()
+    dab, dab_scale, y8_t = kernels.swiglu_backward_float8(dy, ab, y_scale, E5M2, E4M3, 16,
+                                                          tiny=TINY)
+    assert torch.equal(dy, before)
+    assert torch.equal(dab, kernels.swiglu_backward(dy.clone(), ab))
+    assert torch.equal(dab_scale.cpu(), torch.ops.ten.fp8_scale.default(dab.cpu(), E5M2, None))
+    want = torch.ops.ten.fp8_cast.default(y.cpu(), y_scale.cpu(), E4M3, True, 16)
+    assert y8_t.shape == want.shape == (h, rows + (-rows % 16))
+    assert torch.equal(y8_t.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert_fake_layout("swiglu_backward_float8", (dy, ab, y_scale, E5M2, E4M3, 16),
+                       (dab, dab_scale, y8_t))
 
 
 def test_a_nan_in_the_swiglu_output_makes_its_scale_nan_as_torchs_amax_does(kernels):

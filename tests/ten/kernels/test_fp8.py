@@ -218,17 +218,49 @@ def test_x_and_the_gradient_are_each_scaled_once_and_cast_once_for_both_their_ge
     assert ops.counts["fp8_cast_both"] == both
 
 
-@pytest.mark.parametrize("scaling, scales, fused", [("tensor", 6, 1), ("row", 12, 0)])
+@pytest.mark.parametrize("scaling, scales, casts, fused", [("tensor", 6, 5, 1),
+                                                           ("row", 12, 12, 0)])
 def test_the_swiglu_blocks_product_and_its_gradient_are_scaled_by_the_passes_writing_them(
-        scaling, scales, fused):
+        scaling, scales, casts, fused):
     """Under one scale a tensor, the float8 SwiGLU block's largest operands, the product
     (M, H) and [d a | d b] (M, 2H), get their scales from the SwiGLU kernels that write
-    them: the passes left are x and the output's gradient, and the weights (each twice:
-    forward, then backward's dx), 6 where two fp8_linear layers take 8; a scale a row
-    takes each operand's own (12)."""
+    them: the scale passes left are x's and the output gradient's, and the weights' (each
+    twice: forward, then backward's dx), 6 where two fp8_linear layers take 8; and the
+    backward writes the product in float8 for dw itself, so the casts left are x, the
+    gradients, the weights, and the product by rows forward (5, and 3 of both layouts).
+    A scale a row takes each operand's own scales and casts (12 and 12)."""
     x, up, down, dz = swiglu_block_inputs()
     with TenOps() as ops:
         float8_swiglu(x, up, down, Float8Gemms(scaling)).backward(dz)
-    assert ops.counts["fp8_scale"] == scales
-    assert ops.counts["swiglu_with_scale"] == ops.counts["swiglu_backward_with_scale"] == fused
+    assert ops.counts["fp8_scale"] == scales and ops.counts["fp8_cast"] == casts
+    assert ops.counts["fp8_cast_both"] == 3 * fused
+    assert ops.counts["swiglu_with_scale"] == ops.counts["swiglu_backward_float8"] == fused
     assert ops.counts["swiglu"] == ops.counts["swiglu_backward"] == 1 - fused
+
+
+def block_peak_bytes(scaling: str) -> int:
+    """The most a float8 SwiGLU block of 4,096 tokens holds at once, forward and backward
+    under bf16 autocast, on fake tensors (ten.train.memory's tracker)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from ten.model.mlp import MLP
+
+    with FakeTensorMode():
+        mlp = MLP(256, 704, fp8=scaling)
+        x = torch.empty(4096, 256, requires_grad=True)
+        tracker = MemTracker()
+        tracker.track_external(mlp)
+        with tracker:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                z = mlp(x)
+            z.backward(torch.empty_like(z))
+        return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def test_one_scale_a_tensor_holds_no_more_at_its_peak_than_a_scale_a_row():
+    """Its backward writes the product in float8 for dw from the SwiGLU pass (a scale a
+    row casts it after), and must let that go with dw's GEMM: a reference kept past it
+    held (M, H) bytes more through the up projection's backward (0.34 GiB a flagship
+    block)."""
+    assert block_peak_bytes("tensor") <= block_peak_bytes("row")
