@@ -264,3 +264,28 @@ def test_one_scale_a_tensor_holds_no_more_at_its_peak_than_a_scale_a_row():
     held (M, H) bytes more through the up projection's backward (0.34 GiB a flagship
     block)."""
     assert block_peak_bytes("tensor") <= block_peak_bytes("row")
+
+
+FP8_CARD = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_CARD, reason="needs a GPU with FP8 tensor cores")
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_on_an_fp8_card_the_swiglu_block_agrees_with_its_two_projections(scaling):
+    """On CUDA the block runs the SwiGLU kernels that take the scales and write the float8
+    product, the cast kernels and _scaled_mm: within float8's rounding of the same block
+    from fp8_linear, silu(a)·b kept, and fp8_linear (torch's bf16 silu rounds where the
+    kernel does not, so a product may land in the next float8 step: not bit for bit)."""
+    x, up, down, dz = (t.detach().cuda() for t in swiglu_block_inputs())
+    x, up, down = (t.requires_grad_() for t in (x, up, down))
+    x2, up2, down2 = (t.detach().clone().requires_grad_() for t in (x, up, down))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        z = float8_swiglu(x, up, down, Float8Gemms(scaling))
+        a, b = fp8_linear(x2, up2, scaling=scaling).chunk(2, dim=-1)
+        z2 = fp8_linear(torch.nn.functional.silu(a) * b, down2, scaling=scaling)
+    z.backward(dz)
+    z2.backward(dz)
+    assert rel(z, z2) < 0.02
+    for got, want in ((x.grad, x2.grad), (up.grad, up2.grad), (down.grad, down2.grad)):
+        assert rel(got, want) < 0.05
