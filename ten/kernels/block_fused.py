@@ -323,7 +323,7 @@ class _Float8SwiGLU(torch.autograd.Function):
             del y_t  # y8 holds it (until its GEMM is done)
         else:  # y's columns' scales need all of y first: y over dy, then its own cast
             dab, dab_scale = _swiglu_backward(dy, ab), None
-            y8 = gemms.operand(dy, E4M3, rows=False)
+            y8 = gemms.operand(dy, E4M3, rows=False)  # (dy holds y now)
         d_down = gemms.grad_weight(g, y8).to(down.dtype)
         del dy, g, y8
         g = gemms.operand(dab, E5M2, dab_scale)
