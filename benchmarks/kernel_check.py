@@ -195,11 +195,15 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
         for add in (False, True):  # LayerNorm alone; of a residual sum h = x + r it writes
             name = ("add layer norm" if add else "layer norm") + \
                 ("" if s == f else f" ({s} stream)")
-            out.append((f"{name} forward", f"{blk}:_ln_forward_kernel",
-                        {"x_ptr": _p(s), "r_ptr": _p(act), "h_ptr": _p(s), "w_ptr": _p(f),
-                         "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f),
-                         "rstd_ptr": _p(f), "d": "i32", "eps": "fp32"},
-                        {"BD": D, "ACC": acc, "ADD": add}, NUM_WARPS))
+            forward = {"x_ptr": _p(s), "r_ptr": _p(act), "h_ptr": _p(s), "w_ptr": _p(f),
+                       "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f),
+                       "rstd_ptr": _p(f), "part_ptr": _p(f), "d": "i32", "eps": "fp32"}
+            out.append((f"{name} forward", f"{blk}:_ln_forward_kernel", forward,
+                        {"BD": D, "ACC": acc, "ADD": add, "AMAX": False}, NUM_WARPS))
+            if add and s == act:  # the job's (a bf16 stream): before a float8 SwiGLU block
+                out.append((f"{name} forward taking its float8 maxima",
+                            f"{blk}:_ln_forward_kernel", {**forward, "part_ptr": _p("fp32")},
+                            {"BD": D, "ACC": acc, "ADD": add, "AMAX": True}, NUM_WARPS))
             out.append((f"{name} backward", f"{blk}:_ln_backward_kernel",
                         {"dy_ptr": _p(act), "x_ptr": _p(s), "w_ptr": _p(f), "mean_ptr": _p(f),
                          "rstd_ptr": _p(f), "dh_ptr": _p(s), "dx_ptr": _p(s),

@@ -57,8 +57,9 @@ from ten.kernels.fp8 import (
 )
 from ten.kernels.ops import define, register_cuda
 
-__all__ = ["LayerNorm", "add_layer_norm", "causal_conv", "causal_conv_and_linear",
-           "float8_swiglu", "layer_norm", "sigmoid_gate", "swiglu_down"]
+__all__ = ["LayerNorm", "add_layer_norm", "add_layer_norm_with_scale", "causal_conv",
+           "causal_conv_and_linear", "float8_swiglu", "layer_norm", "sigmoid_gate",
+           "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
 
@@ -164,6 +165,29 @@ def _add_ln_backward(ctx, dh, dy, _dmean, _drstd):
     return dx, (dx if ctx.r_dtype == h.dtype else dr), dw, db, None, None
 
 
+def _add_layer_norm_with_scale_impl(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor,
+                                    eps: float, out_dtype: torch.dtype, fp8: torch.dtype
+                                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(:func:`_add_layer_norm_impl`'s four, and the norm's one float8 scale for ``fp8``,
+    as ``ten::fp8_scale`` takes it): what the float8 SwiGLU block's x needs. Here a pass
+    more of torch's; on CUDA the norm's kernel takes each row's maximum as it writes it."""
+    h, y, mean, rstd = _add_layer_norm_impl(x, r, weight, bias, eps, out_dtype)
+    return h, y, mean, rstd, amax_scale(y, fp8)
+
+
+def _add_layer_norm_with_scale_fake(x, r, weight, bias, eps, out_dtype, fp8):
+    return (*_add_layer_norm_fake(x, r, weight, bias, eps, out_dtype),
+            x.new_empty((), dtype=torch.float32))
+
+
+def _add_ln_with_scale_setup(ctx, inputs, output) -> None:
+    _add_ln_setup(ctx, inputs[:6], output[:4])
+
+
+def _add_ln_with_scale_backward(ctx, dh, dy, dmean, drstd, _dscale):
+    return (*_add_ln_backward(ctx, dh, dy, dmean, drstd), None)
+
+
 _add_layer_norm_backward = define(
     "add_layer_norm_backward(Tensor? dh, Tensor dy, Tensor h, Tensor weight, Tensor mean, "
     "Tensor rstd, ScalarType r_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
@@ -172,6 +196,11 @@ _add_layer_norm = define(
     "add_layer_norm(Tensor x, Tensor r, Tensor weight, Tensor bias, float eps, "
     "ScalarType out_dtype) -> (Tensor, Tensor, Tensor, Tensor)", _add_layer_norm_impl,
     _add_layer_norm_fake, backward=_add_ln_backward, setup_context=_add_ln_setup)
+_add_layer_norm_with_scale = define(
+    "add_layer_norm_with_scale(Tensor x, Tensor r, Tensor weight, Tensor bias, float eps, "
+    "ScalarType out_dtype, ScalarType fp8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _add_layer_norm_with_scale_impl, _add_layer_norm_with_scale_fake,
+    backward=_add_ln_with_scale_backward, setup_context=_add_ln_with_scale_setup)
 
 
 def _swiglu_impl(ab: Tensor) -> Tensor:
@@ -297,9 +326,10 @@ class _Float8SwiGLU(torch.autograd.Function):
     tensor, one block's backward at a time)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms) -> Tensor:
+    def forward(ctx, x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms,
+                x_scale: Tensor | None) -> Tensor:
         ctx.gemms, ctx.x_dtype = gemms, x.dtype
-        x8 = gemms.operand(x, E4M3)  # both layouts: y's GEMM now, dw's kept for backward
+        x8 = gemms.operand(x, E4M3, x_scale)  # both layouts: y's GEMM now, dw's kept
         ab = gemms.forward(x8, up, x.dtype)
         if gemms.per_tensor:
             y, y_scale = _swiglu_with_scale(ab, E4M3)
@@ -312,7 +342,7 @@ class _Float8SwiGLU(torch.autograd.Function):
         return z
 
     @staticmethod
-    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         x_cols_t, x_cols_scale, up, down, ab, y_scale = ctx.saved_tensors
         gemms = ctx.gemms
         g = gemms.operand(dz.contiguous(), E5M2)
@@ -329,7 +359,7 @@ class _Float8SwiGLU(torch.autograd.Function):
         g = gemms.operand(dab, E5M2, dab_scale)
         del dab
         d_up = gemms.grad_weight(g, Float8Operand.by_columns(x_cols_t, x_cols_scale))
-        return gemms.grad_input(g, up, ctx.x_dtype), d_up.to(up.dtype), d_down, None
+        return gemms.grad_input(g, up, ctx.x_dtype), d_up.to(up.dtype), d_down, None, None
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
@@ -483,6 +513,19 @@ def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: floa
     return h.view(shape), y.view(shape)
 
 
+def add_layer_norm_with_scale(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                              fp8: torch.dtype, out_dtype: torch.dtype | None = None
+                              ) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`add_layer_norm`'s (h, LayerNorm(h)), and the norm's one float8 scale for
+    ``fp8`` (ten.kernels.fp8), taken by the pass that writes it: the float8 SwiGLU block's
+    input scale (:func:`float8_swiglu`)."""
+    shape = x.shape
+    h, y, _, _, scale = _add_layer_norm_with_scale(
+        x.reshape(-1, shape[-1]).contiguous(), r.reshape(-1, shape[-1]).contiguous(), weight,
+        bias, eps, out_dtype or torch.promote_types(x.dtype, r.dtype), fp8)
+    return h.view(shape), y.view(shape), scale
+
+
 def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
     """The SwiGLU feed-forward block's output: silu(a)·b of ab = [a | b] along the last
     dimension, projected by ``weight`` (d, H) (the down projection's, cast to ab's dtype:
@@ -491,15 +534,17 @@ def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
     return _SwiGLUDown.apply(ab.contiguous(), weight.to(ab.dtype))
 
 
-def float8_swiglu(x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms) -> Tensor:
+def float8_swiglu(x: Tensor, up: Tensor, down: Tensor, gemms: Float8Gemms,
+                  x_scale: Tensor | None = None) -> Tensor:
     """The SwiGLU feed-forward block, ``swiglu_down(x @ upᵀ, down)``, its six GEMMs in
     float8 (:class:`_Float8SwiGLU`), in the autocast dtype where autocast is on, else x's
     (as ``fp8_linear``). up (2H, d), down (d, H), in their own dtype (the GEMMs cast them);
-    every width a multiple of 16."""
+    every width a multiple of 16. ``x_scale``: x's one e4m3 scale where the norm that
+    wrote x took it (:func:`add_layer_norm_with_scale`; one scale a tensor only)."""
     check_widths("float8_swiglu", up, down)
     rows, out_dtype = gemm_rows(x)
     with torch.autocast(x.device.type, enabled=False):  # the casts are the GEMMs' own
-        z = _Float8SwiGLU.apply(rows, up, down, gemms)
+        z = _Float8SwiGLU.apply(rows, up, down, gemms, x_scale)
     return z.view(*x.shape[:-1], down.shape[0])
 
 
@@ -561,6 +606,12 @@ class LayerNorm(nn.LayerNorm):
         with self._own_precision(x) as out:
             return add_layer_norm(x, r, self.weight, self.bias, self.eps, out)
 
+    def add_with_scale(self, x: Tensor, r: Tensor, fp8: torch.dtype
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+        """(x + r, this norm of it, the norm's one float8 scale for ``fp8``)."""
+        with self._own_precision(x) as out:
+            return add_layer_norm_with_scale(x, r, self.weight, self.bias, self.eps, fp8, out)
+
     @contextlib.contextmanager
     def _own_precision(self, x: Tensor) -> Iterator[torch.dtype | None]:
         """Autocast off inside; yields the dtype the output takes (autocast's, or None)."""
@@ -581,6 +632,8 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("layer_norm_backward", _k.layer_norm_backward)
     register_cuda("add_layer_norm", _k.add_layer_norm)
     register_cuda("add_layer_norm_backward", _k.add_layer_norm_backward)
+    register_cuda("add_layer_norm_with_scale",
+                  functools.partial(_k.add_layer_norm_with_scale, tiny=TINY))
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
     register_cuda("swiglu_with_scale", functools.partial(_k.swiglu_with_scale, tiny=TINY))

@@ -6,12 +6,12 @@ rows per program in backward, whose partial weight gradients torch then sums), p
 block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
 convolution, whose backward writes weight-gradient shares torch sums); loops over a
 runtime count are while loops (Triton 3.6's interpreter takes no runtime bound in
-range()). For the float8 SwiGLU block (ten.kernels.fp8, one scale a tensor) the SwiGLU
-forward with AMAX, and its float8 backward, also store each program's largest magnitude
-of what they wrote, so the output's scale is reduced from one float a program, not from
-another pass over the output; the float8 backward (tiles of tokens and columns) writes
-the product in float8 as its GEMM reads it, transposed, in place of the bf16 product the
-plain backward writes over dy.
+range()). For the float8 SwiGLU block (ten.kernels.fp8, one scale a tensor) the
+LayerNorm before it and the SwiGLU forward with AMAX, and the SwiGLU's float8 backward,
+also store each program's largest magnitude of what they wrote, so the output's scale is
+reduced from one float a program, not from another pass over the output; the float8
+backward (tiles of tokens and columns) writes the product in float8 as its GEMM reads
+it, transposed, in place of the bf16 product the plain backward writes over dy.
 
 Arithmetic is in ``ACC``: fp32 for bf16, fp16 and fp32 tensors, fp64 for fp64 ones (a
 float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
@@ -25,17 +25,20 @@ from torch import Tensor
 
 from ten.kernels.fp8_kernels import FORMATS, fp8_scale, max_nan, quantize
 
-__all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "causal_conv",
+__all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "add_layer_norm_with_scale",
+           "causal_conv",
            "causal_conv_backward", "compute_dtype", "layer_norm", "layer_norm_backward",
            "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward",
            "swiglu_backward_float8", "swiglu_with_scale"]
 
 
 @triton.jit
-def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, d, eps,
-                       BD: tl.constexpr, ACC: tl.constexpr, ADD: tl.constexpr):
+def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, part_ptr,
+                       d, eps, BD: tl.constexpr, ACC: tl.constexpr, ADD: tl.constexpr,
+                       AMAX: tl.constexpr):
     """One row: y = LN(x); with ADD, of h = x + r, which it writes too (the residual
-    stream and its norm in one pass)."""
+    stream and its norm in one pass); with AMAX, the row's largest |y| as stored, into
+    part (a float8 scale of y is reduced from those)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
@@ -50,8 +53,10 @@ def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / d + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
     b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(ACC)
-    y = xc * rstd * w + b
-    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+    y = (xc * rstd * w + b).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + off, y, mask=mask)
+    if AMAX:  # masked lanes hold 0 · rstd · 0 + 0
+        tl.store(part_ptr + r, tl.reduce(tl.abs(y.to(tl.float32)), 0, max_nan))
     tl.store(mean_ptr + r, mean)
     tl.store(rstd_ptr + r, rstd)
 
@@ -319,28 +324,41 @@ def acc(*tensors: Tensor) -> tl.dtype:
 
 
 def _ln_forward(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, eps: float,
-                out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(h = x + r, or x itself without r; LN(h) in out_dtype; mean; rstd)."""
+                out_dtype: torch.dtype, amax: bool = False
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(h = x + r, or x itself without r; LN(h) in out_dtype; mean; rstd; with ``amax``
+    each row's largest |LN(h)| (n, 1), else None)."""
     n, d = x.shape
     h = x if r is None else x.new_empty((n, d), dtype=torch.promote_types(x.dtype, r.dtype))
     y = x.new_empty((n, d), dtype=out_dtype)
     stats = torch.promote_types(h.dtype, torch.float32)  # as the operator's torch version
     mean, rstd = x.new_empty(n, dtype=stats), x.new_empty(n, dtype=stats)
+    part = x.new_empty((n, 1), dtype=torch.float32) if amax else None
     if n:
-        _ln_forward_kernel[(n,)](x, x if r is None else r, h, weight, bias, y, mean, rstd, d,
-                                 eps, BD=triton.next_power_of_2(d), ACC=acc(h, weight, bias),
-                                 ADD=r is not None, num_warps=4)
-    return h, y, mean, rstd
+        _ln_forward_kernel[(n,)](x, x if r is None else r, h, weight, bias, y, mean, rstd,
+                                 mean if part is None else part, d, eps,
+                                 BD=triton.next_power_of_2(d), ACC=acc(h, weight, bias),
+                                 ADD=r is not None, AMAX=amax, num_warps=4)
+    return h, y, mean, rstd, part
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
                out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    return _ln_forward(x, None, weight, bias, eps, out_dtype)[1:]
+    return _ln_forward(x, None, weight, bias, eps, out_dtype)[1:4]
 
 
 def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
                    out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _ln_forward(x, r, weight, bias, eps, out_dtype)
+    return _ln_forward(x, r, weight, bias, eps, out_dtype)[:4]
+
+
+def add_layer_norm_with_scale(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                              out_dtype: torch.dtype, fp8: torch.dtype, *,
+                              tiny: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``ten::add_layer_norm_with_scale``: add_layer_norm's four, and the norm's one
+    float8 scale for ``fp8`` from the rows' maxima the pass took (one float a row)."""
+    h, y, mean, rstd, part = _ln_forward(x, r, weight, bias, eps, out_dtype, amax=True)
+    return h, y, mean, rstd, fp8_scale(part, fp8, None, tiny=tiny)
 
 
 def _ln_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,

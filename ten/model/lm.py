@@ -62,6 +62,10 @@ class Block(nn.Module):
         """(x, pending) -> (x + pending + mixer's output, this block's MLP output, state)."""
         x, xn = self.norm1.add(x, pending)
         y, state = self.mixer(xn, state)
+        fp8 = self.mlp.input_scale_for
+        if fp8 is not None:  # the norm takes the float8 block's input scale as it writes it
+            x, xn, scale = self.norm2.add_with_scale(x, y, fp8)
+            return x, self.mlp(xn, scale), state
         x, xn = self.norm2.add(x, y)
         return x, self.mlp(xn), state
 

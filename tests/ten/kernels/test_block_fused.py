@@ -410,6 +410,23 @@ def test_swiglu_kernels_equal_the_operator(kernels, h, dtype):
     assert_fake_layout("swiglu_backward", (dy, ab), dab)
 
 
+@pytest.mark.parametrize("stream", [torch.float32, torch.bfloat16])
+def test_the_norm_before_the_float8_block_scales_what_it_writes(kernels, stream):
+    """add_layer_norm_with_scale: the residual sum and its norm (bf16, as under autocast)
+    as add_layer_norm's kernel writes them, bit for bit, and the norm's e4m3 scale as
+    ten::fp8_scale takes it of that norm afterwards; the largest row planted last."""
+    x, r = rand(37, 24).to(stream), rand(37, 24, seed=1).to(stream)
+    w, b = rand(24, seed=2), rand(24, seed=3)
+    x[36, 5] = 30.0
+    got = kernels.add_layer_norm_with_scale(x, r, w, b, 1e-5, torch.bfloat16, E4M3, tiny=TINY)
+    for want, have in zip(kernels.add_layer_norm(x, r, w, b, 1e-5, torch.bfloat16), got[:4],
+                          strict=True):
+        assert torch.equal(have, want)
+    assert torch.equal(got[4].cpu(), torch.ops.ten.fp8_scale.default(got[1].cpu(), E4M3, None))
+    assert_fake_layout("add_layer_norm_with_scale", (x, r, w, b, 1e-5, torch.bfloat16, E4M3),
+                       got)
+
+
 @pytest.mark.parametrize("h", [5, 1100])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_swiglu_forward_scales_what_it_writes_as_a_pass_over_it_would(kernels, h, dtype):

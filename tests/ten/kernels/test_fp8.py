@@ -289,3 +289,34 @@ def test_on_an_fp8_card_the_swiglu_block_agrees_with_its_two_projections(scaling
     assert rel(z, z2) < 0.02
     for got, want in ((x.grad, x2.grad), (up.grad, up2.grad), (down.grad, down2.grad)):
         assert rel(got, want) < 0.05
+
+
+@pytest.mark.parametrize("scaling, scales, normed", [("tensor", 5, 1), ("row", 12, 0)])
+def test_in_a_model_the_norm_before_the_float8_block_takes_its_input_scale(scaling, scales,
+                                                                          normed):
+    """A TEN block with fp8: under one scale a tensor, the norm that writes the feed-forward
+    block's input takes its scale (add_layer_norm_with_scale), so the block's own scale
+    passes are the output gradient's and the weights' (5 a layer); a scale a row takes
+    each operand's own. The loss and gradients equal those of the block scaling x itself."""
+    from ten.model.config import TENConfig
+    from ten.model.presets import build_model
+
+    torch.manual_seed(SEED)
+    print(f"seed {SEED}")
+    config = TENConfig(vocab_size=64, d_model=32, n_layers=2, seq_len=32, n_eigenstates=8,
+                       n_heads=2, fp8=scaling)  # a feed-forward width of 128
+    model = build_model(config, "cpu")
+    ids = torch.randint(0, 64, (2, 20))
+    with TenOps() as ops:
+        loss = torch.nn.functional.cross_entropy(model(ids)[0].flatten(0, 1), ids.flatten())
+        loss.backward()
+    assert ops.counts["fp8_scale"] == scales * config.n_layers
+    assert ops.counts["add_layer_norm_with_scale"] == normed * config.n_layers
+    grads = [p.grad.clone() for p in model.parameters()]
+    for block in model.blocks:  # the block scaling x itself: the same numbers
+        block.mlp.input_scale_for = None
+    model.zero_grad()
+    again = torch.nn.functional.cross_entropy(model(ids)[0].flatten(0, 1), ids.flatten())
+    again.backward()
+    assert torch.equal(again, loss)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
