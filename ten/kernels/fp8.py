@@ -23,11 +23,11 @@ The casts are operators (``ten::fp8_scale``, ``ten::fp8_cast``, ``ten::fp8_cast_
 torch's kernels here, Triton's on CUDA (ten.kernels.fp8_kernels: the same bits, 5 bytes
 an element from bf16 where eager torch moved ~40), each writing its operand in the layout
 its GEMM reads, zero rows included, so no copy follows; in the SwiGLU block the kernels
-that write its largest operands take their scales as they write them, and its backward
-writes the product in float8 itself (ten.kernels.block_fused.float8_swiglu). The casts
-are what FP8 costs: on the flagship's micro-batch they move 46 GB under one scale a
-tensor, 14 ms at an H100's bandwidth against the 27 ms of GEMM time FP8 saves it, 53 ms
-on an L40S against 74 (benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8
+that write its operands (the norm before it, the SwiGLU) take their scales as they write
+them, and its backward writes the product in float8 itself
+(ten.kernels.block_fused.float8_swiglu). The casts are what FP8 costs: on the flagship's
+micro-batch they move 44 GB under one scale a tensor, 13 ms at an H100's bandwidth
+against the 27 ms of GEMM time FP8 saves it, 51 ms on an L40S against 74 (benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8
 casts" and "scales from the kernels that write them").
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
