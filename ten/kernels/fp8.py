@@ -27,8 +27,9 @@ that write its operands (the norm before it, the SwiGLU) take their scales as th
 them, and its backward writes the product in float8 itself
 (ten.kernels.block_fused.float8_swiglu). The casts are what FP8 costs: on the flagship's
 micro-batch they move 44 GB under one scale a tensor, 13 ms at an H100's bandwidth
-against the 27 ms of GEMM time FP8 saves it, 51 ms on an L40S against 74 (benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8
-casts" and "scales from the kernels that write them").
+against the 27 ms of GEMM time FP8 saves it, 51 ms on an L40S against 74
+(benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8 casts" and "scales
+from the kernels that write them").
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with
