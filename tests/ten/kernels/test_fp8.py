@@ -320,3 +320,32 @@ def test_in_a_model_the_norm_before_the_float8_block_takes_its_input_scale(scali
     again.backward()
     assert torch.equal(again, loss)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_a_float8_model_recomputing_its_blocks_gets_the_same_gradients(scaling):
+    """grad_checkpointing: each block's forward runs again in backward (autograd's saved
+    tensors hooks), the float8 block's operands and scales with it: the same loss and
+    gradients, to the bit, as the model keeping them."""
+    from ten.model.config import TENConfig
+    from ten.model.presets import build_model
+
+    print(f"seed {SEED}")
+    ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(SEED))
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(SEED)
+        model = build_model(TENConfig(vocab_size=64, d_model=32, n_layers=2, seq_len=32,
+                                      n_eigenstates=8, n_heads=2, fp8=scaling,
+                                      grad_checkpointing=recompute), "cpu")
+        model.train()
+        with TenOps() as ops:
+            loss = torch.nn.functional.cross_entropy(model(ids)[0].flatten(0, 1),
+                                                     ids.flatten())
+            loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()],
+                        ops.counts["swiglu_with_scale"] + ops.counts["swiglu"]))
+    (loss, grads, forwards), (loss_again, grads_again, forwards_again) = results
+    assert (forwards, forwards_again) == (2, 4)  # each block's SwiGLU ran again
+    assert torch.equal(loss_again, loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads_again, grads, strict=True))
