@@ -24,6 +24,10 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
                   they are, not copied in front of x (a (B, T, d) copy per layer);
                   causal_conv_and_linear: with the gate's linear map of the same x, whose
                   d x adds itself into the convolution's (no third pass to sum them)
+    float8_swiglu the SwiGLU block with its six GEMMs in float8 (ten.kernels.fp8): under
+                  one scale a tensor the norm before it (add_layer_norm_with_scale) and
+                  its SwiGLU passes take each operand's scale as they write it, and the
+                  backward writes the product in float8 for its weight gradient
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
 numerics unchanged) and a Triton kernel registered for CUDA (``ten.kernels.ops.register_cuda``): the
