@@ -58,6 +58,16 @@ def history(run_file):
     return rows
 
 
+def wandb_state(run_file, run_dir):
+    """What a failed check needs to say: the run file's size and records by type, and
+    the run log's W&B lines (a warning there names a failed log or finish)."""
+    kinds = [r.WhichOneof("record_type") for r in wandb_records(run_file)]
+    lines = [line for line in (run_dir / "run.log").read_text().splitlines()
+             if "wandb" in line]
+    return (f"{run_file.stat().st_size} B, records "
+            f"{ {k: kinds.count(k) for k in sorted(set(kinds), key=str)} }; run.log: {lines}")
+
+
 def offline_runs(run_dir):
     return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
@@ -74,6 +84,8 @@ def test_the_figures_reach_wandb_offline_in_one_run_across_a_resume(tmp_path, co
     metrics = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
                if r["kind"] == "train"]
     assert [r["step"] for r in metrics] == [1, 2, 3, 4]
+    # (a CI run once found no row for step 1: what the file and the run's log held then)
+    assert {1, 2, 3, 4} <= set(rows), wandb_state(first, run_dir)
     for record in metrics:  # every train figure, at its step
         assert rows[record["step"]]["train/loss"] == pytest.approx(record["loss"])
         assert rows[record["step"]]["train/lr"] == pytest.approx(record["lr"])
