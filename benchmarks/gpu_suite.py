@@ -484,14 +484,17 @@ class Suite:
     def conv(self) -> dict[str, Any]:
         """The short convolution at the flagship's shape, forward + backward: torch's
         depthwise conv1d on transposed activations against ten's operator (its Triton
-        kernels on CUDA), benchmarks/bench_conv.py."""
+        kernels on CUDA), benchmarks/bench_conv.py; and the backward kernel alone at each
+        candidate tile, `backward_tiles` (which one to ship: issue 48's kernel table has
+        it at 4 programs an SM)."""
         import torch
-        from bench_conv import compare
+        from bench_conv import compare, tiles
 
         cfg = self.flagship_config()
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        return compare(1, cfg.seq_len, cfg.d_model, cfg.conv_width or 4, dtype, self.device,
-                       self.sizes.steps * 4)
+        shape = (1, cfg.seq_len, cfg.d_model, cfg.conv_width or 4, dtype, self.device)
+        return {**compare(*shape, self.sizes.steps * 4),
+                "backward_tiles": tiles(*shape, self.sizes.steps * 4)}
 
     def loss(self) -> dict[str, Any]:
         """The loss at the job's shape (a micro-batch's tokens × d_model × vocab, its
@@ -1508,6 +1511,11 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"Short convolution, forward + backward at T = {conv['T']}: "
                   f"{f(conv['causal_conv_ms'])} ms, torch's {f(conv['torch_ms'])} ms "
                   f"({f(conv['speedup'])}×)."]
+    if "rows" in (bt := conv.get("backward_tiles") or {}):
+        lines += ["", "| the backward kernel's tile | ms | GB/s | d x as the shipped tile's |",
+                  "|---|---|---|---|"]
+        lines += [f"| {row['tiles']} | {f(row['ms'])} | {f(row['gbps'])} | "
+                  f"{'yes' if row['dx_equal'] else 'NO'} |" for row in bt["rows"]]
     loss = r.get("loss") or {}
     if "losses" in loss:
         from bench_loss import markdown as loss_table

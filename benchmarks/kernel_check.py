@@ -247,12 +247,17 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                     {"x_ptr": _p(act), "tail_ptr": _p(act), "w_ptr": _p(f), "b_ptr": _p(f),
                      "y_ptr": _p(act), "T": "i32", "d": "i32"}, {**conv, "BT": bk.CONV_BT},
                     NUM_WARPS))
-        out.append((f"causal conv backward{after}", f"{blk}:_conv_backward_kernel",
-                    {"dy_ptr": _p(act), "x_ptr": _p(act), "tail_ptr": _p(act), "w_ptr": _p(f),
-                     "dx_ptr": _p(act), "dtail_ptr": _p(act), "dw_ptr": _p(f),
-                     "db_ptr": _p(f), "T": "i32", "d": "i32"},
-                    {**conv, "BT": bk.CONV_BACKWARD_BT, "TILES": bk.CONV_TILES},
-                    NUM_WARPS))
+        # the shipped tile; in fp32 at a sequence's start (training's case) also the
+        # candidates the GPU suite's `conv` section times beside it
+        timed = not tail and acc == tl.float32
+        for tiles in bk.CONV_BACKWARD_CANDIDATES[:None if timed else 1]:
+            shape = "" if tiles == bk.CONV_BACKWARD else f", {tiles}"
+            out.append((f"causal conv backward{after}{shape}", f"{blk}:_conv_backward_kernel",
+                        {"dy_ptr": _p(act), "x_ptr": _p(act), "tail_ptr": _p(act),
+                         "w_ptr": _p(f), "dx_ptr": _p(act), "dtail_ptr": _p(act),
+                         "dw_ptr": _p(f), "db_ptr": _p(f), "T": "i32", "d": "i32"},
+                        {**conv, "BT": tiles.bt, "TILES": tiles.tiles, "BD": tiles.bd},
+                        tiles.warps))
     consts = {"BK": K, "STEP": 0.01, "FLOOR": 1e-24, "ACC": acc}
     out.append(("selective drive", f"{sel}:_drive_kernel",
                 {"pz_ptr": _p(act), "bias_ptr": _p(f), "nu_ptr": _p(f), "theta_ptr": _p(f),
@@ -519,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", metavar="PREFIX",
                    help="the kernels whose names start with PREFIX (e.g. 'scan summary')")
     args = p.parse_args(argv)
+    if not any(v[0].startswith(args.only) for v in variants()):
+        p.error(f"no kernel's name starts with {args.only!r} (the names: the table's first "
+                "column, e.g. 'causal conv backward')")
     rows = check(tuple(args.arch), only=args.only)
     print(table(rows, args.markdown))
     bad = [f"{r.name} sm_{r.arch}: {p}" for r in rows for p in r.problems()]

@@ -70,6 +70,10 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
         assert len(row["transformer"]["tokens_per_s_runs"]) == 3
         assert row["transformer"]["spread"] >= 0 and len(row["ten"]["tokens_per_s_runs"]) == 3
     assert set(r["chunk"]["fixed"]) == {"16", "32"} and r["chunk"]["selective"]["16"]["ms"] > 0
+    tiles = r["conv"]["backward_tiles"]  # issue 48: the conv backward at each candidate tile
+    from ten.kernels.block_kernels import CONV_BACKWARD_CANDIDATES
+    assert [row["tiles"] for row in tiles["rows"]] == list(map(str, CONV_BACKWARD_CANDIDATES))
+    assert all(row["dx_equal"] and row["gbps"] > 0 for row in tiles["rows"])
     for mode in ("fixed", "selective"):
         scan = r["scan"][mode]
         assert scan["fused_speedup_at_T"] > 0  # interpreted on CPU: slow, but it ran

@@ -18,6 +18,8 @@ float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -479,15 +481,40 @@ def sigmoid_gate_backward(dy: Tensor, g: Tensor, o: Tensor) -> tuple[Tensor, Ten
     return dg, do
 
 
-# A conv program's channels, and tokens: forward one tile, backward CONV_TILES tiles (its
-# weight-gradient share summed over them: fewer shares for torch to add up). Registers and
-# programs per SM: benchmarks/kernel_check.py.
-CONV_BD, CONV_BT, CONV_BACKWARD_BT, CONV_TILES = 128, 16, 8, 8
+# A conv forward program's channels and tokens: one tile.
+CONV_BD, CONV_BT = 128, 16
 CONV_MAX_WIDTH = 4  # the backward kernel's accumulators; wider convolutions run torch's
 
 
-def _conv_grid(rows: int, d: int, B: int, per_program: int) -> tuple[int, int, int]:
-    return triton.cdiv(rows, per_program), triton.cdiv(d, CONV_BD), B
+@dataclass(frozen=True)
+class ConvTiles:
+    """A conv backward program's work: ``tiles`` tiles of ``bt`` tokens in a row (its
+    weight-gradient share summed over them: fewer shares for torch to add up), each ``bd``
+    channels wide, in ``warps`` warps."""
+
+    bt: int
+    tiles: int
+    bd: int
+    warps: int
+
+    @property
+    def tokens(self) -> int:
+        return self.bt * self.tiles
+
+    def __str__(self) -> str:
+        return f"{self.tiles}x{self.bt} tokens x {self.bd} channels, {self.warps} warps"
+
+
+# The shipped tile, then the ones the GPU suite's `conv` section times beside it (registers
+# and programs per SM: benchmarks/kernel_check.py). The shipped one holds ~128 registers a
+# thread, 4 programs an SM; half the channels, or half the tokens a tile, ~72 and 7.
+CONV_BACKWARD = ConvTiles(bt=8, tiles=8, bd=128, warps=4)
+CONV_BACKWARD_CANDIDATES = (CONV_BACKWARD, ConvTiles(bt=8, tiles=8, bd=64, warps=4),
+                            ConvTiles(bt=4, tiles=16, bd=128, warps=4))
+
+
+def _conv_grid(rows: int, d: int, B: int, per_program: int, bd: int) -> tuple[int, int, int]:
+    return triton.cdiv(rows, per_program), triton.cdiv(d, bd), B
 
 
 def _has_tail_rows(tail: Tensor | None, W: int) -> bool:
@@ -502,20 +529,21 @@ def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) ->
     y = torch.empty_like(x)
     tail_rows = _has_tail_rows(tail, W)
     if y.numel():
-        _conv_forward_kernel[_conv_grid(T, d, B, CONV_BT)](
+        _conv_forward_kernel[_conv_grid(T, d, B, CONV_BT, CONV_BD)](
             x, tail if tail_rows else x, weight.contiguous(), bias, y, T, d, W=W,
             TAIL=tail_rows, BT=CONV_BT, BD=CONV_BD, ACC=acc(x, weight, bias), num_warps=4)
     return y
 
 
 def causal_conv_backward(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,
-                         bias: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                         bias: Tensor, tiles: ConvTiles = CONV_BACKWARD
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     B, T, d = x.shape
     W = weight.shape[1]
     if W > CONV_MAX_WIDTH:
         raise ValueError(f"the convolution's backward kernel takes widths up to "
                          f"{CONV_MAX_WIDTH}, got {W}")
-    grid = _conv_grid(T + W - 1, d, B, CONV_BACKWARD_BT * CONV_TILES)
+    grid = _conv_grid(T + W - 1, d, B, tiles.tokens, tiles.bd)
     dx = torch.empty_like(x)
     dtail = x.new_empty(0) if tail is None else torch.zeros_like(tail)
     dtype = compute_dtype(dy, x, weight)
@@ -526,8 +554,8 @@ def causal_conv_backward(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Ten
         _conv_backward_kernel[grid](
             dy, x, tail if tail_rows else x, weight.contiguous(), dx,
             dtail if tail_rows else dx, dw, db, T, d, W=W,
-            TAIL=tail_rows, BT=CONV_BACKWARD_BT, TILES=CONV_TILES,
-            BD=CONV_BD, ACC=acc(dy, x, weight), num_warps=4)
+            TAIL=tail_rows, BT=tiles.bt, TILES=tiles.tiles, BD=tiles.bd,
+            ACC=acc(dy, x, weight), num_warps=tiles.warps)
     # (d, W) with the strides of the operator's fake (torch.compile checks them)
     dweight = weight.new_empty((d, W)).copy_(dw.sum(0).t())
     return dx, dtail, dweight, db.sum(0).to(bias.dtype)

@@ -385,6 +385,26 @@ def test_causal_conv_kernels_equal_the_operator(kernels, B, T, d, W, dtype, star
         torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_conv_backward_tile_the_gpu_suite_times_computes_the_shipped_ones_gradients(
+        kernels, dtype):
+    """The GPU suite's `conv` section times these against the shipped tile, which one to
+    ship is its answer: each must give d x bit for bit (each element's sum over the taps
+    in one order) and d w, d bias as the operator's, on a T and d no tile divides."""
+    B, T, d, W = 2, 70, 130, 4
+    x, dy = rand(B, T, d).to(dtype), rand(B, T, d, seed=3).to(dtype)
+    w, b = rand(d, W, seed=1), rand(d, seed=2)
+    shipped = kernels.causal_conv_backward(dy, x, None, w, b)
+    _, _, dw, db = torch.ops.ten.causal_conv_backward.default(
+        dy.cpu().float(), *cpu(x.float(), None, w, b))
+    assert kernels.CONV_BACKWARD_CANDIDATES[0] == kernels.CONV_BACKWARD
+    for tiles in kernels.CONV_BACKWARD_CANDIDATES[1:]:
+        got = kernels.causal_conv_backward(dy, x, None, w, b, tiles=tiles)
+        assert torch.equal(got[0], shipped[0]), tiles
+        for r, g in ((dw, got[2]), (db, got[3])):
+            torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
 def test_the_conv_backward_kernel_refuses_widths_beyond_its_accumulators(kernels):
     """Wider convolutions run torch's backward on CUDA (ten.kernels.block_fused's dispatch)."""
     W = kernels.CONV_MAX_WIDTH + 1
