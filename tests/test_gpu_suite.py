@@ -220,6 +220,16 @@ def test_parts_cover_every_section_once():
     assert part.index("flagship") < part.index("memory")
 
 
+def test_a_call_without_a_part_runs_the_open_issues_sections_first():
+    """A lent GPU gives a session ~15 minutes, one full call: before, that call began
+    with the job run whole (~4 minutes, done on 2026-11-27) and never reached float8 or
+    the matrix state, the open issues' figures."""
+    one = gpu_suite.ONE_CALL
+    assert one[:4] == ("flagship", "memory", "fp8", "matrix")
+    assert sorted(one) == sorted(set(gpu_suite.SECTIONS) - {"recall"})  # each once
+    assert one.index("e2e") > one.index("gpu_tests") > one.index("bandwidth")
+
+
 def test_merge_joins_the_parts_of_one_run(tmp_path):
     env = {"device": "NVIDIA H100 80GB HBM3", "smoke": False, "date": "2026-11-25",
            "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}
