@@ -76,8 +76,9 @@ def tiles(B: int, T: int, d: int, W: int, dtype: torch.dtype, device: torch.devi
     """The backward kernel at each candidate tile on the same inputs (from a sequence's
     start, as training runs it): ms, GB/s of the bytes it must move (dy and x read, d x
     written; the weight-gradient shares are < 1% at the flagship's T), and whether its d x
-    equals the shipped tile's. On a CPU the kernels run in Triton's interpreter (the
-    figures then mean nothing: the suite's smoke run checks the wiring)."""
+    equals the shipped tile's. On a CPU they run only in Triton's interpreter
+    (TRITON_INTERPRET=1, which the suite's smoke run sets: the figures then mean nothing,
+    the run checks the wiring)."""
     from ten.kernels import block_kernels as bk
 
     g = torch.Generator().manual_seed(seed)
