@@ -2,8 +2,8 @@
 # There, on the lent GPU machine (the device tool's run, with carry [".devsite"]): the GPU
 # suite into $OUT, from the checkout as it arrived (nothing installed).
 #
-#   bash benchmarks/device_run.sh                 # the open issues' sections first, then
-#                                                 # the rest of parts 1-4 in the call's 540 s
+#   bash benchmarks/device_run.sh                 # e2e and the open issues' sections first,
+#                                                 # then the rest of parts 1-4, in 540 s
 #   bash benchmarks/device_run.sh --part 1        # or parts 1-4 on a slower card; 5: recall;
 #                                                 # 6: the matrix state (issue 47);
 #                                                 # 7: float8 GEMMs (issue 48)

@@ -182,6 +182,21 @@ def test_a_section_past_its_time_keeps_what_it_finished_before(tmp_path):
         "timed out after 540 s"
 
 
+@pytest.mark.slow
+def test_fp8_keeps_its_steps_before_its_loss_runs(tmp_path):
+    """The loss runs (200 steps each way on a GPU) come last: a call whose time runs out
+    in them keeps the layers and the steps (before, the section kept nothing)."""
+    import torch
+
+    saves = []
+    suite_ = gpu_suite.Suite(True, torch.device("cpu"), tmp_path, "stem",
+                             keep=lambda partial: saves.append(json.loads(json.dumps(partial))))
+    r = suite_.fp8()
+    (kept,) = saves
+    assert {"layers", "bf16", "tensor", "row"} <= set(kept) and "loss_fp8" not in kept
+    assert kept["bf16"]["tokens_per_s"] > 0 and "loss_fp8" in r
+
+
 def test_recall_keeps_each_run_as_it_finishes(tmp_path):
     """Run after run (the transformer at its budget first, then each TEN), every one
     kept as it ends, with its steps and each seed's accuracy."""
@@ -221,13 +236,13 @@ def test_parts_cover_every_section_once():
 
 
 def test_a_call_without_a_part_runs_the_open_issues_sections_first():
-    """A lent GPU gives a session ~15 minutes, one full call: before, that call began
-    with the job run whole (~4 minutes, done on 2026-11-27) and never reached float8 or
-    the matrix state, the open issues' figures."""
+    """A lent GPU gives a session ~15 minutes, one full call: before, that call ran parts
+    1-4 in SECTIONS' order and never reached the matrix state or float8 (parts 6 and 7),
+    the open issues' figures. The job run whole stays first: it has not run on a GPU."""
     one = gpu_suite.ONE_CALL
-    assert one[:4] == ("flagship", "memory", "fp8", "matrix")
+    assert one[:5] == ("e2e", "flagship", "memory", "matrix", "fp8")
     assert sorted(one) == sorted(set(gpu_suite.SECTIONS) - {"recall"})  # each once
-    assert one.index("e2e") > one.index("gpu_tests") > one.index("bandwidth")
+    assert one.index("gpu_tests") < one.index("ten_vs_transformer")
 
 
 def test_merge_joins_the_parts_of_one_run(tmp_path):
