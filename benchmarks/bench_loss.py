@@ -30,12 +30,14 @@ import torch.nn.functional as F
 
 from ten.kernels.loss import (
     FUSED_CHUNK_ELEMENTS,
+    add_weight_grad,
     chunked_linear_cross_entropy,
     default_chunk_rows,
     fused_linear_cross_entropy,
     liger_linear_cross_entropy,
     reference_linear_cross_entropy,
     resolve_loss_backend,
+    weight_grad_path,
 )
 
 
@@ -150,8 +152,7 @@ def measure(loss_fn, hidden, weight, targets, dtype, repeats: int, cpu_memory: b
     t0 = time.perf_counter()
     for _ in range(repeats):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     return (time.perf_counter() - t0) / repeats, peak, out
 
 
@@ -182,6 +183,54 @@ def compare(rows: int, d: int, vocab: int, dtype: torch.dtype, device: torch.dev
                                for a, b in zip(got[1:], want[1:], strict=True)]}
         del got
     return result
+
+
+def weight_grad(rows: int, d: int, vocab: int, device: torch.device, repeats: int,
+                seed: int = 0) -> dict:
+    """The fused loss's weight gradient alone at its chunks (bf16 into the fp32 sum): the
+    rounded product then an fp32 add (the loss before 2026-12-07) against what
+    :func:`ten.kernels.loss.add_weight_grad` does here; ms a call of the whole loss (every
+    chunk), and each one's largest error relative to the float64 sum. The chunks all
+    reuse one chunk's gradient and hidden states: the float64 sum is that product times
+    the number of chunks."""
+    chunk = default_chunk_rows(rows, d, vocab, FUSED_CHUNK_ELEMENTS)
+    n = -(-rows // chunk)
+    g = torch.Generator().manual_seed(seed)
+    dlogits = (torch.randn(chunk, vocab, generator=g) / rows).to(device, torch.bfloat16)
+    h = torch.randn(chunk, d, generator=g).to(device, torch.bfloat16)
+    want = (dlogits.double().t() @ h.double()) * n
+    dt, ht = dlogits.t(), h
+
+    def rounded_then_added(total):
+        total += dt @ ht
+
+    def as_the_loss_does(total):
+        add_weight_grad(total, dlogits, h)
+
+    result = {"rows": rows, "d": d, "vocab": vocab, "chunk_rows": chunk, "chunks": n,
+              "seed": seed,
+              "path": weight_grad_path(device.type, torch.bfloat16, torch.float32)}
+    for name, add in (("rounded_then_added", rounded_then_added),
+                      ("as_the_loss_does", as_the_loss_does)):
+        total = torch.zeros(vocab, d, device=device)
+        for _ in range(n):  # warm-up, and the sum whose error is reported
+            add(total)
+        error = float((total.double() - want).abs().max() / want.abs().max())
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            for _ in range(n):
+                add(total)
+        _sync(device)
+        result[name] = {"ms": 1e3 * (time.perf_counter() - t0) / repeats,
+                        "rel_error": error}
+    result["speedup"] = result["rounded_then_added"]["ms"] / result["as_the_loss_does"]["ms"]
+    return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def markdown(r: dict) -> str:
@@ -219,6 +268,13 @@ def main() -> None:
           f"{args.rows * args.vocab * 4 / 2**20:.0f} MiB")
     r = compare(args.rows, args.d, args.vocab, dtype, device, args.repeats, args.seed)
     print(markdown(r))
+    w = weight_grad(args.rows, args.d, args.vocab, device, args.repeats, args.seed)
+    print(f"weight gradient, {w['chunks']} chunks of {w['chunk_rows']} rows: "
+          f"{w['path']} here; product rounded then added "
+          f"{w['rounded_then_added']['ms']:.2f} ms (rel. error "
+          f"{w['rounded_then_added']['rel_error']:.1e}), as the loss adds it "
+          f"{w['as_the_loss_does']['ms']:.2f} ms ({w['as_the_loss_does']['rel_error']:.1e}): "
+          f"{w['speedup']:.2f}x")
     for missing in sorted({"fused", "liger"} - set(r["losses"])):
         print(f"{missing}: not run here (needs CUDA; liger also liger-kernel: "
               f"pip install -e '.[gpu]')")

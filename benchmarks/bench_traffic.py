@@ -149,7 +149,8 @@ class TrafficMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "prim" or name in NO_KERNEL or _is_view(func):
             return out
-        ins, _ = tree_flatten((args, kwargs))
+        # an ``out=`` tensor is written, not read (counted once, as an output)
+        ins, _ = tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
         outs, _ = tree_flatten(out)
         nbytes = sum(map(_bytes, ins)) + sum(map(_bytes, outs))
         returned = {id(t) for t in outs}
@@ -218,6 +219,17 @@ def loss_backend(train: Any) -> str:
     return "fused" if train.loss == "auto" else train.loss
 
 
+def gpu_adds_weight_grad_in_gemm() -> bool:
+    """Whether the loss adds its bf16 weight gradient into the fp32 sum inside the GEMM on
+    the GPU being modelled (``ten.kernels.loss.widening_addmm``): this one's torch where a
+    GPU runs the trace (the suite's bandwidth section), else a datasheet GPU's, whose torch
+    is taken to offer it (a CPU torch has no kernel for it; the fake tensors trace it)."""
+    from ten.kernels.loss import widening_addmm
+
+    return not torch.cuda.is_available() or widening_addmm("cuda", torch.bfloat16,
+                                                           torch.float32)
+
+
 def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, Any]:
     """The job's step as ``ten.train.step.train_step`` runs it, on fake tensors, as its average
     micro-batch: the first (forward + backward of the objective), one of the other
@@ -231,6 +243,7 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
     from ten.model.presets import build_model
 
     backend = loss_backend(train)
+    in_gemm = gpu_adds_weight_grad_in_gemm()
     first, other, end = TrafficMode(), TrafficMode(), TrafficMode()
     with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
         model = build_model(cfg)
@@ -246,7 +259,9 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
             finally:
                 mode.region = None
 
+        probe = loss_mod.widening_addmm  # the fake tensors are on the CPU: ask as the GPU
         loss_mod.linear_cross_entropy = labelled
+        loss_mod.widening_addmm = lambda _device, *dtypes: in_gemm
         try:
             dt = amp_dtype(train)
             # one autocast region for the step's forwards, backward outside autocast
@@ -262,6 +277,7 @@ def trace_micro_batch(cfg: Any, train: Any, batch: int) -> tuple[TrafficMode, An
                 torch.stack([~torch.isfinite(loss), ~torch.isfinite(norm)]).int()
         finally:
             loss_mod.linear_cross_entropy = inner
+            loss_mod.widening_addmm = probe
     accum = train.grad_accum
     return average(((first, 1.0), (other, accum - 1.0), (end, 1.0)), accum), model
 

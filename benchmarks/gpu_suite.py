@@ -499,9 +499,11 @@ class Suite:
     def loss(self) -> dict[str, Any]:
         """The loss at the job's shape (a micro-batch's tokens × d_model × vocab, its
         precision), forward + backward: plain, chunked torch ops, the job's fused kernel, a
-        compiled chunked cross-entropy, Liger's (benchmarks/bench_loss.py)."""
+        compiled chunked cross-entropy, Liger's (benchmarks/bench_loss.py); and the fused
+        loss's weight gradient alone, added in the GEMM where torch offers it against the
+        rounded product then an add (``weight_grad``, issue 48)."""
         import torch
-        from bench_loss import compare
+        from bench_loss import compare, weight_grad
 
         from ten.train.execution import resolve_precision
 
@@ -511,6 +513,10 @@ class Suite:
         # (--smoke: no CPU memory timeline, ~9 s the GPU never spends: it reads its peak)
         result = compare(rows, cfg.d_model, cfg.vocab_size, amp or torch.float32, self.device,
                          self.sizes.steps, cpu_memory=False)
+        _free()
+        self.keep(result)
+        result["weight_grad"] = weight_grad(rows, cfg.d_model, cfg.vocab_size, self.device,
+                                            self.sizes.steps)
         _free()
         return result
 
@@ -1533,6 +1539,12 @@ def markdown(r: dict[str, Any]) -> str:
 
         lines += ["", f"The loss, forward + backward, N {loss['rows']} × d {loss['d']} × V "
                   f"{loss['vocab']}, {loss['dtype']}:", "", loss_table(loss)]
+    if "speedup" in (wg := loss.get("weight_grad") or {}):
+        before, now = wg["rounded_then_added"], wg["as_the_loss_does"]
+        lines += ["", f"Its weight gradient, {wg['chunks']} chunks of {wg['chunk_rows']} rows "
+                  f"into the fp32 sum: {wg['path']}, {f(now['ms'])} ms (rel. error "
+                  f"{now['rel_error']:.1e}) against the rounded product then an add "
+                  f"{f(before['ms'])} ms ({before['rel_error']:.1e}): {f(wg['speedup'])}×."]
     gr = r.get("graphs") or {}
     if gr.get("graph"):
         lines += ["", f"The job's micro-batch as one CUDA graph: {f(gr['graph']['ms'])} ms against "

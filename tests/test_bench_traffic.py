@@ -116,3 +116,33 @@ def test_a_float8_matmul_counts_its_flops_at_the_cards_float8_rate():
         assert fp8.floor_s[gpu.name] == pytest.approx(2.0 * M * N * K / gpu.fp8)
         assert gpu.fp8 == pytest.approx(2 * gpu.bf16, rel=0.02)  # the datasheets' 2x
         assert bf16.floor_s[gpu.name] == pytest.approx(2.0 * M * N * K / gpu.bf16)
+
+
+def test_an_out_tensor_is_counted_as_written_not_also_read():
+    """``torch.addmm(c, a, b, out_dtype, out=c)`` reads c, a, b and writes c: an ``out=``
+    tensor was counted as an input too (12 bytes an fp32 element for 8)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = bench_traffic.TrafficMode()
+    with FakeTensorMode():
+        c = torch.empty(1000, 100)
+        a = torch.empty(1000, 50, dtype=torch.bfloat16)
+        b = torch.empty(50, 100, dtype=torch.bfloat16)
+        with mode:
+            torch.addmm(c, a, b, torch.float32, out=c)
+    assert mode.tallies["matmul"].bytes == 2 * c.numel() * 4 + (a.numel() + b.numel()) * 2
+    assert mode.tallies["matmul"].flops == 2.0 * 1000 * 100 * 50
+
+
+def test_the_loss_adds_its_weight_gradient_inside_each_chunks_gemm():
+    """On a GPU whose torch offers it, every chunk's bf16 weight gradient goes into the
+    fp32 sum in its GEMM's epilogue: one kernel a chunk, no separate fp32 add (16 of
+    them, 5.24 GB a flagship micro-batch, before)."""
+    mode, _ = bench_traffic.trace_micro_batch(
+        *bench_traffic.load([*TINY, "train.grad_accum=1"]), 4)
+    chunks = mode.by_op["loss: cross_entropy_rows"].kernels
+    assert chunks > 0
+    assert mode.by_op["loss: addmm"].kernels == chunks  # the weight gradient's GEMMs
+    vocab, d = 1000, 64  # TINY's: the fp32 sum is V x d
+    assert mode.by_op["loss: add_"].bytes < vocab * d * 4  # the loss's own running sum only

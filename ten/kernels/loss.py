@@ -24,6 +24,7 @@ why; naming a backend that cannot run here raises with the fix, never falls back
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -126,12 +127,51 @@ def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, 
         if grad_h is not None:
             grad_h[sl].copy_(dlogits @ w)  # (R, d), a view of the (N, d) buffer
         if grad_w is not None:  # (V, d), accumulated in fp32
-            if dlogits.dtype == grad_w.dtype:
-                grad_w.addmm_(dlogits.t(), h)
-            else:  # the add widens the product as it reads it: no fp32 copy of it
-                grad_w += dlogits.t() @ h
+            add_weight_grad(grad_w, dlogits, h)
         del logits, dlogits  # before the next chunk's matmul: one chunk's buffer at a time
     return loss_sum, n_valid
+
+
+def add_weight_grad(grad_w: Tensor, dlogits: Tensor, h: Tensor) -> None:
+    """grad_w (V, d) += dlogitsᵀ h, the chunk's weight gradient added into the sum.
+
+    In one precision it is one in-place ``addmm``. A bf16 chunk into the fp32 sum goes into
+    the GEMM's epilogue where torch offers it (:func:`widening_addmm`): the GEMM reads and
+    writes the sum itself, its fp32 accumulator unrounded. Elsewhere the product is rounded
+    to bf16, written, and read again by a separate add (12 bytes an element of W for 8)."""
+    if dlogits.dtype == grad_w.dtype:
+        grad_w.addmm_(dlogits.t(), h)
+    elif widening_addmm(grad_w.device.type, dlogits.dtype, grad_w.dtype):
+        torch.addmm(grad_w, dlogits.t(), h, grad_w.dtype, out=grad_w)
+    else:  # the add widens the product as it reads it: no fp32 copy of it
+        grad_w += dlogits.t() @ h
+
+
+@functools.cache
+def widening_addmm(device_type: str, product: torch.dtype, total: torch.dtype) -> bool:
+    """Whether ``torch.addmm(total, a, b, out_dtype, out=total)`` runs here with a and b in
+    ``product``: a GEMM that adds a bf16 product into an fp32 matrix in place. CUDA only
+    (torch has no CPU kernel for it), and builds differ: some refuse an accumulator wider
+    than the operands. Asked once per process with a 2 x 2 call, which raises before it
+    launches anything where it is refused, and reads nothing back (no host sync)."""
+    if device_type != "cuda":
+        return False
+    a = torch.zeros(2, 2, dtype=product, device=device_type)
+    acc = torch.zeros(2, 2, dtype=total, device=device_type)
+    try:
+        torch.addmm(acc, a, a, total, out=acc)
+    except (RuntimeError, TypeError):  # TORCH_CHECK's refusal; an older signature
+        return False
+    return True
+
+
+def weight_grad_path(device_type: str, product: torch.dtype, total: torch.dtype) -> str:
+    """How :func:`add_weight_grad` adds a chunk here, in words (for the benchmarks)."""
+    if product == total:
+        return "addmm_ in place"
+    if widening_addmm(device_type, product, total):
+        return "in the GEMM's epilogue (addmm into fp32)"
+    return "product rounded, then an fp32 add"
 
 
 def _rows_torch(logits: Tensor, t: Tensor, scale: Tensor | None

@@ -268,3 +268,42 @@ def test_cuda_backends_match_the_plain_loss(backend, dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g.float(), r.float(), rtol=tol, atol=tol)
+
+
+def test_a_cpu_torch_has_no_kernel_to_add_a_bf16_product_into_fp32():
+    """The loss asks torch for its bf16 chunks' weight gradient added into the fp32 sum in
+    the GEMM only on CUDA: torch has no CPU kernel for it. If a torch gains one, this fails
+    and ``widening_addmm`` can ask the CPU too."""
+    a = torch.ones(2, 2, dtype=torch.bfloat16)
+    total = torch.zeros(2, 2)
+    with pytest.raises(NotImplementedError, match="addmm.dtype_out"):
+        torch.addmm(total, a, a, torch.float32, out=total)
+    assert not loss_mod.widening_addmm("cpu", torch.bfloat16, torch.float32)
+    assert loss_mod.weight_grad_path("cpu", torch.bfloat16, torch.float32) == (
+        "product rounded, then an fp32 add")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_weight_gradient_is_added_in_place_and_in_the_gemm_where_torch_offers_it():
+    """A bf16 chunk into the fp32 sum, in place. Where torch adds it in the GEMM's epilogue
+    the sum is the float64 one to fp32 rounding, closer than the rounded product's."""
+    seed = 0
+    g = torch.Generator().manual_seed(seed)
+    dlogits = (torch.randn(300, 1000, generator=g) / 300).cuda().to(torch.bfloat16)
+    h = torch.randn(300, 64, generator=g).cuda().to(torch.bfloat16)
+    start = torch.randn(1000, 64, generator=g).cuda() / 300
+    want = start.double() + dlogits.double().t() @ h.double()
+    total = start.clone()
+    where = total.data_ptr()
+    loss_mod.add_weight_grad(total, dlogits, h)
+    assert total.data_ptr() == where and total.dtype == torch.float32
+    error = float((total.double() - want).abs().max() / want.abs().max())
+    rounded = float(((start + dlogits.t() @ h).double() - want).abs().max()
+                    / want.abs().max())
+    path = loss_mod.weight_grad_path("cuda", torch.bfloat16, torch.float32)
+    print(f"seed {seed}; {path}: rel. error {error:.1e}, the rounded product's {rounded:.1e}")
+    if loss_mod.widening_addmm("cuda", torch.bfloat16, torch.float32):
+        assert error < 1e-5 and error < rounded
+    else:
+        assert error == rounded
