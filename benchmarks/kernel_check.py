@@ -192,25 +192,29 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
     # the residual stream in the parameters' dtype, or in the activations' (residual_dtype:
     # bf16, the flagship's)
     for s in dict.fromkeys((f, act)):
-        for add in (False, True):  # LayerNorm alone; of a residual sum h = x + r it writes
-            name = ("add layer norm" if add else "layer norm") + \
-                ("" if s == f else f" ({s} stream)")
-            forward = {"x_ptr": _p(s), "r_ptr": _p(act), "h_ptr": _p(s), "w_ptr": _p(f),
-                       "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f),
+        # LayerNorm alone; of a residual sum h = x + r it writes; of x + σ(g)·r (a TEN
+        # block's second norm, which applies the mixer's gate)
+        for name, add, gate in (("layer norm", False, False), ("add layer norm", True, False),
+                                ("gated add layer norm", True, True)):
+            name += "" if s == f else f" ({s} stream)"
+            forward = {"x_ptr": _p(s), "r_ptr": _p(act), "g_ptr": _p(act), "h_ptr": _p(s),
+                       "w_ptr": _p(f), "b_ptr": _p(f), "y_ptr": _p(act), "mean_ptr": _p(f),
                        "rstd_ptr": _p(f), "part_ptr": _p(f), "d": "i32", "eps": "fp32"}
+            ln = {"BD": D, "ACC": acc, "ADD": add, "GATE": gate}
             out.append((f"{name} forward", f"{blk}:_ln_forward_kernel", forward,
-                        {"BD": D, "ACC": acc, "ADD": add, "AMAX": False}, NUM_WARPS))
+                        {**ln, "AMAX": False}, NUM_WARPS))
             if add and s == act:  # the job's (a bf16 stream): before a float8 SwiGLU block
                 out.append((f"{name} forward taking its float8 maxima",
                             f"{blk}:_ln_forward_kernel", {**forward, "part_ptr": _p("fp32")},
-                            {"BD": D, "ACC": acc, "ADD": add, "AMAX": True}, NUM_WARPS))
+                            {**ln, "AMAX": True}, NUM_WARPS))
             out.append((f"{name} backward", f"{blk}:_ln_backward_kernel",
                         {"dy_ptr": _p(act), "x_ptr": _p(s), "w_ptr": _p(f), "mean_ptr": _p(f),
                          "rstd_ptr": _p(f), "dh_ptr": _p(s), "dx_ptr": _p(s),
-                         "dr_ptr": _p(act), "dw_ptr": _p(f), "db_ptr": _p(f), "n": "i32",
+                         "dr_ptr": _p(act), "r_ptr": _p(act), "g_ptr": _p(act),
+                         "dg_ptr": _p(act), "dw_ptr": _p(f), "db_ptr": _p(f), "n": "i32",
                          "d": "i32"},
-                        {"ROWS": 16, "BD": D, "ACC": acc, "DH": add, "DR": add and act != s},
-                        NUM_WARPS))
+                        {"ROWS": 16, "BD": D, "ACC": acc, "DH": add,
+                         "DR": add and (gate or act != s), "GATE": gate}, NUM_WARPS))
     for amax in (False, True):  # with the maxima of what it writes: the float8 block's
         scaled = " taking its float8 maxima" if amax else ""
         part = _p("fp32") if amax else _p(act)  # without: the output passed in its place
@@ -231,14 +235,6 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                  "M": "i32", "Mp": "i32", "h": "i32"},
                 {"Y8": y8, "TOP": top, "MANT": mant, "EMIN": emin, "BR": bk.SWIGLU_F8_BR,
                  "BC": bk.SWIGLU_F8_BC}, bk.SWIGLU_F8_WARPS))
-    for name, kernel, sig in (
-            ("sigmoid gate forward", "_gate_forward_kernel",
-             {"g_ptr": _p(act), "o_ptr": _p(act), "y_ptr": _p(act), "n": "i32"}),
-            ("sigmoid gate backward", "_gate_backward_kernel",
-             {"dy_ptr": _p(act), "g_ptr": _p(act), "o_ptr": _p(act), "dg_ptr": _p(act),
-              "do_ptr": _p(act), "n": "i32"})):
-        out.append((name, f"{blk}:{kernel}", sig, {"BLOCK": 1024, "ACC": acc}, NUM_WARPS))
-
     for tail in (False, True):  # training starts every sequence from zeros; a tail when
         # generating continues from the last inputs
         conv = {"W": 4, "TAIL": tail, "BD": bk.CONV_BD, "ACC": acc}  # the presets' width

@@ -10,12 +10,13 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
     layer_norm    x (fp32) -> y (bf16 under autocast), the row's mean and 1/std kept
     add_layer_norm  x, r -> h = x + r and LN(h): a residual add and the norm after it in
                   one pass (on an H100 the fp32 adds and their backward took 6.4 ms of a
-                  72 ms flagship micro-batch); backward adds the stream's own gradient
+                  72 ms flagship micro-batch); backward adds the stream's own gradient.
+                  With a gate g, h = x + σ(g)·r: the TEN mixer's output gate applied as the
+                  norm reads r (it was a kernel of its own each way, writing σ(g)·r and its
+                  gradient for this norm alone to read: 6.4 GB less a flagship micro-batch)
     swiglu        [a | b] -> silu(a)·b;  backward -> [d a | d b] in one write, and
                   silu(a)·b again over its gradient (swiglu_down: the down projection
                   reads it, and keeping it from forward cost (B, T, H) per block)
-    sigmoid_gate  g, o -> σ(g)·o, the mixer's output gate (torch: a sigmoid and a product
-                  forward, two products and the sigmoid's backward after)
     causal_conv   a depthwise convolution over the last W tokens, on (B, T, d) as the
                   model holds it: torch's conv wants (B, d, T), and on an H200 its
                   depthwise kernels and the transposes around them took 12.5 ms of a
@@ -62,7 +63,7 @@ from ten.kernels.fp8 import (
 from ten.kernels.ops import define, register_cuda
 
 __all__ = ["LayerNorm", "add_layer_norm", "add_layer_norm_with_scale", "causal_conv",
-           "causal_conv_and_linear", "float8_swiglu", "layer_norm", "sigmoid_gate",
+           "causal_conv_and_linear", "float8_swiglu", "layer_norm",
            "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
@@ -122,87 +123,109 @@ _layer_norm = define(
 
 
 def _add_layer_norm_impl(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                         out_dtype: torch.dtype, gate: Tensor | None = None
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(h = x + r, LN(h) in out_dtype, mean, rstd): the residual stream after a sublayer
-    and the next sublayer's input, in one pass over the row on CUDA."""
-    h = x + r
+    and the next sublayer's input, in one pass over the row on CUDA. With a ``gate`` (r's
+    shape and dtype) the sublayer's output is σ(gate)·r, rounded to r's dtype as
+    autograd's ``torch.sigmoid(gate) * r`` would round it, then added: the mixer's output
+    gate applied as the norm reads it, so σ(gate)·r is never written."""
+    h = x + (r if gate is None else _sigmoid_gate_impl(gate, r))
     return (h, *_layer_norm_impl(h, weight, bias, eps, out_dtype))
 
 
-def _add_layer_norm_fake(x, r, weight, bias, eps, out_dtype):
+def _add_layer_norm_fake(x, r, weight, bias, eps, out_dtype, gate=None):
     h = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, r.dtype))
     return (h, *_layer_norm_fake(h, weight, bias, eps, out_dtype))
 
 
 def _add_layer_norm_backward_impl(dh: Tensor | None, dy: Tensor, h: Tensor, weight: Tensor,
-                                  mean: Tensor, rstd: Tensor, r_dtype: torch.dtype
-                                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dr, d weight, d bias): dx = dh + the norm's input gradient, in h's dtype, and
-    dr the same in r's dtype; dr is empty when r's dtype is h's (dx serves both: an
-    operator's outputs may not be one tensor)."""
+                                  mean: Tensor, rstd: Tensor, r_dtype: torch.dtype,
+                                  r: Tensor | None = None, gate: Tensor | None = None
+                                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dr, d weight, d bias, d gate): dx = dh + the norm's input gradient, in h's
+    dtype, and dr the same in r's dtype; dr is empty when r's dtype is h's (dx serves
+    both: an operator's outputs may not be one tensor). With the forward's ``gate`` (and
+    its r), dr and d gate are σ(gate)·r's gradients for dx; else d gate is empty."""
     dx, dw, db = _layer_norm_backward_impl(dy, h, weight, mean, rstd)
     if dh is not None:
         dx = dh + dx  # as autograd sums the two paths into h
-    return dx, (h.new_empty(0) if r_dtype == h.dtype else dx.to(r_dtype)), dw, db
+    if gate is not None:  # the gate's gradients of dx in σ(gate)·r's dtype, as autograd's
+        dgate, dr = _sigmoid_gate_backward_impl(dx.to(r.dtype), gate, r)
+        return dx, dr, dw, db, dgate
+    return (dx, (h.new_empty(0) if r_dtype == h.dtype else dx.to(r_dtype)), dw, db,
+            h.new_empty(0))
 
 
-def _add_layer_norm_backward_fake(dh, dy, h, weight, mean, rstd, r_dtype):
-    dr = h.new_empty(0) if r_dtype == h.dtype else torch.empty_like(h, dtype=r_dtype)
-    return torch.empty_like(h), dr, torch.empty_like(weight), torch.empty_like(weight)
+def _add_layer_norm_backward_fake(dh, dy, h, weight, mean, rstd, r_dtype, r=None, gate=None):
+    if gate is not None:
+        dr, dgate = torch.empty_like(r), torch.empty_like(gate)
+    else:
+        dr = h.new_empty(0) if r_dtype == h.dtype else torch.empty_like(h, dtype=r_dtype)
+        dgate = h.new_empty(0)
+    return torch.empty_like(h), dr, torch.empty_like(weight), torch.empty_like(weight), dgate
 
 
 def _add_ln_setup(ctx, inputs, output) -> None:
-    _, r, weight, _, _, _ = inputs
+    _, r, weight, _, _, _, gate = inputs
     h, _, mean, rstd = output
-    ctx.save_for_backward(h, weight, mean, rstd)
+    # a gated sum's gradients read r and its gate (the gate's own operator kept them)
+    ctx.save_for_backward(h, weight, mean, rstd, *(() if gate is None else (r, gate)))
     ctx.r_dtype = r.dtype
     ctx.set_materialize_grads(False)  # the last block's h feeds nothing but its norm
 
 
 def _add_ln_backward(ctx, dh, dy, _dmean, _drstd):
-    h, weight, mean, rstd = ctx.saved_tensors
+    h, weight, mean, rstd, *gated = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(h)
-    dx, dr, dw, db = _add_layer_norm_backward(None if dh is None else dh.contiguous(),
-                                              dy.contiguous(), h, weight, mean, rstd,
-                                              ctx.r_dtype)
-    return dx, (dx if ctx.r_dtype == h.dtype else dr), dw, db, None, None
+    dx, dr, dw, db, dgate = _add_layer_norm_backward(
+        None if dh is None else dh.contiguous(), dy.contiguous(), h, weight, mean, rstd,
+        ctx.r_dtype, *gated)
+    if not gated:
+        return dx, (dx if ctx.r_dtype == h.dtype else dr), dw, db, None, None, None
+    return dx, dr, dw, db, None, None, dgate
 
 
 def _add_layer_norm_with_scale_impl(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor,
-                                    eps: float, out_dtype: torch.dtype, fp8: torch.dtype
+                                    eps: float, out_dtype: torch.dtype, fp8: torch.dtype,
+                                    gate: Tensor | None = None
                                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(:func:`_add_layer_norm_impl`'s four, and the norm's one float8 scale for ``fp8``,
     as ``ten::fp8_scale`` takes it): what the float8 SwiGLU block's x needs. Here a pass
     more of torch's; on CUDA the norm's kernel takes each row's maximum as it writes it."""
-    h, y, mean, rstd = _add_layer_norm_impl(x, r, weight, bias, eps, out_dtype)
+    h, y, mean, rstd = _add_layer_norm_impl(x, r, weight, bias, eps, out_dtype, gate)
     return h, y, mean, rstd, amax_scale(y, fp8)
 
 
-def _add_layer_norm_with_scale_fake(x, r, weight, bias, eps, out_dtype, fp8):
+def _add_layer_norm_with_scale_fake(x, r, weight, bias, eps, out_dtype, fp8, gate=None):
     return (*_add_layer_norm_fake(x, r, weight, bias, eps, out_dtype),
             x.new_empty((), dtype=torch.float32))
 
 
 def _add_ln_with_scale_setup(ctx, inputs, output) -> None:
-    _add_ln_setup(ctx, inputs[:6], output[:4])
+    _add_ln_setup(ctx, (*inputs[:6], inputs[7]), output[:4])
 
 
 def _add_ln_with_scale_backward(ctx, dh, dy, dmean, drstd, _dscale):
-    return (*_add_ln_backward(ctx, dh, dy, dmean, drstd), None)
+    *grads, dgate = _add_ln_backward(ctx, dh, dy, dmean, drstd)
+    return (*grads, None, dgate)  # fp8 (the seventh input) takes none
 
 
 _add_layer_norm_backward = define(
     "add_layer_norm_backward(Tensor? dh, Tensor dy, Tensor h, Tensor weight, Tensor mean, "
-    "Tensor rstd, ScalarType r_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
+    "Tensor rstd, ScalarType r_dtype, Tensor? r=None, Tensor? gate=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     _add_layer_norm_backward_impl, _add_layer_norm_backward_fake)
 _add_layer_norm = define(
     "add_layer_norm(Tensor x, Tensor r, Tensor weight, Tensor bias, float eps, "
-    "ScalarType out_dtype) -> (Tensor, Tensor, Tensor, Tensor)", _add_layer_norm_impl,
-    _add_layer_norm_fake, backward=_add_ln_backward, setup_context=_add_ln_setup)
+    "ScalarType out_dtype, Tensor? gate=None) -> (Tensor, Tensor, Tensor, Tensor)",
+    _add_layer_norm_impl, _add_layer_norm_fake, backward=_add_ln_backward,
+    setup_context=_add_ln_setup)
 _add_layer_norm_with_scale = define(
     "add_layer_norm_with_scale(Tensor x, Tensor r, Tensor weight, Tensor bias, float eps, "
-    "ScalarType out_dtype, ScalarType fp8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "ScalarType out_dtype, ScalarType fp8, Tensor? gate=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     _add_layer_norm_with_scale_impl, _add_layer_norm_with_scale_fake,
     backward=_add_ln_with_scale_backward, setup_context=_add_ln_with_scale_setup)
 
@@ -367,13 +390,9 @@ class _Float8SwiGLU(torch.autograd.Function):
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
-    """σ(g)·o: the mixer's output gate. Here torch's kernels; on CUDA ten.kernels.block_kernels'."""
+    """σ(g)·o: the mixer's output gate, in torch's kernels (a gated add_layer_norm's sum;
+    on CUDA its kernel computes the same in one pass)."""
     return torch.sigmoid(g) * o
-
-
-def _sigmoid_gate_fake(g, o):
-    return g.new_empty(torch.broadcast_shapes(g.shape, o.shape),
-                       dtype=torch.promote_types(g.dtype, o.dtype))
 
 
 def _sigmoid_gate_backward_impl(dy: Tensor, g: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
@@ -381,26 +400,6 @@ def _sigmoid_gate_backward_impl(dy: Tensor, g: Tensor, o: Tensor) -> tuple[Tenso
     ``torch.sigmoid(g) * o`` uses."""
     s = torch.sigmoid(g)
     return (torch.ops.aten.sigmoid_backward((dy * o).to(g.dtype), s), (dy * s).to(o.dtype))
-
-
-def _sigmoid_gate_backward_fake(dy, g, o):
-    return torch.empty_like(g), torch.empty_like(o)
-
-
-def _gate_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _gate_grad(ctx, dy):
-    g, o = ctx.saved_tensors
-    return _sigmoid_gate_backward(dy.contiguous(), g, o)
-
-
-_sigmoid_gate_backward = define(
-    "sigmoid_gate_backward(Tensor dy, Tensor g, Tensor o) -> (Tensor, Tensor)",
-    _sigmoid_gate_backward_impl, _sigmoid_gate_backward_fake)
-_sigmoid_gate = define("sigmoid_gate(Tensor g, Tensor o) -> Tensor", _sigmoid_gate_impl,
-                       _sigmoid_gate_fake, backward=_gate_grad, setup_context=_gate_setup)
 
 
 def _conv_weight(xp: Tensor, weight: Tensor) -> Tensor:
@@ -507,27 +506,43 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
 
 
 def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                   out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+                   out_dtype: torch.dtype | None = None, gate: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor]:
     """(h = x + r, LayerNorm(h) in ``out_dtype``, h's when None): a pre-LN block's
-    residual add and the norm after it, one kernel each way on CUDA."""
+    residual add and the norm after it, one kernel each way on CUDA. With ``gate`` (r's
+    shape and dtype), h = x + σ(gate)·r: the mixer's output gate (autograd's roundings of
+    ``torch.sigmoid(gate) * r``) applied in the same pass, forward and backward."""
     shape = x.shape
-    h, y, _, _ = _add_layer_norm(x.reshape(-1, shape[-1]).contiguous(),
-                                 r.reshape(-1, shape[-1]).contiguous(), weight, bias, eps,
-                                 out_dtype or torch.promote_types(x.dtype, r.dtype))
+    h, y, _, _ = _add_layer_norm(*_rows(x, r, gate), weight, bias, eps,
+                                 out_dtype or torch.promote_types(x.dtype, r.dtype),
+                                 _gate_rows(gate, r))
     return h.view(shape), y.view(shape)
 
 
 def add_layer_norm_with_scale(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                              fp8: torch.dtype, out_dtype: torch.dtype | None = None
-                              ) -> tuple[Tensor, Tensor, Tensor]:
+                              fp8: torch.dtype, out_dtype: torch.dtype | None = None,
+                              gate: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`add_layer_norm`'s (h, LayerNorm(h)), and the norm's one float8 scale for
     ``fp8`` (ten.kernels.fp8), taken by the pass that writes it: the float8 SwiGLU block's
     input scale (:func:`float8_swiglu`)."""
     shape = x.shape
     h, y, _, _, scale = _add_layer_norm_with_scale(
-        x.reshape(-1, shape[-1]).contiguous(), r.reshape(-1, shape[-1]).contiguous(), weight,
-        bias, eps, out_dtype or torch.promote_types(x.dtype, r.dtype), fp8)
+        *_rows(x, r, gate), weight, bias, eps,
+        out_dtype or torch.promote_types(x.dtype, r.dtype), fp8, _gate_rows(gate, r))
     return h.view(shape), y.view(shape), scale
+
+
+def _rows(x: Tensor, r: Tensor, gate: Tensor | None) -> tuple[Tensor, Tensor]:
+    """x and r as contiguous (rows, d), r checked against its gate."""
+    if gate is not None and (gate.shape != r.shape or gate.dtype != r.dtype):
+        raise ValueError(f"a gated sum takes its gate in r's shape and dtype, got "
+                         f"{tuple(gate.shape)} {gate.dtype} for {tuple(r.shape)} {r.dtype}")
+    d = x.shape[-1]
+    return x.reshape(-1, d).contiguous(), r.reshape(-1, d).contiguous()
+
+
+def _gate_rows(gate: Tensor | None, r: Tensor) -> Tensor | None:
+    return None if gate is None else gate.reshape(-1, r.shape[-1]).contiguous()
 
 
 def swiglu_down(ab: Tensor, weight: Tensor) -> Tensor:
@@ -564,14 +579,6 @@ def causal_conv_and_linear(x: Tensor, tail: Tensor | None, conv_weight: Tensor,
                                 linear.weight.to(x.dtype), linear.bias.to(x.dtype))
 
 
-def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:
-    """σ(g)·o for g and o of one shape: one kernel each way on CUDA."""
-    if g.shape != o.shape:
-        raise ValueError(f"sigmoid_gate takes g and o of one shape, got {tuple(g.shape)} "
-                         f"and {tuple(o.shape)}")
-    return _sigmoid_gate(g.contiguous(), o.contiguous())
-
-
 def causal_conv(x: Tensor, tail: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
     """The depthwise causal convolution of x (B, T, d) continuing from ``tail`` (B, W-1, d),
     the W - 1 inputs before x (None: zeros, a sequence's start), with weight (d, W) (or
@@ -603,18 +610,22 @@ class LayerNorm(nn.LayerNorm):
         with self._own_precision(x) as out:
             return layer_norm(x, self.weight, self.bias, self.eps, out)
 
-    def add(self, x: Tensor, r: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(x + r, this norm of it); r None: (x, this norm of x)."""
+    def add(self, x: Tensor, r: Tensor | None, gate: Tensor | None = None
+            ) -> tuple[Tensor, Tensor]:
+        """(x + r, this norm of it); r None: (x, this norm of x). With ``gate``, r enters
+        the sum as σ(gate)·r (:func:`add_layer_norm`)."""
         if r is None:
             return x, self(x)
         with self._own_precision(x) as out:
-            return add_layer_norm(x, r, self.weight, self.bias, self.eps, out)
+            return add_layer_norm(x, r, self.weight, self.bias, self.eps, out, gate)
 
-    def add_with_scale(self, x: Tensor, r: Tensor, fp8: torch.dtype
-                       ) -> tuple[Tensor, Tensor, Tensor]:
-        """(x + r, this norm of it, the norm's one float8 scale for ``fp8``)."""
+    def add_with_scale(self, x: Tensor, r: Tensor, fp8: torch.dtype,
+                       gate: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(x + r, this norm of it, the norm's one float8 scale for ``fp8``); ``gate`` as
+        in :meth:`add`."""
         with self._own_precision(x) as out:
-            return add_layer_norm_with_scale(x, r, self.weight, self.bias, self.eps, fp8, out)
+            return add_layer_norm_with_scale(x, r, self.weight, self.bias, self.eps, fp8, out,
+                                             gate)
 
     @contextlib.contextmanager
     def _own_precision(self, x: Tensor) -> Iterator[torch.dtype | None]:
@@ -643,8 +654,6 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("swiglu_with_scale", functools.partial(_k.swiglu_with_scale, tiny=TINY))
     register_cuda("swiglu_backward_float8",
                   functools.partial(_k.swiglu_backward_float8, tiny=TINY))
-    register_cuda("sigmoid_gate", _k.sigmoid_gate)
-    register_cuda("sigmoid_gate_backward", _k.sigmoid_gate_backward)
     register_cuda("causal_conv", _k.causal_conv)
 
     def _causal_conv_backward_cuda(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,

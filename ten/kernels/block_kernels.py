@@ -1,6 +1,6 @@
 """Triton kernels for ``ten.kernels.block_fused``'s operators (registered there for CUDA): the
-LayerNorm (alone, or of a residual sum it writes), SwiGLU, the sigmoid gate and the causal
-convolution, each forward and backward. Each launcher has
+LayerNorm (alone, or of a residual sum it writes, whose second term may be gated by a
+sigmoid), SwiGLU and the causal convolution, each forward and backward. Each launcher has
 the signature of the operator's torch implementation. One program per row (LayerNorm; ROWS
 rows per program in backward, whose partial weight gradients torch then sums), per row and
 block of columns (SwiGLU), or per tile of tokens and channels of one sequence (the
@@ -28,26 +28,30 @@ from torch import Tensor
 from ten.kernels.fp8_kernels import FORMATS, fp8_scale, max_nan, quantize
 
 __all__ = ["acc", "add_layer_norm", "add_layer_norm_backward", "add_layer_norm_with_scale",
-           "causal_conv",
-           "causal_conv_backward", "compute_dtype", "layer_norm", "layer_norm_backward",
-           "sigmoid_gate", "sigmoid_gate_backward", "swiglu", "swiglu_backward",
-           "swiglu_backward_float8", "swiglu_with_scale"]
+           "causal_conv", "causal_conv_backward", "compute_dtype", "layer_norm",
+           "layer_norm_backward", "swiglu", "swiglu_backward", "swiglu_backward_float8",
+           "swiglu_with_scale"]
 
 
 @triton.jit
-def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, part_ptr,
-                       d, eps, BD: tl.constexpr, ACC: tl.constexpr, ADD: tl.constexpr,
-                       AMAX: tl.constexpr):
+def _ln_forward_kernel(x_ptr, r_ptr, g_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                       part_ptr, d, eps, BD: tl.constexpr, ACC: tl.constexpr,
+                       ADD: tl.constexpr, GATE: tl.constexpr, AMAX: tl.constexpr):
     """One row: y = LN(x); with ADD, of h = x + r, which it writes too (the residual
-    stream and its norm in one pass); with AMAX, the row's largest |y| as stored, into
-    part (a float8 scale of y is reduced from those)."""
+    stream and its norm in one pass); with GATE too, of h = x + σ(g)·r, the product
+    rounded to r's dtype as the gate's own kernel stores it; with AMAX, the row's largest
+    |y| as stored, into part (a float8 scale of y is reduced from those)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
     off = r.to(tl.int64) * d + cols
     x = tl.load(x_ptr + off, mask=mask, other=0.0).to(ACC)
     if ADD:
-        h = (x + tl.load(r_ptr + off, mask=mask, other=0.0).to(ACC)).to(h_ptr.dtype.element_ty)
+        rv = tl.load(r_ptr + off, mask=mask, other=0.0).to(ACC)
+        if GATE:
+            g = tl.load(g_ptr + off, mask=mask, other=0.0).to(ACC)
+            rv = (tl.sigmoid(g) * rv).to(r_ptr.dtype.element_ty).to(ACC)
+        h = (x + rv).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + off, h, mask=mask)
         x = h.to(ACC)  # the statistics of h as stored, as torch's norm of it
     mean = tl.sum(x, axis=0) / d
@@ -65,11 +69,14 @@ def _ln_forward_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_
 
 @triton.jit
 def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr, dr_ptr,
-                        dw_ptr, db_ptr, n, d, ROWS: tl.constexpr, BD: tl.constexpr,
-                        ACC: tl.constexpr, DH: tl.constexpr, DR: tl.constexpr):
+                        r_ptr, g_ptr, dg_ptr, dw_ptr, db_ptr, n, d, ROWS: tl.constexpr,
+                        BD: tl.constexpr, ACC: tl.constexpr, DH: tl.constexpr,
+                        DR: tl.constexpr, GATE: tl.constexpr):
     """ROWS rows per program; its partial d weight and d bias go to row ``pid``. With DH,
     the residual stream's own gradient dh is added to dx (the norm of a sum: both of the
-    sum's inputs get dx); with DR, dx is written a second time in dr's dtype."""
+    sum's inputs get dx); with DR, dx is written a second time in dr's dtype; with GATE
+    (the sum was x + σ(g)·r), dr and dg are the gate's gradients for the stored dx, as
+    the gate's own backward kernel computes them."""
     p = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
@@ -93,7 +100,14 @@ def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr
                 dx = dx.to(dx_ptr.dtype.element_ty).to(ACC)  # torch adds the rounded grads
                 dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(ACC)
             tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            if DR:
+            if GATE:  # σ(g)·r's gradient: dx as stored, in r's dtype, as autograd's
+                dxs = dx.to(dx_ptr.dtype.element_ty).to(dr_ptr.dtype.element_ty).to(ACC)
+                o = tl.load(r_ptr + off, mask=mask, other=0.0).to(ACC)
+                s = tl.sigmoid(tl.load(g_ptr + off, mask=mask, other=0.0).to(ACC))
+                tl.store(dg_ptr + off, (dxs * o * (1.0 - s) * s).to(dg_ptr.dtype.element_ty),
+                         mask=mask)
+                tl.store(dr_ptr + off, (dxs * s).to(dr_ptr.dtype.element_ty), mask=mask)
+            elif DR:
                 tl.store(dr_ptr + off, dx.to(dx_ptr.dtype.element_ty).to(dr_ptr.dtype.element_ty),
                          mask=mask)
             dw += g * xhat
@@ -177,30 +191,6 @@ def _swiglu_backward_float8_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, y_scale_pt
     tl.store(y8_t_ptr + cols[None, :] * Mp + rows[:, None],
              quantize(y, inverse, TOP, MANT, EMIN).to(Y8),
              mask=(rows[:, None] < Mp) & (cols[None, :] < h))
-
-
-@triton.jit
-def _gate_forward_kernel(g_ptr, o_ptr, y_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    g = tl.load(g_ptr + i, mask=mask, other=0.0).to(ACC)
-    o = tl.load(o_ptr + i, mask=mask, other=0.0).to(ACC)
-    tl.store(y_ptr + i, (tl.sigmoid(g) * o).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _gate_backward_kernel(dy_ptr, g_ptr, o_ptr, dg_ptr, do_ptr, n, BLOCK: tl.constexpr,
-                          ACC: tl.constexpr):
-    """d o = dy·σ(g); d g = dy·o·σ(g)(1 - σ(g)); in ACC from the stored inputs, one
-    rounding at the end (torch's bf16 kernels round σ(g) and dy·o on the way)."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    dy = tl.load(dy_ptr + i, mask=mask, other=0.0).to(ACC)
-    g = tl.load(g_ptr + i, mask=mask, other=0.0).to(ACC)
-    o = tl.load(o_ptr + i, mask=mask, other=0.0).to(ACC)
-    s = tl.sigmoid(g)
-    tl.store(dg_ptr + i, (dy * o * (1.0 - s) * s).to(dg_ptr.dtype.element_ty), mask=mask)
-    tl.store(do_ptr + i, (dy * s).to(do_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -326,10 +316,10 @@ def acc(*tensors: Tensor) -> tl.dtype:
 
 
 def _ln_forward(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, eps: float,
-                out_dtype: torch.dtype, amax: bool = False
+                out_dtype: torch.dtype, amax: bool = False, gate: Tensor | None = None
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """(h = x + r, or x itself without r; LN(h) in out_dtype; mean; rstd; with ``amax``
-    each row's largest |LN(h)| (n, 1), else None)."""
+    """(h = x + r (x + σ(gate)·r with a gate), or x itself without r; LN(h) in out_dtype;
+    mean; rstd; with ``amax`` each row's largest |LN(h)| (n, 1), else None)."""
     n, d = x.shape
     h = x if r is None else x.new_empty((n, d), dtype=torch.promote_types(x.dtype, r.dtype))
     y = x.new_empty((n, d), dtype=out_dtype)
@@ -337,10 +327,11 @@ def _ln_forward(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, eps: 
     mean, rstd = x.new_empty(n, dtype=stats), x.new_empty(n, dtype=stats)
     part = x.new_empty((n, 1), dtype=torch.float32) if amax else None
     if n:
-        _ln_forward_kernel[(n,)](x, x if r is None else r, h, weight, bias, y, mean, rstd,
-                                 mean if part is None else part, d, eps,
-                                 BD=triton.next_power_of_2(d), ACC=acc(h, weight, bias),
-                                 ADD=r is not None, AMAX=amax, num_warps=4)
+        _ln_forward_kernel[(n,)](x, x if r is None else r, x if gate is None else gate, h,
+                                 weight, bias, y, mean, rstd, mean if part is None else part,
+                                 d, eps, BD=triton.next_power_of_2(d),
+                                 ACC=acc(h, weight, bias), ADD=r is not None,
+                                 GATE=gate is not None, AMAX=amax, num_warps=4)
     return h, y, mean, rstd, part
 
 
@@ -350,50 +341,63 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
 
 
 def add_layer_norm(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                   out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _ln_forward(x, r, weight, bias, eps, out_dtype)[:4]
+                   out_dtype: torch.dtype, gate: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _ln_forward(x, r, weight, bias, eps, out_dtype, gate=gate)[:4]
 
 
 def add_layer_norm_with_scale(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                              out_dtype: torch.dtype, fp8: torch.dtype, *,
-                              tiny: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                              out_dtype: torch.dtype, fp8: torch.dtype,
+                              gate: Tensor | None = None, *, tiny: float
+                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``ten::add_layer_norm_with_scale``: add_layer_norm's four, and the norm's one
     float8 scale for ``fp8`` from the rows' maxima the pass took (one float a row)."""
-    h, y, mean, rstd, part = _ln_forward(x, r, weight, bias, eps, out_dtype, amax=True)
+    h, y, mean, rstd, part = _ln_forward(x, r, weight, bias, eps, out_dtype, amax=True,
+                                         gate=gate)
     return h, y, mean, rstd, fp8_scale(part, fp8, None, tiny=tiny)
 
 
 def _ln_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-                 dh: Tensor | None, r_dtype: torch.dtype | None
-                 ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
-    """(dx (+ dh), dx again in r_dtype (None without r_dtype), d weight, d bias)."""
+                 dh: Tensor | None, r_dtype: torch.dtype | None,
+                 r: Tensor | None = None, gate: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]:
+    """(dx (+ dh), dx again in r_dtype (None without r_dtype) or, with the forward's r and
+    gate, the gate's d r; d weight; d bias; d gate (None ungated))."""
     n, d = x.shape
     programs = max(1, triton.cdiv(n, LN_ROWS))
     dx = torch.empty_like(x)
-    dr = None if r_dtype is None else torch.empty_like(x, dtype=r_dtype)
+    dr = (torch.empty_like(r) if gate is not None
+          else None if r_dtype is None else torch.empty_like(x, dtype=r_dtype))
+    dgate = None if gate is None else torch.empty_like(gate)
     dw = x.new_zeros((programs, d), dtype=compute_dtype(dy, x, weight))
     db = torch.zeros_like(dw)
     if n:
         _ln_backward_kernel[(programs,)](dy, x, weight, mean, rstd, x if dh is None else dh,
-                                         dx, dx if dr is None else dr, dw, db, n, d,
+                                         dx, dx if dr is None else dr, x if r is None else r,
+                                         x if gate is None else gate,
+                                         dx if dgate is None else dgate, dw, db, n, d,
                                          ROWS=LN_ROWS, BD=triton.next_power_of_2(d),
                                          ACC=acc(dy, x, weight), DH=dh is not None,
-                                         DR=dr is not None, num_warps=4)
-    return dx, dr, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype)
+                                         DR=dr is not None, GATE=gate is not None,
+                                         num_warps=4)
+    return dx, dr, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype), dgate
 
 
 def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
                         rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    dx, _, dw, db = _ln_backward(dy, x, weight, mean, rstd, None, None)
+    dx, _, dw, db, _ = _ln_backward(dy, x, weight, mean, rstd, None, None)
     return dx, dw, db
 
 
 def add_layer_norm_backward(dh: Tensor | None, dy: Tensor, h: Tensor, weight: Tensor,
-                            mean: Tensor, rstd: Tensor, r_dtype: torch.dtype
-                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                            mean: Tensor, rstd: Tensor, r_dtype: torch.dtype,
+                            r: Tensor | None = None, gate: Tensor | None = None
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     same = r_dtype == h.dtype  # then dx serves both inputs: an empty dr, as the operator's
-    dx, dr, dw, db = _ln_backward(dy, h, weight, mean, rstd, dh, None if same else r_dtype)
-    return dx, h.new_empty(0) if dr is None else dr, dw, db
+    dx, dr, dw, db, dgate = _ln_backward(dy, h, weight, mean, rstd, dh,
+                                         None if same else r_dtype, r, gate)
+    empty = h.new_empty(0)
+    return dx, empty if dr is None else dr, dw, db, empty if dgate is None else dgate
 
 
 def _swiglu_cut(ab: Tensor) -> tuple[int, int, int]:
@@ -460,25 +464,6 @@ def swiglu_backward_float8(dy: Tensor, ab: Tensor, y_scale: Tensor, grad_dtype: 
             dy, ab, dab, part, y_scale, y8_t, M, Mp, h, Y8=fmt, TOP=top, MANT=mant, EMIN=emin,
             BR=SWIGLU_F8_BR, BC=SWIGLU_F8_BC, num_warps=SWIGLU_F8_WARPS)
     return dab, fp8_scale(part, grad_dtype, None, tiny=tiny), y8_t
-
-
-GATE_BLOCK = 1024  # elements per gate program
-
-
-def sigmoid_gate(g: Tensor, o: Tensor) -> Tensor:
-    y = torch.empty_like(g, dtype=torch.promote_types(g.dtype, o.dtype))
-    if y.numel():
-        _gate_forward_kernel[(triton.cdiv(y.numel(), GATE_BLOCK),)](
-            g, o, y, y.numel(), BLOCK=GATE_BLOCK, ACC=acc(g, o), num_warps=4)
-    return y
-
-
-def sigmoid_gate_backward(dy: Tensor, g: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
-    dg, do = torch.empty_like(g), torch.empty_like(o)
-    if g.numel():
-        _gate_backward_kernel[(triton.cdiv(g.numel(), GATE_BLOCK),)](
-            dy, g, o, dg, do, g.numel(), BLOCK=GATE_BLOCK, ACC=acc(dy, g, o), num_warps=4)
-    return dg, do
 
 
 # A conv forward program's channels and tokens: one tile.

@@ -46,7 +46,9 @@ class Block(nn.Module):
     Each residual add happens in the norm after it (``LayerNorm.add``: the sum and its
     norm in one pass), so a block takes and returns the stream with its last output not
     yet added: ``(x, pending)``; the next block's first norm, or the model's final one,
-    adds it.
+    adds it. A mixer returns ``(o, gate, state)``: its output is σ(gate)·o (TEN's output
+    gate), or o itself for a gate of None (attention), and the norm after it applies the
+    gate in the same pass.
     """
 
     def __init__(self, mixer: nn.Module, config: LMConfig):
@@ -61,12 +63,12 @@ class Block(nn.Module):
                 ) -> tuple[Tensor, Tensor, Any]:
         """(x, pending) -> (x + pending + mixer's output, this block's MLP output, state)."""
         x, xn = self.norm1.add(x, pending)
-        y, state = self.mixer(xn, state)
+        o, gate, state = self.mixer(xn, state)
         fp8 = self.mlp.input_scale_for
         if fp8 is not None:  # the norm takes the float8 block's input scale as it writes it
-            x, xn, scale = self.norm2.add_with_scale(x, y, fp8)
+            x, xn, scale = self.norm2.add_with_scale(x, o, fp8, gate)
             return x, self.mlp(xn, scale), state
-        x, xn = self.norm2.add(x, y)
+        x, xn = self.norm2.add(x, o, gate)
         return x, self.mlp(xn), state
 
 

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, sigmoid_gate
+from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear
 from ten.kernels.matrix_scan import matrix_scan
 from ten.kernels.scan import resolve_backend, scan
 from ten.kernels.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
@@ -181,9 +181,12 @@ class EigenstateMixer(nn.Module):
         the same per token (generation, a token at a time, holds fewer)."""
         return x.shape[0] * x.shape[1] >= self.cfg.d_model
 
-    def forward(self, xn: Tensor, state: State | Tensor | None) -> tuple[Tensor, Any]:
-        """``state``: the eigenstates (B, 2K) (a matrix state's: (B, H, K/H, P) complex),
-        and with a convolution the pair (eigenstates, the convolution's last inputs
+    def forward(self, xn: Tensor, state: State | Tensor | None
+                ) -> tuple[Tensor, Tensor, Any]:
+        """(o, g, state): the mixer's output is σ(g)·o, and the block's next norm applies
+        the gate as it adds it to the stream (``LayerNorm.add``: σ(g)·o is never written).
+        ``state``: the eigenstates (B, 2K) (a matrix state's: (B, H, K/H, P) complex), and
+        with a convolution the pair (eigenstates, the convolution's last inputs
         (B, conv_width - 1, d))."""
         eig, tail = (state, None) if self.conv is None or state is None else state
         if self.conv is None:
@@ -195,12 +198,12 @@ class EigenstateMixer(nn.Module):
             read, eig = matrix_scan(beta, self.value(u), self.query(u), log_lam, eig,
                                     heads=self.cfg.n_heads, backend=self.cfg.scan_backend,
                                     chunk_size=self.cfg.chunk_size)
-            y = sigmoid_gate(g, self.out_proj(read.to(g.dtype)))
+            o = self.out_proj(read.to(g.dtype))
         else:
             c, eig = scan(beta, log_lam, eig,
                           backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
-            y = sigmoid_gate(g, self.project(c))
-        return y, (eig if self.conv is None else (eig, tail))
+            o = self.project(c)
+        return o, g, (eig if self.conv is None else (eig, tail))
 
     def project(self, c: Tensor) -> Tensor:
         """W_out c̃_t for the states c (B, T, 2K), c̃_t = (I + M_h) c_t per head (re and im

@@ -42,7 +42,9 @@ class Attention(nn.Module):
 
     def forward(
         self, xn: Tensor, cache: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    ) -> tuple[Tensor, None, tuple[Tensor, Tensor]]:
+        """(output, no gate, the key/value cache): a block's mixer, as ``ten.model.lm.Block``
+        calls it."""
         B, T, d = xn.shape
         H = self.cfg.n_heads
         q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in self.qkv(xn).split(d, -1))
@@ -60,7 +62,7 @@ class Attention(nn.Module):
             mask = torch.ones(T, past + T, dtype=torch.bool, device=xn.device).tril(past)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).reshape(B, T, d)
-        return self.proj(out), (k, v)
+        return self.proj(out), None, (k, v)
 
 
 class TransformerLM(LanguageModel):

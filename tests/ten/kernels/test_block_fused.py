@@ -21,7 +21,6 @@ from ten.kernels.block_fused import (
     causal_conv,
     causal_conv_and_linear,
     layer_norm,
-    sigmoid_gate,
     swiglu_down,
 )
 from ten.kernels.fp8 import E4M3, E5M2, TINY
@@ -167,22 +166,37 @@ def test_the_swiglu_block_equals_autograds_and_keeps_no_product_for_backward(amp
         torch.testing.assert_close(g, r, **tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sigmoid_gate_is_autograds_sigmoid_times_output_bit_for_bit(dtype):
-    """The torch implementation runs autograd's own formulas: on the CPU a model's
-    numerics do not change with the operator (on CUDA the kernel runs: held to it below)."""
-    g, o = (rand(3, 5, 16, seed=i).to("cpu", dtype).requires_grad_() for i in (0, 1))
-    dy = rand(3, 5, 16, seed=2).to("cpu", dtype)
-    want = torch.sigmoid(g) * o
-    got = sigmoid_gate(g, o)
-    assert torch.equal(got, want)
-    for w, h in zip(torch.autograd.grad(want, (g, o), dy),
-                    torch.autograd.grad(got, (g, o), dy), strict=True):
-        assert torch.equal(h, w)
-    g64, o64 = (rand(2, 7, dtype=torch.float64, seed=i).requires_grad_() for i in (3, 4))
-    assert torch.autograd.gradcheck(sigmoid_gate, (g64, o64))
-    with pytest.raises(ValueError, match="of one shape"):
-        sigmoid_gate(g, o[..., :1])
+@pytest.mark.parametrize("stream, act", [(torch.float32, torch.float32),
+                                         (torch.float32, torch.bfloat16),
+                                         (torch.bfloat16, torch.bfloat16)])
+def test_a_gated_sum_is_autograds_gate_then_the_sum_bit_for_bit(stream, act):
+    """The mixer's gate applied by the norm after it (h = x + σ(g)·o and LN(h), one
+    operator) computes what the graph before did, autograd's ``torch.sigmoid(g) * o``
+    added by add_layer_norm: both outputs and every gradient, bit for bit, on the CPU (on
+    CUDA the kernels run: held to the operator below)."""
+    x, dh = rand(3, 5, 16).to("cpu", stream), rand(3, 5, 16, seed=1).to("cpu", stream)
+    o, g, dy = (rand(3, 5, 16, seed=i).to("cpu", act) for i in (2, 3, 4))
+    w, b = rand(16, seed=5).cpu(), rand(16, seed=6).cpu()
+    inputs = [t.requires_grad_() for t in (x, o, g, w, b)]
+    want = add_layer_norm(x, torch.sigmoid(g) * o, w, b, 1e-5, act)
+    got = add_layer_norm(x, o, w, b, 1e-5, act, gate=g)
+    for have, wanted in zip(got, want, strict=True):
+        assert have.dtype == wanted.dtype and torch.equal(have, wanted)
+    for have, wanted in zip(torch.autograd.grad(got, inputs, (dh, dy)),
+                            torch.autograd.grad(want, inputs, (dh, dy)), strict=True):
+        assert have.dtype == wanted.dtype and torch.equal(have, wanted)
+
+
+def test_a_gated_sum_passes_gradcheck_in_fp64_and_refuses_a_gate_unlike_its_input():
+    x, o, g = (rand(4, 6, dtype=torch.float64, seed=i).requires_grad_() for i in (0, 1, 2))
+    w = rand(6, dtype=torch.float64, seed=3).requires_grad_()
+    b = rand(6, dtype=torch.float64, seed=4).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, o, g, w, b: add_layer_norm(x, o, w, b, 1e-5, gate=g), (x, o, g, w, b))
+    with pytest.raises(ValueError, match="in r's shape and dtype"):
+        add_layer_norm(x, o, w, b, 1e-5, gate=g[..., :1])
+    with pytest.raises(ValueError, match="in r's shape and dtype"):
+        add_layer_norm(x, o, w, b, 1e-5, gate=g.float())
 
 
 def test_layer_norm_gradients_pass_gradcheck_in_fp64():
@@ -353,6 +367,46 @@ def test_add_layer_norm_kernels_equal_the_operator(kernels, n, d, act, stream, w
         torch.testing.assert_close(have.cpu(), want, **tol)
 
 
+@pytest.mark.parametrize("n, d", [(1, 8), (37, 24)])
+@pytest.mark.parametrize("act, stream", [(torch.float32, torch.float32),
+                                         (torch.bfloat16, torch.float32),
+                                         (torch.bfloat16, torch.bfloat16)])
+def test_the_gated_add_layer_norm_kernels_equal_the_operator(kernels, n, d, act, stream):
+    """h = x + σ(g)·r, the mixer's gate applied by the norm after it: σ(g)·r in fp32 from
+    the stored inputs, rounded once to r's dtype (torch's bf16 kernels round σ(g) on the
+    way: the reference widens), then the sum, and its norm as the plain kernel writes it;
+    backward, dx as without a gate and the gate's gradients of it."""
+    x, r, g = rand(n, d).to(stream), rand(n, d, seed=1).to(act), rand(n, d, seed=6).to(act)
+    w, b = rand(d, seed=2), rand(d, seed=3)
+    dh, dy = rand(n, d, seed=4).to(stream), rand(n, d, seed=5).to(act)
+    got = kernels.add_layer_norm(x, r, w, b, 1e-5, act, g)
+    product = (torch.sigmoid(g.float()) * r.float()).to(act)  # one rounding, as the kernel
+    want = (x + product).to(stream)
+    if act == torch.bfloat16:  # a rounding of the product and one of h apart at most (the
+        # interpreter truncates where torch rounds): a bf16 step of each, 2^-7 relative
+        gap = (got[0].float() - want.float()).abs()
+        assert torch.all(gap <= 2**-7 * (product.float().abs() + want.float().abs()))
+    else:  # the interpreter's sigmoid is not torch's to the last bit
+        torch.testing.assert_close(got[0], want, rtol=1e-6, atol=1e-6)
+    for want, have in zip(kernels.layer_norm(got[0], w, b, 1e-5, act), got[1:], strict=True):
+        assert torch.equal(have, want)  # the norm of h as stored
+    got_b = kernels.add_layer_norm_backward(dh, dy, got[0], w, got[2], got[3], act, r, g)
+    plain_b = kernels.add_layer_norm_backward(dh, dy, got[0], w, got[2], got[3], act)
+    for i in (0, 2, 3):  # dx, d weight, d bias: the gate changes none of them
+        assert torch.equal(got_b[i], plain_b[i])
+    # dr, dg: σ(g)·r's gradients of dx as the kernel stored it, rounded to r's dtype, in
+    # fp32 (the CPU operator's are autograd's: held to it bit for bit above), rounded once
+    dx, s = got_b[0].to(act).float(), torch.sigmoid(g.float())
+    tol = {} if act == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
+    for want, have in (((dx * s).to(act), got_b[1]),
+                       ((dx * r.float() * (1 - s) * s).to(act), got_b[4])):
+        assert have.dtype == act
+        torch.testing.assert_close(have, want, **tol)
+    assert_fake_layout("add_layer_norm", (x, r, w, b, 1e-5, act, g), got)
+    assert_fake_layout("add_layer_norm_backward", (dh, dy, got[0], w, *got[2:], act, r, g),
+                       got_b)
+
+
 # T and d not multiples of a program's tile (32 tokens, 128 channels); one sequence or two;
 # T shorter than the tail
 @pytest.mark.parametrize("B, T, d, W", [(1, 5, 8, 4), (2, 70, 130, 4), (2, 33, 16, 2),
@@ -445,6 +499,14 @@ def test_the_norm_before_the_float8_block_scales_what_it_writes(kernels, stream)
     assert torch.equal(got[4].cpu(), torch.ops.ten.fp8_scale.default(got[1].cpu(), E4M3, None))
     assert_fake_layout("add_layer_norm_with_scale", (x, r, w, b, 1e-5, torch.bfloat16, E4M3),
                        got)
+    g = rand(37, 24, seed=4).to(stream)  # a TEN block's: the mixer's gate applied too
+    gated = kernels.add_layer_norm_with_scale(x, r, w, b, 1e-5, torch.bfloat16, E4M3, g,
+                                              tiny=TINY)
+    for want, have in zip(kernels.add_layer_norm(x, r, w, b, 1e-5, torch.bfloat16, g),
+                          gated[:4], strict=True):
+        assert torch.equal(have, want)
+    assert torch.equal(gated[4].cpu(),
+                       torch.ops.ten.fp8_scale.default(gated[1].cpu(), E4M3, None))
 
 
 @pytest.mark.parametrize("h", [5, 1100])
@@ -497,24 +559,6 @@ def test_a_nan_in_the_swiglu_output_makes_its_scale_nan_as_torchs_amax_does(kern
     assert torch.isnan(torch.ops.ten.swiglu_with_scale.default(ab.cpu(), E4M3)[1]).item()
 
 
-@pytest.mark.parametrize("n", [5, 3000])  # below one program's block; blocks and a ragged one
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sigmoid_gate_kernels_equal_the_operator(kernels, n, dtype):
-    """In fp32 from the stored inputs, one rounding at the end: against the operator on
-    the inputs widened to fp32 (torch's bf16 kernels round σ(g) on the way)."""
-    g, o, dy = (rand(n, seed=i).to(dtype) for i in range(3))
-    wide = cpu(dy.float(), g.float(), o.float())
-    tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}
-    torch.testing.assert_close(kernels.sigmoid_gate(g, o).cpu(),
-                               torch.ops.ten.sigmoid_gate.default(*wide[1:]).to(dtype), **tol)
-    for want, have in zip(torch.ops.ten.sigmoid_gate_backward.default(*wide),
-                          kernels.sigmoid_gate_backward(dy, g, o), strict=True):
-        assert have.dtype == dtype
-        torch.testing.assert_close(have.cpu(), want.to(dtype), **tol)
-    assert_fake_layout("sigmoid_gate", (g, o), kernels.sigmoid_gate(g, o))
-    assert_fake_layout("sigmoid_gate_backward", (dy, g, o), kernels.sigmoid_gate_backward(dy, g, o))
-
-
 def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     """A float64 model and the gradient checks run the kernels in fp64 on a GPU: they
     must not round through fp32 (the first H200 run failed gradcheck on that, and the
@@ -537,15 +581,20 @@ def test_in_fp64_the_kernels_compute_in_fp64(kernels):
     got_add = kernels.add_layer_norm(x, r, w, b, 1e-5, torch.float64)
     got_add_b = kernels.add_layer_norm_backward(dh, dy, add[0].to(DEVICE), w,
                                                 *(t.to(DEVICE) for t in add[2:]), torch.float64)
-    gate = (x, r, dy)
-    want = (*ref, *ref_b, *add, *add_b, torch.ops.ten.sigmoid_gate.default(*cpu(x, r)),
-            *torch.ops.ten.sigmoid_gate_backward.default(*cpu(*gate)),
+    gated = torch.ops.ten.add_layer_norm.default(*cpu(x, r, w, b), 1e-5, torch.float64,
+                                                 dh.cpu())  # dh serves as the gate
+    gated_b = torch.ops.ten.add_layer_norm_backward.default(
+        *cpu(dh, dy, gated[0], w), gated[2], gated[3], torch.float64, *cpu(r, dh))
+    got_gated = kernels.add_layer_norm(x, r, w, b, 1e-5, torch.float64, dh)
+    got_gated_b = kernels.add_layer_norm_backward(dh, dy, gated[0].to(DEVICE), w,
+                                                  *(t.to(DEVICE) for t in gated[2:]),
+                                                  torch.float64, r, dh)
+    want = (*ref, *ref_b, *add, *add_b, *gated, *gated_b,
             torch.ops.ten.swiglu.default(ab.cpu()),
             torch.ops.ten.swiglu_backward.default(g.cpu().clone(), ab.cpu()),
             torch.ops.ten.causal_conv.default(*cpu(cx, ct, cw, cb)),
             *torch.ops.ten.causal_conv_backward.default(*cpu(cdy, cx, ct, cw, cb)))
-    have = (*got, *got_b, *got_add, *got_add_b, kernels.sigmoid_gate(x, r),
-            *kernels.sigmoid_gate_backward(*gate), kernels.swiglu(ab),
+    have = (*got, *got_b, *got_add, *got_add_b, *got_gated, *got_gated_b, kernels.swiglu(ab),
             kernels.swiglu_backward(g.clone(), ab),
             kernels.causal_conv(cx, ct, cw, cb),
             *kernels.causal_conv_backward(cdy, cx, ct, cw, cb))

@@ -418,14 +418,14 @@ def test_selective_step_holds_a_token_for_thousands_of_steps_and_overwrites_on_d
     log_lam, gamma = mixer.eigenvalues(xn)
     assert torch.all(gamma[0, 0] > 0.99) and torch.all(log_lam[0, 0, :4] < -2.0)  # write
     assert torch.all(gamma[0, 1:] <= 1e-3) and log_lam[0, 1:, :4].min() > -1e-9  # hold
-    _, state = mixer(xn, None)
+    _, _, state = mixer(xn, None)
     written = mixer.in_proj(marker) * gamma[0, 0]  # c_0: the marker's own write
     held = state[0] - written
     assert held.abs().max() < 1e-2 * written.abs().max()
     fixed = EigenstateMixer(replace(cfg, selective=False)).double()
     fixed.load_state_dict(mixer.state_dict(), strict=False)
     without_marker = torch.cat([torch.zeros(1, 8, dtype=torch.float64), noise])[None]
-    forgot = fixed(xn, None)[1] - fixed(without_marker, None)[1]  # |λ|^4095 <= 0.99^4095
+    forgot = fixed(xn, None)[2] - fixed(without_marker, None)[2]  # |λ|^4095 <= 0.99^4095
     assert forgot.abs().max() < 1e-12 * written.abs().max()
 
 
