@@ -74,8 +74,8 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     from ten.kernels.block_kernels import CONV_BACKWARD_CANDIDATES
     assert [row["tiles"] for row in tiles["rows"]] == list(map(str, CONV_BACKWARD_CANDIDATES))
     assert all(row["dx_equal"] and row["gbps"] > 0 for row in tiles["rows"])
-    wg = r["loss"]["weight_grad"]  # issue 48: the loss's weight gradient, in the GEMM where
-    assert wg["path"] == "product rounded, then an fp32 add"  # offered (never on a CPU)
+    wg = r["weight_grad"]  # issue 48: the loss's weight gradient, in the GEMM where offered
+    assert wg["path"] == "product rounded, then an fp32 add"  # (never on a CPU)
     assert wg["as_the_loss_does"]["rel_error"] == wg["rounded_then_added"]["rel_error"] > 0
     assert wg["chunks"] >= 1 and wg["speedup"] > 0
     for mode in ("fixed", "selective"):
