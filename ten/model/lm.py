@@ -76,6 +76,7 @@ class LanguageModel(nn.Module):
     """Base class: parameter groups, counting and sampling shared by all architectures."""
 
     config: Any
+    blocks_compiled = False  # compile_blocks sets it: run_blocks then feeds the first block zeros
 
     def forward(self, ids: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """ids (B, T) → logits (B, T, V) and the state after the last token."""
@@ -116,6 +117,7 @@ class LanguageModel(nn.Module):
         evaluation), parameters are its inputs, and state_dict keys do not change."""
         for block in self.blocks:
             block.compile(**options)
+        self.blocks_compiled = True
 
     def run_blocks(self, x: Tensor, state: Any) -> tuple[Tensor, Tensor, tuple[Any, ...]]:
         """x (B, T, d) through ``self.blocks``, each with its own carried state: the stream
@@ -126,11 +128,13 @@ class LanguageModel(nn.Module):
             raise ValueError(f"state has {len(state)} layers, model has {len(self.blocks)}")
         training = self.training and torch.is_grad_enabled()
         recomputed = recomputed_blocks(self.config) if training else 0
-        # The first block adds zeros as every later block adds its predecessor's output,
-        # zeros in x's place in autograd (x * 0, not a constant): the blocks' arguments
-        # then match in kind and in requires_grad, which torch.compile's guards check, so
-        # compiled blocks share one graph (a None here compiled the first on its own).
-        new_state, pending = [], x * 0
+        # The first block has no predecessor's output to add: None, and its first norm
+        # norms x alone. Compiled blocks get zeros there instead, in x's place in autograd
+        # (x * 0, not a constant): the blocks' arguments then match in kind and in
+        # requires_grad, which torch.compile's guards check, so they share one graph (a
+        # None compiled the first on its own). Eager, the zeros cost a flagship micro-batch
+        # ~1.9 GB of traffic: their product, the sum's extra pass and their gradients.
+        new_state, pending = [], (x * 0 if self.blocks_compiled else None)
         for i, block in enumerate(self.blocks):
             s = None if state is None else state[i]
             if i < recomputed:

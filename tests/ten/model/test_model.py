@@ -250,6 +250,47 @@ def test_compiled_blocks_share_one_graph_for_training_and_one_for_evaluation(arc
     assert stats["unique_graphs"] - before == 2
 
 
+@pytest.mark.parametrize("arch", ["ten", "transformer"])
+@pytest.mark.parametrize("residual", ["fp32", "bf16"])
+def test_an_eager_first_block_adds_no_zeros_and_computes_what_it_did(arch, residual):
+    """Eager blocks: the first block's norm reads the stream alone (the zeros compiled
+    blocks need, x * 0, cost a pass forward and two back). Its loss and every gradient
+    equal the zeros' bit for bit, under bf16 autocast, on a bf16 stream too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):  # the element-wise products forward and backward
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] == "mul":
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(2)
+    model = tiny(arch, selective=True, conv_width=4, residual_dtype=residual) if arch == "ten" \
+        else tiny(arch, residual_dtype=residual)
+    model = model.float()
+    ids = torch.randint(0, V, (2, 16))
+
+    def step(zeros):
+        model.blocks_compiled = zeros  # the zeros without compiling: what changes is them
+        model.zero_grad()
+        with Products() as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(ids)[0].float().logsumexp(-1).sum()
+            loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()], seen.shapes
+
+    loss, grads, products = step(False)
+    want, want_grads, zero_products = step(True)
+    stream = (2, 16, model.config.d_model)
+    assert stream not in products and stream in zero_products
+    assert torch.equal(loss, want)
+    for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
+        assert torch.equal(g, w), name
+
+
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_checkpoint_blocks_that_is_not_a_count_is_refused_by_name(value):
     with pytest.raises(ValueError, match=r"^checkpoint_blocks: must be (an integer|>= 0)"):
