@@ -169,7 +169,7 @@ def _add_layer_norm_backward_fake(dh, dy, h, weight, mean, rstd, r_dtype, r=None
 def _add_ln_setup(ctx, inputs, output) -> None:
     _, r, weight, _, _, _, gate = inputs
     h, _, mean, rstd = output
-    # a gated sum's gradients read r and its gate (the gate's own operator kept them)
+    # a gated sum's gradients read r and its gate
     ctx.save_for_backward(h, weight, mean, rstd, *(() if gate is None else (r, gate)))
     ctx.r_dtype = r.dtype
     ctx.set_materialize_grads(False)  # the last block's h feeds nothing but its norm

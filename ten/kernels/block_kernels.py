@@ -39,7 +39,7 @@ def _ln_forward_kernel(x_ptr, r_ptr, g_ptr, h_ptr, w_ptr, b_ptr, y_ptr, mean_ptr
                        ADD: tl.constexpr, GATE: tl.constexpr, AMAX: tl.constexpr):
     """One row: y = LN(x); with ADD, of h = x + r, which it writes too (the residual
     stream and its norm in one pass); with GATE too, of h = x + σ(g)·r, the product
-    rounded to r's dtype as the gate's own kernel stores it; with AMAX, the row's largest
+    rounded to r's dtype (as a gate of its own would store it); with AMAX, the row's largest
     |y| as stored, into part (a float8 scale of y is reduced from those)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BD)
@@ -75,8 +75,8 @@ def _ln_backward_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr
     """ROWS rows per program; its partial d weight and d bias go to row ``pid``. With DH,
     the residual stream's own gradient dh is added to dx (the norm of a sum: both of the
     sum's inputs get dx); with DR, dx is written a second time in dr's dtype; with GATE
-    (the sum was x + σ(g)·r), dr and dg are the gate's gradients for the stored dx, as
-    the gate's own backward kernel computes them."""
+    (the sum was x + σ(g)·r), dr and dg are the gate's gradients of the stored dx in r's
+    dtype, in ACC, each rounded once."""
     p = tl.program_id(0)
     cols = tl.arange(0, BD)
     mask = cols < d
