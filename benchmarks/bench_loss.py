@@ -231,6 +231,15 @@ def weight_grad(rows: int, d: int, vocab: int, device: torch.device, repeats: in
     return result
 
 
+def weight_grad_line(w: dict) -> str:
+    """:func:`weight_grad`'s result as one sentence (this script's and the GPU suite's)."""
+    before, now = w["rounded_then_added"], w["as_the_loss_does"]
+    return (f"The loss's weight gradient into the fp32 sum, {w['chunks']} x {w['chunk_rows']} "
+            f"rows: {w['path']} here, {now['ms']:.3g} ms (rel. error {now['rel_error']:.1e}) "
+            f"against the rounded product then an add {before['ms']:.3g} ms "
+            f"({before['rel_error']:.1e}): {w['speedup']:.3g}×.")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -271,13 +280,8 @@ def main() -> None:
           f"{args.rows * args.vocab * 4 / 2**20:.0f} MiB")
     r = compare(args.rows, args.d, args.vocab, dtype, device, args.repeats, args.seed)
     print(markdown(r))
-    w = weight_grad(args.rows, args.d, args.vocab, device, args.repeats, args.seed)
-    print(f"weight gradient, {w['chunks']} chunks of {w['chunk_rows']} rows: "
-          f"{w['path']} here; product rounded then added "
-          f"{w['rounded_then_added']['ms']:.2f} ms (rel. error "
-          f"{w['rounded_then_added']['rel_error']:.1e}), as the loss adds it "
-          f"{w['as_the_loss_does']['ms']:.2f} ms ({w['as_the_loss_does']['rel_error']:.1e}): "
-          f"{w['speedup']:.2f}x")
+    print(weight_grad_line(weight_grad(args.rows, args.d, args.vocab, device, args.repeats,
+                                       args.seed)))
     for missing in sorted({"fused", "liger"} - set(r["losses"])):
         print(f"{missing}: not run here (needs CUDA; liger also liger-kernel: "
               f"pip install -e '.[gpu]')")

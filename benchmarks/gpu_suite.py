@@ -507,7 +507,7 @@ class Suite:
 
         cfg = self.flagship_config()
         amp = resolve_precision(self.train.precision, self.device)
-        rows = self.sizes.loss_rows or self.train.batch_size * cfg.seq_len
+        rows = self.loss_rows(cfg)
         # (--smoke: no CPU memory timeline, ~9 s the GPU never spends: it reads its peak)
         result = compare(rows, cfg.d_model, cfg.vocab_size, amp or torch.float32, self.device,
                          self.sizes.steps, cpu_memory=False)
@@ -523,10 +523,14 @@ class Suite:
         from bench_loss import weight_grad
 
         cfg = self.flagship_config()
-        rows = self.sizes.loss_rows or self.train.batch_size * cfg.seq_len
-        result = weight_grad(rows, cfg.d_model, cfg.vocab_size, self.device, self.sizes.steps)
+        result = weight_grad(self.loss_rows(cfg), cfg.d_model, cfg.vocab_size, self.device,
+                             self.sizes.steps)
         _free()
         return result
+
+    def loss_rows(self, cfg: Any) -> int:
+        """The rows the loss sections time: a micro-batch's tokens (--smoke: a few)."""
+        return self.sizes.loss_rows or self.train.batch_size * cfg.seq_len
 
     def chunk(self) -> dict[str, Any]:
         """The chunked scan's forward + backward at the flagship's T and K per chunk size."""
@@ -1551,11 +1555,9 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"The loss, forward + backward, N {loss['rows']} × d {loss['d']} × V "
                   f"{loss['vocab']}, {loss['dtype']}:", "", loss_table(loss)]
     if "speedup" in (wg := r.get("weight_grad") or {}):
-        before, now = wg["rounded_then_added"], wg["as_the_loss_does"]
-        lines += ["", f"The loss's weight gradient into the fp32 sum, {wg['chunks']} x "
-                  f"{wg['chunk_rows']} rows: {wg['path']} here, {f(now['ms'])} ms (rel. error "
-                  f"{now['rel_error']:.1e}) against the rounded product then an add "
-                  f"{f(before['ms'])} ms ({before['rel_error']:.1e}): {f(wg['speedup'])}×."]
+        from bench_loss import weight_grad_line
+
+        lines += ["", weight_grad_line(wg)]
     gr = r.get("graphs") or {}
     if gr.get("graph"):
         lines += ["", f"The job's micro-batch as one CUDA graph: {f(gr['graph']['ms'])} ms against "
