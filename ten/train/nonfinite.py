@@ -12,13 +12,12 @@ import torch
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     """``optimizer.step()`` unless the 0-dim bool tensor ``skip`` is true.
 
-    Fused Adam/AdamW (the default on a GPU) take the decision on the device, as they do
-    for a GradScaler's ``found_inf``: no host sync, and a skipped step leaves the weights,
-    moments and step counts exactly as they were. Other optimizers (the CPU default,
-    8-bit AdamW) need the flag on the host: one sync per step, which costs nothing on a
-    CPU (about 0.3 us, measured) and stalls the queue once a step for 8-bit AdamW on a
-    GPU (its own per-parameter syncs are gone: ``ten.train.adamw8bit``)."""
-    if optimizer.defaults.get("fused"):
+    Fused Adam/AdamW (the default on a GPU) and ``ten.train.adamw8bit`` on a GPU take the
+    decision on the device, as fused AdamW does for a GradScaler's ``found_inf``: no host
+    sync, and a skipped step leaves the weights, moments and step counts exactly as they
+    were. Other optimizers (the CPU default) need the flag on the host: one sync per
+    step, which costs nothing on a CPU (about 0.3 us, measured)."""
+    if optimizer.defaults.get("fused") or getattr(optimizer, "skips_on_device", False):
         optimizer.found_inf = skip.float()  # read by Adam.step, as GradScaler sets it
         try:
             optimizer.step()

@@ -1,6 +1,7 @@
-"""ten.train.adamw8bit: bitsandbytes' 8-bit AdamW without a host sync per parameter, the same
-updates and state as bitsandbytes' own (run on the CPU, where bitsandbytes >= 0.50 has
-its 8-bit optimizers too).
+"""ten.train.adamw8bit's per-parameter path (where its launches do not apply): bitsandbytes'
+8-bit AdamW without a host sync per parameter, the same updates and state as
+bitsandbytes' own (run on the CPU, where bitsandbytes >= 0.50 has its 8-bit optimizers
+too).
 
 bitsandbytes imports triton, so it is imported when a test runs, never at collection:
 there it would fix triton's mode before the kernel test modules turn its interpreter on
@@ -21,7 +22,9 @@ def bitsandbytes_own(groups, **kw):
 
 
 def ours(groups, **kw):
-    return importlib.import_module("ten.train.adamw8bit").AdamW8bit(groups, **kw)
+    """The per-parameter path (the launches: test_adamw8bit_launches.py)."""
+    return importlib.import_module("ten.train.adamw8bit").AdamW8bit(groups, multi_tensor=False,
+                                                                   **kw)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
