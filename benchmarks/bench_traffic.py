@@ -52,6 +52,7 @@ if not torch.cuda.is_available():  # before anything imports triton
 
 FLAGSHIP_JOB = ROOT / "jobs" / "l40s-small-32k.yaml"
 GB = 1e9
+ADAMW8BIT_MIN_SIZE = 4096  # bitsandbytes keeps float32 moments for tensors smaller than this
 
 
 @dataclass(frozen=True)
@@ -336,17 +337,24 @@ def trace_scan(cfg: Any, batch: int, recomputed: bool,
 
 
 def optimizer_tally(model: Any, optimizer: str) -> tuple[Tally, int]:
-    """The optimizer step by its known traffic (it is not traced: 8-bit AdamW runs its own
-    CUDA library), and its host syncs. Per parameter, fp32 weights and gradients:
+    """The optimizer step by its known traffic (it is not traced: its kernels are not
+    torch's operators), and its host syncs. Per parameter, fp32 weights and gradients:
     ``adamw`` (fused, multi-tensor): read w, g, m, v, write w, m, v = 28 bytes, a few
-    launches; ``adamw8bit`` (``ten.train.adamw8bit``, bitsandbytes 0.50.2's kernels): 8-bit
-    moments, read w, g, m, v and write w, m, v = 4+4+1+1+4+1+1 = 16 bytes, one launch per
-    tensor and no host sync (bitsandbytes' own step had one per tensor)."""
+    launches; ``adamw8bit`` (``ten.train.adamw8bit`` on CUDA, the launches of
+    ``ten.kernels.multi_tensor_adamw``): 8-bit moments, read w, g, m, v and write w, m, v =
+    4+4+1+1+4+1+1 = 16 bytes (float32 moments, 28 bytes, for tensors under bitsandbytes'
+    4,096 elements), one launch and a step count per parameter group and state kind, and
+    no host sync (the non-finite skip is read on the device)."""
     n = sum(p.numel() for p in model.parameters())
     tally = Tally()
     if optimizer == "adamw8bit":
-        for p in model.parameters():
-            tally.add(16.0 * p.numel(), 0.0, torch.bfloat16)
+        for group in model.optimizer_groups(0.0):
+            sizes = [p.numel() for p in group["params"]]
+            for eight_bit in (True, False):
+                numel = sum(s for s in sizes if (s >= ADAMW8BIT_MIN_SIZE) == eight_bit)
+                if numel:
+                    tally.add(0.0, 0.0, torch.float32)  # the step count's add
+                    tally.add((16.0 if eight_bit else 28.0) * numel, 0.0, torch.bfloat16)
         return tally, 0
     for _ in range(2):
         tally.add(28.0 * n / 2, 0.0, torch.bfloat16)
@@ -396,8 +404,8 @@ def analyse(cfg: Any, train: Any) -> dict[str, Any]:
         "bytes_outside_scan_gb": outside.bytes / GB,
         "kernels": total.kernels + math.ceil(opt.kernels / accum),
         "casts": mode.tallies["cast"].kernels if "cast" in mode.tallies else 0,
-        "host_syncs_per_step": round(accum * traced_syncs) + opt_syncs + (
-            1 if train.optimizer == "adamw8bit" else 0),  # ten.train.nonfinite.step_unless
+        # ten.train.nonfinite.step_unless: both optimizers skip a step on the device
+        "host_syncs_per_step": round(accum * traced_syncs) + opt_syncs,
         "model_tflop": model_flops / 1e12,
         "floor_ms": {k: 1e3 * v for k, v in per_step_floor.items()},
         "mfu_ceiling_h100": ceilings["H100 SXM"], "mfu_ceiling_l40s": ceilings["L40S"],

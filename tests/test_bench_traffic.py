@@ -55,9 +55,12 @@ def test_a_matrix_state_is_traced_through_its_own_scan(job):
 def test_host_syncs_are_the_optimizers(job):
     fused_adamw = analyse("train.optimizer=adamw")
     assert fused_adamw["host_syncs_per_step"] == 0  # the fused AdamW skips on the device
-    # 8-bit AdamW (ten.train.adamw8bit) none per parameter tensor; step_unless reads the flag
+    # 8-bit AdamW (ten.train.adamw8bit's launches on CUDA) reads the skip on the device too
     assert job["optimizer_per_step"]["host_syncs"] == 0
-    assert job["host_syncs_per_step"] == 1
+    assert job["host_syncs_per_step"] == 0
+    # one launch and one step count per parameter group and state kind, not per tensor
+    # (2 groups x 2 kinds x 2 at most; bitsandbytes' step launched one per tensor, 139)
+    assert 2 <= job["optimizer_per_step"]["kernels"] <= 8
 
 
 def test_liger_is_refused_with_the_fix():

@@ -93,6 +93,8 @@ def test_smoke_measures_what_the_gpu_run_reports(smoke):
     assert sum(r["profile"]["share"].values()) == pytest.approx(1.0)
     opt = r["optimizer"]  # bitsandbytes' 8-bit AdamW step against ten.train.adamw8bit's, timed
     assert opt["tensors"] > 1 and opt["speedup"] > 0 and opt["torch_adamw"]["ms"] > 0
+    assert opt["ten_adamw8bit_per_parameter"]["ms"] > 0
+    assert opt["ten_adamw8bit"]["launches"] is False  # on CUDA only; here: the CPU's loop
     e2e = r["e2e"]  # the job run whole: a bucket here (boto3 and rclone are installed)
     assert e2e["store"].startswith("s3 (rclone serve s3 at http://127.0.0.1:")
     assert e2e["exit_codes"] == [75, -9, 0] and e2e["resumed_ok"]  # SIGTERM, kill -9, end
