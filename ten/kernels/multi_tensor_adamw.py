@@ -137,7 +137,8 @@ class Launch:
 
     The programs' table depends only on the sizes and is made once. The addresses are
     the gradients' too, which the backward pass allocates anew each step: the table of
-    addresses is remade on the device when one of them moved (a pinned copy, no sync)."""
+    addresses is remade on the device when a gradient or a weight moved (a pinned copy,
+    no sync)."""
 
     def __init__(self, params: Sequence[Tensor], moments: Sequence[Sequence[Tensor]],
                  eight_bit: bool, steps: Sequence[int]) -> None:
@@ -151,7 +152,7 @@ class Launch:
                   for b in range(0, -(-p.numel() // BLOCK), ROWS)]
         self.chunks = _on(self.device, torch.tensor(chunks, dtype=torch.int64))
         self.steps = _on(self.device, torch.tensor(steps, dtype=torch.float32))
-        self._grads: tuple[int, ...] = ()
+        self._addresses: tuple[int, ...] = ()
         self.table = torch.empty(0)
 
     def step(self, grads: Sequence[Tensor], skip: Tensor, maps: tuple[Tensor, Tensor] | None,
@@ -159,8 +160,8 @@ class Launch:
         """One AdamW step of every weight (``count_step`` first), unless ``skip``.
         ``maps``: the signed and unsigned dynamic maps of the 8-bit moments (``qmap1``,
         ``qmap2``); None for float32 ones."""
-        addresses = tuple(g.data_ptr() for g in grads)
-        if addresses != self._grads:
+        addresses = tuple(t.data_ptr() for t in (*self.params, *grads))  # p.data may be set
+        if addresses != self._addresses:
             if any(g.dtype != p.dtype or g.shape != p.shape or not g.is_contiguous()
                    for g, p in zip(grads, self.params, strict=True)):
                 raise ValueError("a gradient is not its weight's dtype and shape, contiguous")
@@ -168,7 +169,7 @@ class Launch:
                      *[0] * (4 - len(ms)), p.numel()]
                     for p, g, ms in zip(self.params, grads, self.moments, strict=True)]
             self.table = _on(self.device, torch.tensor(rows, dtype=torch.int64))
-            self._grads = addresses
+            self._addresses = addresses
         unread = (self.steps, self.steps)  # any pointers: float32 moments read no map
         _adamw_kernel[(self.chunks.shape[0],)](
             self.table, self.chunks, *(maps or unread), self.steps, skip,

@@ -211,3 +211,21 @@ def test_a_mean_far_below_its_blocks_largest_keeps_its_sign(k):
     codes, scale = tensors[0].moments[0], tensors[0].moments[2]
     decoded = maps[0][codes[:3].long()] * scale[0]
     assert decoded[0] > 0 and decoded[1] < 0 and decoded[2] >= 0
+
+
+def test_a_weight_whose_storage_was_replaced_is_stepped_where_it_now_is(k):
+    """``p.data = ...`` between steps, the gradients where they were."""
+    maps, tensors, grads = problem(6)
+    mine = [t.clone() for t in tensors]
+    launch = launch_of(k, mine)
+    held = [g.clone() for g in grads[0]]  # one gradient buffer for every step
+    for step, gs in enumerate(grads, 1):
+        if step == 2:
+            mine[1].p.data = mine[1].p.data.clone()
+        for h, g in zip(held, gs, strict=True):
+            h.copy_(g)
+        step_launch(k, launch, held, maps)
+        for t, g in zip(tensors, gs, strict=True):
+            reference_step(t, g, step, maps)
+    for a, b in zip(mine, tensors, strict=True):
+        torch.testing.assert_close(a.p, b.p, rtol=1e-6, atol=1e-7)
