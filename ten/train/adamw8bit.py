@@ -61,14 +61,7 @@ class AdamW8bit(bnb.optim.AdamW8bit):
     def step(self, closure=None):
         if not self.skips_on_device:
             return self._per_parameter_step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if not self.initialized:
-            self.check_overrides()
-            self.to_gpu()
-            self.initialized = True
+        loss = self._begin(closure)
         skip = getattr(self, "found_inf", None)
         for gindex, group in enumerate(self.param_groups):
             kinds: dict[tuple, list[torch.Tensor]] = {}
@@ -89,6 +82,19 @@ class AdamW8bit(bnb.optim.AdamW8bit):
                 launch.step([p.grad for p in params], skip, maps, lr=group["lr"],
                             betas=group["betas"], eps=group["eps"],
                             weight_decay=group["weight_decay"])
+        return loss
+
+    def _begin(self, closure):
+        """What bitsandbytes' step does before its updates: the closure's loss, and on the
+        first step the overrides found and the states moved to the parameters' device."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.initialized:
+            self.check_overrides()
+            self.to_gpu()
+            self.initialized = True
         return loss
 
     def _launch(self, gindex: int, eight_bit: bool, params: list[torch.Tensor]
@@ -129,14 +135,7 @@ class AdamW8bit(bnb.optim.AdamW8bit):
     def _per_parameter_step(self, closure):
         if self.is_paged or not _on_default_streams(self.param_groups):
             return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if not self.initialized:
-            self.check_overrides()
-            self.to_gpu()
-            self.initialized = True
+        loss = self._begin(closure)
         for gindex, group in enumerate(self.param_groups):
             for pindex, p in enumerate(group["params"]):
                 if p.grad is None:

@@ -1,5 +1,6 @@
 """Parameters, groups and gradients for the optimizer tests (tests/ten/train:
-test_adamw8bit, test_optimizer_state): the same seeded tensors every time."""
+test_adamw8bit, test_adamw8bit_launches, test_optimizer_state): the same seeded tensors
+every time; and bitsandbytes' moments decoded."""
 
 from __future__ import annotations
 
@@ -27,3 +28,15 @@ def take_steps(opt, params, steps: int, first: int = 0) -> None:
         for p in params:
             p.grad = torch.randn(p.shape, generator=g).to(p.device)
         opt.step()
+
+
+def decoded(opt, p, k: int) -> torch.Tensor:
+    """bitsandbytes' moment k (1: the mean, 2: the mean square) of p, float32 (its own
+    decoding; bitsandbytes imported here, when a test runs)."""
+    import bitsandbytes.functional as F
+
+    s = opt.state[p]
+    if s[f"state{k}"].dtype != torch.uint8:
+        return s[f"state{k}"]
+    return F.dequantize_blockwise(s[f"state{k}"], absmax=s[f"absmax{k}"], code=s[f"qmap{k}"],
+                                  blocksize=256)

@@ -15,7 +15,7 @@ import importlib
 
 import pytest
 import torch
-from optimizers import SEED, make_groups, make_params, take_steps
+from optimizers import SEED, decoded, make_groups, make_params, take_steps
 from triton_mode import DEVICE, HAVE_TRITON, NO_TRITON, interpret_without_cuda
 
 interpret_without_cuda()
@@ -31,16 +31,6 @@ def bitsandbytes_own(groups):
 def launched(groups, multi_tensor=True):
     return importlib.import_module("ten.train.adamw8bit").AdamW8bit(
         groups, multi_tensor=multi_tensor, **HYPER)
-
-
-def decoded(opt, p, k: int) -> torch.Tensor:
-    import bitsandbytes.functional as F
-
-    s = opt.state[p]
-    if s[f"state{k}"].dtype != torch.uint8:
-        return s[f"state{k}"]
-    return F.dequantize_blockwise(s[f"state{k}"], absmax=s[f"absmax{k}"], code=s[f"qmap{k}"],
-                                  blocksize=256)
 
 
 def test_the_launches_step_as_bitsandbytes_to_its_8bit_rounding():

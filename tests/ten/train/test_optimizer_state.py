@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 import torch
-from optimizers import SEED, make_groups, make_params, take_steps
+from optimizers import SEED, decoded, make_groups, make_params, take_steps
 
 from ten.train.optimizer_state import for_optimizer
 
@@ -36,17 +36,6 @@ def train(make, **kw):
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
-
-
-def decoded(opt, p, k: int) -> torch.Tensor:
-    """bitsandbytes' moment k of p, float32 (its own decoding)."""
-    import bitsandbytes.functional as F
-
-    s = opt.state[p]
-    if s[f"state{k}"].dtype != torch.uint8:
-        return s[f"state{k}"]
-    return F.dequantize_blockwise(s[f"state{k}"], absmax=s[f"absmax{k}"], code=s[f"qmap{k}"],
-                                  blocksize=256)
 
 
 def test_8bit_moments_load_into_adamw_as_adamw_would_have_them():
