@@ -113,21 +113,17 @@ def variants() -> list[tuple[str, str, dict, dict, int]]:
 def optimizer_variants() -> list[tuple[str, str, dict, dict, int]]:
     """8-bit AdamW's step over many tensors (train.optimizer: adamw8bit), float32 weights:
     the 8-bit moments, and the float32 ones of tensors under bitsandbytes' threshold."""
+    import triton.language as tl
+
     from ten.kernels import multi_tensor_adamw as k
 
     sig = {"table_ptr": _p("i64"), "chunk_ptr": _p("i64"), "map1_ptr": _p("fp32"),
            "map2_ptr": _p("fp32"), "steps_ptr": _p("fp32"), "skip_ptr": _p("fp32"),
            "lr": "fp32", "decay": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32"}
     return [(f"adamw step, {kind} moments", "ten.kernels.multi_tensor_adamw:_adamw_kernel",
-             sig, {"P_DTYPE": _tl_float32(), "EIGHT_BIT": eight_bit, "FIELDS": k.FIELDS,
+             sig, {"P_DTYPE": tl.float32, "EIGHT_BIT": eight_bit, "FIELDS": k.FIELDS,
                    "BLOCK": k.BLOCK, "ROWS": k.ROWS}, k.NUM_WARPS)
             for kind, eight_bit in (("8-bit", True), ("float32", False))]
-
-
-def _tl_float32():
-    import triton.language as tl
-
-    return tl.float32
 
 
 def scan_variants(f: str) -> list[tuple[str, str, dict, dict, int]]:
