@@ -122,7 +122,7 @@ def optimizer_variants() -> list[tuple[str, str, dict, dict, int]]:
            "lr": "fp32", "decay": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32"}
     return [(f"adamw step, {kind} moments", "ten.kernels.multi_tensor_adamw:_adamw_kernel",
              sig, {"P_DTYPE": tl.float32, "EIGHT_BIT": eight_bit, "FIELDS": k.FIELDS,
-                   "BLOCK": k.BLOCK, "ROWS": k.ROWS}, k.NUM_WARPS)
+                   "BLOCK": k.BLOCK}, k.NUM_WARPS)
             for kind, eight_bit in (("8-bit", True), ("float32", False))]
 
 

@@ -4,9 +4,9 @@ over many tensors in one Triton launch, the decision to skip it read on the devi
 bitsandbytes updates one tensor per kernel, and its Python around each launch (a config
 dict, state lookups, the op dispatch) is what its step costs: 5.11 ms for the flagship's
 139 tensors on an H100, where the bytes it moves (16 a parameter, 1.83 GB) take 0.55 ms
-(BENCHMARKS.md, "The optimizer's trade"). Here one program updates ``ROWS`` blocks of
-``BLOCK`` elements of one tensor; a table on the device gives each tensor's addresses and
-size, another each program's tensor and first block, so a launch covers any number of
+(BENCHMARKS.md, "The optimizer's trade"). Here one program updates one block of ``BLOCK``
+elements of one tensor; a table on the device gives each tensor's addresses and size,
+another each program's tensor and block, so a launch covers any number of
 tensors of one dtype and one state kind. The states stay bitsandbytes' own, in its layout
 (``state1`` / ``state2`` uint8 codes into the dynamic maps ``qmap1`` / ``qmap2``, scaled
 per block of 256 by ``absmax1`` / ``absmax2``; float32 moments under its 4,096-element
@@ -36,12 +36,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["BLOCK", "INTERPRETED", "ROWS", "Launch", "count_step"]
+__all__ = ["BLOCK", "INTERPRETED", "Launch", "count_step"]
 
-BLOCK = 256  # bitsandbytes' quantization block
-ROWS = 4  # blocks a program updates: 1,024 elements
+BLOCK = 256  # bitsandbytes' quantization block, and a program's elements
 FIELDS = 7  # a tensor's entry: weight, gradient, moment 1, moment 2, their scales, numel
-NUM_WARPS = 4
+# Four elements a thread, no spills under Triton 3.6 (the lent GPUs') and 3.7.1 (the
+# image's). Four blocks a program took 157 registers under 3.6, 3 programs an SM; one block
+# in 4 warps spilled 16 B on the L40S under 3.7.1 (benchmarks/kernel_check.py).
+NUM_WARPS = 2
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -66,7 +68,7 @@ def _nearest_code(map_ptr, x, SIGNED: tl.constexpr):
 def _adamw_kernel(table_ptr, chunk_ptr, map1_ptr, map2_ptr, steps_ptr, skip_ptr,
                   lr, decay, beta1, beta2, eps,
                   P_DTYPE: tl.constexpr, EIGHT_BIT: tl.constexpr, FIELDS: tl.constexpr,
-                  BLOCK: tl.constexpr, ROWS: tl.constexpr):
+                  BLOCK: tl.constexpr):
     if tl.load(skip_ptr) == 0:
         c = tl.program_id(0)
         t = tl.load(chunk_ptr + 2 * c)
@@ -74,8 +76,8 @@ def _adamw_kernel(table_ptr, chunk_ptr, map1_ptr, map2_ptr, steps_ptr, skip_ptr,
         p_ptr = tl.load(entry).to(tl.pointer_type(P_DTYPE))
         g_ptr = tl.load(entry + 1).to(tl.pointer_type(P_DTYPE))
         n = tl.load(entry + 6)
-        rows = tl.load(chunk_ptr + 2 * c + 1) + tl.arange(0, ROWS)[:, None]  # int64 blocks
-        idx = rows * BLOCK + tl.arange(0, BLOCK)[None, :]
+        block = tl.load(chunk_ptr + 2 * c + 1)  # int64
+        idx = block * BLOCK + tl.arange(0, BLOCK)
         inside = idx < n
         step = tl.load(steps_ptr + t)
         correction1 = 1.0 - tl.exp2(step * tl.log2(beta1))
@@ -89,11 +91,10 @@ def _adamw_kernel(table_ptr, chunk_ptr, map1_ptr, map2_ptr, steps_ptr, skip_ptr,
             v_ptr = tl.load(entry + 3).to(tl.pointer_type(tl.uint8))
             m_scale_ptr = tl.load(entry + 4).to(tl.pointer_type(tl.float32))
             v_scale_ptr = tl.load(entry + 5).to(tl.pointer_type(tl.float32))
-            block_inside = rows * BLOCK < n
             m_code = tl.load(m_ptr + idx, mask=inside, other=0).to(tl.int32)
             v_code = tl.load(v_ptr + idx, mask=inside, other=0).to(tl.int32)
-            m = tl.load(map1_ptr + m_code) * tl.load(m_scale_ptr + rows, mask=block_inside)
-            v = tl.load(map2_ptr + v_code) * tl.load(v_scale_ptr + rows, mask=block_inside)
+            m = tl.load(map1_ptr + m_code) * tl.load(m_scale_ptr + block)
+            v = tl.load(map2_ptr + v_code) * tl.load(v_scale_ptr + block)
         else:
             m_ptr = tl.load(entry + 2).to(tl.pointer_type(tl.float32))
             v_ptr = tl.load(entry + 3).to(tl.pointer_type(tl.float32))
@@ -107,15 +108,15 @@ def _adamw_kernel(table_ptr, chunk_ptr, map1_ptr, map2_ptr, steps_ptr, skip_ptr,
             m = tl.where(finite & inside, m, 0.0)
             v = tl.where(finite & inside, v, 0.0)
             new_p = tl.where(finite, new_p, p)
-            m_max = tl.max(tl.abs(m), axis=1)[:, None]
-            v_max = tl.max(v, axis=1)[:, None]
+            m_max = tl.max(tl.abs(m), axis=0)
+            v_max = tl.max(v, axis=0)
             # a block of zeros (scale 0) decodes to zeros whatever its codes: code 0 / 1
             m_code = _nearest_code(map1_ptr, m / tl.where(m_max > 0, m_max, 1.0), True)
             v_code = _nearest_code(map2_ptr, v / tl.where(v_max > 0, v_max, 1.0), False)
             tl.store(m_ptr + idx, m_code.to(tl.uint8), mask=inside)
             tl.store(v_ptr + idx, v_code.to(tl.uint8), mask=inside)
-            tl.store(m_scale_ptr + rows, m_max, mask=block_inside)
-            tl.store(v_scale_ptr + rows, v_max, mask=block_inside)
+            tl.store(m_scale_ptr + block, m_max)
+            tl.store(v_scale_ptr + block, v_max)
         else:
             tl.store(m_ptr + idx, m, mask=inside)
             tl.store(v_ptr + idx, v, mask=inside)
@@ -149,7 +150,7 @@ class Launch:
         self.dtype = _TL_DTYPES[dtypes.pop()]
         self.device = params[0].device
         chunks = [(t, b) for t, p in enumerate(params)
-                  for b in range(0, -(-p.numel() // BLOCK), ROWS)]
+                  for b in range(-(-p.numel() // BLOCK))]
         self.chunks = _on(self.device, torch.tensor(chunks, dtype=torch.int64))
         self.steps = _on(self.device, torch.tensor(steps, dtype=torch.float32))
         self._addresses: tuple[int, ...] = ()
@@ -175,7 +176,7 @@ class Launch:
             self.table, self.chunks, *(maps or unread), self.steps, skip,
             lr, 1.0 - lr * weight_decay, betas[0], betas[1], eps,
             P_DTYPE=self.dtype, EIGHT_BIT=self.eight_bit, FIELDS=FIELDS, BLOCK=BLOCK,
-            ROWS=ROWS, num_warps=NUM_WARPS)
+            num_warps=NUM_WARPS)
 
 
 def _on(device: torch.device, host: Tensor) -> Tensor:
