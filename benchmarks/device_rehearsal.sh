@@ -40,7 +40,8 @@ bash benchmarks/device_bundle.sh 3.12 "$work/site312"  # what travels (size chec
 bash benchmarks/device_bundle.sh "$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" "$work/site"
 
 status=0
-for part in 1 2 3 4; do
+parts=$(PYTHONPATH=benchmarks "$venv/bin/python" -c 'import gpu_suite; print(*gpu_suite.PARTS)')
+for part in $parts; do
     mkdir -p "$work/out$part"
     start=$SECONDS
     if ! PATH="$venv/bin:$PATH" PYTHONPATH= TEN_DEVSITE="$work/site" OUT="$work/out$part" \

@@ -91,6 +91,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "slow" not in item.keywords)
 
 
+@pytest.hookimpl(optionalhook=True)  # the lent GPUs' image has no pytest-xdist
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker more than the cores. The whole runs spend seconds waiting
     on their processes, servers and signals; with one worker a core the 2-core machine
