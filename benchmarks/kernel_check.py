@@ -243,14 +243,17 @@ def element_wise_variants(f: str, act: str) -> list[tuple[str, str, dict, dict, 
                 {"BH": 1024, "ACC": acc}, NUM_WARPS))
     from ten.kernels import block_kernels as bk
     from ten.kernels import fp8_kernels
-    from ten.kernels.fp8 import E4M3
+    from ten.kernels.fp8 import E4M3, E5M2
 
-    y8, top, mant, emin = fp8_kernels.FORMATS[E4M3]  # the product's format
+    y8, y_top, y_mant, y_emin = fp8_kernels.FORMATS[E4M3]  # the product's format
+    g8, g_top, g_mant, g_emin = fp8_kernels.FORMATS[E5M2]  # its gradient's
     out.append(("swiglu backward in float8", f"{blk}:_swiglu_backward_float8_kernel",
-                {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab_ptr": _p(act),
-                 "part_ptr": _p("fp32"), "y_scale_ptr": _p("fp32"), "y8_t_ptr": _p(y8.name),
+                {"dy_ptr": _p(act), "ab_ptr": _p(act), "dab8_ptr": _p(g8.name),
+                 "dab8_t_ptr": _p(g8.name), "grad_scale_ptr": _p("fp32"),
+                 "y_scale_ptr": _p("fp32"), "y8_t_ptr": _p(y8.name),
                  "M": "i32", "Mp": "i32", "h": "i32"},
-                {"Y8": y8, "TOP": top, "MANT": mant, "EMIN": emin, "BR": bk.SWIGLU_F8_BR,
+                {"G8": g8, "G_TOP": g_top, "G_MANT": g_mant, "G_EMIN": g_emin, "Y8": y8,
+                 "Y_TOP": y_top, "Y_MANT": y_mant, "Y_EMIN": y_emin, "BR": bk.SWIGLU_F8_BR,
                  "BC": bk.SWIGLU_F8_BC}, bk.SWIGLU_F8_WARPS))
     for tail in (False, True):  # training starts every sequence from zeros; a tail when
         # generating continues from the last inputs

@@ -27,8 +27,9 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
                   d x adds itself into the convolution's (no third pass to sum them)
     float8_swiglu the SwiGLU block with its six GEMMs in float8 (ten.kernels.fp8): under
                   one scale a tensor the norm before it (add_layer_norm_with_scale) and
-                  its SwiGLU passes take each operand's scale as they write it, and the
-                  backward writes the product in float8 for its weight gradient
+                  its SwiGLU forward take each operand's scale as they write it, and the
+                  backward writes its three GEMMs' operands in float8 itself, the
+                  gradient [d a | d b] with a scale bounded before it is computed
 
 Each operator has a torch implementation (every device: torch's own kernels, the CPU's
 numerics unchanged) and a Triton kernel registered for CUDA (``ten.kernels.ops.register_cuda``): the
@@ -267,46 +268,61 @@ def _swiglu_backward_fake(dy, ab):
     return torch.empty_like(ab)
 
 
-def _swiglu_with_scale_impl(ab: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(silu(a)·b, its one float8 scale for ``dtype``, as ``ten::fp8_scale`` takes it).
-    Here a pass more of torch's; on CUDA the SwiGLU kernel takes the maxima as it writes
-    the product, and the scale is reduced from one float of theirs a program."""
+def _swiglu_gain(ab: Tensor) -> Tensor:
+    """The largest factor by which SwiGLU's backward multiplies an element of dy, over
+    ab = [a | b]: max(|b·silu'(a)|, |silu(a)|) in fp32 (NaN wins, as in torch's amax),
+    computed as the backward computes d a / dy and d b / dy."""
+    a, b = (t.float() for t in ab.chunk(2, dim=-1))
+    s = torch.sigmoid(a)
+    return torch.maximum((b * s * (1.0 + a * (1.0 - s))).abs().amax(), (a * s).abs().amax())
+
+
+def _swiglu_with_scale_impl(ab: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(silu(a)·b, its one float8 scale for ``dtype``, as ``ten::fp8_scale`` takes it, and
+    the gain (:func:`_swiglu_gain`), from which backward bounds its gradient's scale). Here
+    passes more of torch's; on CUDA the SwiGLU kernel takes the maxima as it writes the
+    product, and each is reduced from one float of theirs a program."""
     y = _swiglu_impl(ab)
-    return y, amax_scale(y, dtype)
+    return y, amax_scale(y, dtype), _swiglu_gain(ab)
 
 
 def _swiglu_with_scale_fake(ab, dtype):
-    return _swiglu_fake(ab), ab.new_empty((), dtype=torch.float32)
+    scalar = ab.new_empty((), dtype=torch.float32)
+    return _swiglu_fake(ab), scalar, torch.empty_like(scalar)
 
 
-def _swiglu_backward_float8_impl(dy: Tensor, ab: Tensor, y_scale: Tensor,
+def _swiglu_backward_float8_impl(dy: Tensor, ab: Tensor, y_scale: Tensor, grad_scale: Tensor,
                                  grad_dtype: torch.dtype, y_dtype: torch.dtype,
                                  rows_to: int) -> tuple[Tensor, Tensor, Tensor]:
     """The float8 SwiGLU block's backward pass over dy (M, H) and ab (M, 2H), neither
-    written: ([d a | d b], its one float8 scale for ``grad_dtype``, and y cast as
-    ``ten::fp8_cast`` casts it with forward's ``y_scale``, transposed (H, M') with zero
-    rows up to a multiple of ``rows_to``: the down projection's dw operand). Here torch's
-    ops; on CUDA one kernel writes the three (the gradient's maxima taken as it is
-    written, y in float8 where the plain backward writes it in bf16 over dy)."""
+    written: [d a | d b] as ``ten::fp8_cast_both`` casts it with ``grad_scale`` (by its rows,
+    (M', 2H), and transposed, (2H, M'): the up projection's dx and dw operands), and y as
+    ``ten::fp8_cast`` casts it with forward's ``y_scale``, transposed (H, M'): the down
+    projection's dw operand; M' is M rounded up to a multiple of ``rows_to``, the rows
+    after M zeros. Here torch's ops; on CUDA one kernel writes the three in float8, where
+    the plain backward writes [d a | d b] and y in bf16."""
     dab, y = _swiglu_grads(dy, ab)
-    return dab, amax_scale(dab, grad_dtype), float8_copy(y, y_scale, y_dtype, True, rows_to)
+    dab8 = float8_copy(dab, grad_scale, grad_dtype, False, rows_to)
+    return dab8, dab8.t().contiguous(), float8_copy(y, y_scale, y_dtype, True, rows_to)
 
 
-def _swiglu_backward_float8_fake(dy, ab, y_scale, grad_dtype, y_dtype, rows_to):
+def _swiglu_backward_float8_fake(dy, ab, y_scale, grad_scale, grad_dtype, y_dtype, rows_to):
     M, h = dy.shape
-    return (torch.empty_like(ab), ab.new_empty((), dtype=torch.float32),
-            ab.new_empty((h, M + (-M % rows_to)), dtype=y_dtype))
+    Mp = M + (-M % rows_to)
+    return (ab.new_empty((Mp, 2 * h), dtype=grad_dtype),
+            ab.new_empty((2 * h, Mp), dtype=grad_dtype),
+            ab.new_empty((h, Mp), dtype=y_dtype))
 
 
 _swiglu_backward = define("swiglu_backward(Tensor(a!) dy, Tensor ab) -> Tensor",
                           _swiglu_backward_impl, _swiglu_backward_fake)
 _swiglu = define("swiglu(Tensor ab) -> Tensor", _swiglu_impl, _swiglu_fake)
 _swiglu_with_scale = define(
-    "swiglu_with_scale(Tensor ab, ScalarType dtype) -> (Tensor, Tensor)",
+    "swiglu_with_scale(Tensor ab, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     _swiglu_with_scale_impl, _swiglu_with_scale_fake)
 _swiglu_backward_float8 = define(
-    "swiglu_backward_float8(Tensor dy, Tensor ab, Tensor y_scale, ScalarType grad_dtype, "
-    "ScalarType y_dtype, int rows_to) -> (Tensor, Tensor, Tensor)",
+    "swiglu_backward_float8(Tensor dy, Tensor ab, Tensor y_scale, Tensor grad_scale, "
+    "ScalarType grad_dtype, ScalarType y_dtype, int rows_to) -> (Tensor, Tensor, Tensor)",
     _swiglu_backward_float8_impl, _swiglu_backward_float8_fake)
 
 
@@ -335,6 +351,29 @@ class _SwiGLUDown(torch.autograd.Function):
         return dab, dz.t() @ dy_then_y
 
 
+# How far above its bound [d a | d b]'s scale is set: a binade, for the float8 rounding of
+# the down projection's weight (e4m3: up to 1/16 up) and the bf16 roundings of dy and the
+# gradient, which the bound's arithmetic does not see. It costs no digits (below).
+GRAD_BOUND_MARGIN = 2.0
+
+
+def _bounded_grad_scale(dz_scale: Tensor, down: Tensor, gain: Tensor) -> Tensor:
+    """[d a | d b]'s one float8 scale, known before the pass that computes it: from dy =
+    dz·W (W = down, (d, H)), each |dy| ≤ max|dz|·‖W‖₁ (‖W‖₁ the largest column's sum of
+    magnitudes), and the SwiGLU backward multiplies each dy by at most the forward's gain,
+    so max|[d a | d b]| ≤ max|dz|·‖W‖₁·gain. dz's e5m2 scale is max|dz| / the format's
+    largest value, so the bound's scale for e5m2 is dz_scale·‖W‖₁·gain (times the margin).
+
+    A scale above the true largest value costs no digits while the values stay in the
+    format's normal range: e5m2 keeps 2 mantissa bits over 30 binades, and the bound
+    measured 12-33x above the true amax (5x with dy's own amax) on a trained model's
+    blocks, where the rounding errors of [d a | d b], dx and dw were those of the exact
+    scale to the third digit and no element more flushed to zero (BENCHMARKS.md, "Float8:
+    the gradient's scale from a bound"). A NaN or an inf anywhere stays in the scale."""
+    norm = torch.linalg.matrix_norm(down.detach().float(), ord=1)
+    return (dz_scale * norm * gain * GRAD_BOUND_MARGIN).reshape(())
+
+
 class _Float8SwiGLU(torch.autograd.Function):
     """z = down(silu(a)·b) with [a | b] = up(x) (x (M, d) rows), both projections' GEMMs in
     float8 (``gemms``), the product not kept for backward (as :class:`_SwiGLUDown`). One
@@ -345,7 +384,10 @@ class _Float8SwiGLU(torch.autograd.Function):
     flagship's micro-batch, 2.2 GB a block of the 2.8 GB its scales read). And backward,
     which gets the product back from [a | b] for the down projection's dw, writes it in
     float8 with forward's scale, transposed as that GEMM reads it (1 byte an element,
-    where writing it in bf16 and casting it moved 5).
+    where writing it in bf16 and casting it moved 5); and writes [d a | d b] in float8 in
+    both layouts the up projection's GEMMs read, with a scale bounded before the pass
+    (:func:`_bounded_grad_scale`: its largest value is not known until the pass is
+    over), where writing it in bf16 and casting it moved 8 bytes an element more.
 
     Kept for backward: of x, dw's operand in float8 (:class:`Float8Gemms`: half x's
     bytes), [a | b] and the weights; [a | b] lives until this backward ends, where a node
@@ -359,34 +401,37 @@ class _Float8SwiGLU(torch.autograd.Function):
         x8 = gemms.operand(x, E4M3, x_scale)  # both layouts: y's GEMM now, dw's kept
         ab = gemms.forward(x8, up, x.dtype)
         if gemms.per_tensor:
-            y, y_scale = _swiglu_with_scale(ab, E4M3)
+            y, y_scale, gain = _swiglu_with_scale(ab, E4M3)
         else:  # a scale a row: the GEMMs take each row's from the product
-            y, y_scale = _swiglu(ab), None
+            y, y_scale, gain = _swiglu(ab), None, None
         z = gemms.forward(gemms.operand(y, E4M3, y_scale, cols=False), down, x.dtype)
         # backward recomputes y from ab: forward's scale serves it (within y's last bit,
         # which the cast's clamp to the format's range absorbs)
-        ctx.save_for_backward(x8.cols_t, x8.cols_scale, up, down, ab, y_scale)
+        ctx.save_for_backward(x8.cols_t, x8.cols_scale, up, down, ab, y_scale, gain)
         return z
 
     @staticmethod
     def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        x_cols_t, x_cols_scale, up, down, ab, y_scale = ctx.saved_tensors
+        x_cols_t, x_cols_scale, up, down, ab, y_scale, gain = ctx.saved_tensors
         gemms = ctx.gemms
         g = gemms.operand(dz.contiguous(), E5M2)
         dy = gemms.grad_input(g, down, dz.dtype)
-        if gemms.per_tensor:  # y in float8 for dw, from the pass that gets it back
-            dab, dab_scale, y_t = _swiglu_backward_float8(dy, ab, y_scale, E5M2, E4M3, ALIGN)
+        if gemms.per_tensor:  # every operand in float8 from the pass that computes it
+            s = _bounded_grad_scale(g.rows_scale, down, gain)
+            dab8, dab8_t, y_t = _swiglu_backward_float8(dy, ab, y_scale, s, E5M2, E4M3, ALIGN)
             y8 = Float8Operand.by_columns(y_t, y_scale)
-            del y_t  # y8 holds it (until its GEMM is done)
-        else:  # y's columns' scales need all of y first: y over dy, then its own cast
-            dab, dab_scale = _swiglu_backward(dy, ab), None
+            g_up = Float8Operand(dab8[:ab.shape[0]], s, dab8_t, s)
+            del y_t, dab8, dab8_t  # the operands hold them (until their GEMMs are done)
+        else:  # the columns' scales need all of y and [d a | d b] first: bf16, then casts
+            dab = _swiglu_backward(dy, ab)
             y8 = gemms.operand(dy, E4M3, rows=False)  # (dy holds y now)
         d_down = gemms.grad_weight(g, y8).to(down.dtype)
         del dy, g, y8
-        g = gemms.operand(dab, E5M2, dab_scale)
-        del dab
-        d_up = gemms.grad_weight(g, Float8Operand.by_columns(x_cols_t, x_cols_scale))
-        return gemms.grad_input(g, up, ctx.x_dtype), d_up.to(up.dtype), d_down, None, None
+        if not gemms.per_tensor:
+            g_up = gemms.operand(dab, E5M2)
+            del dab
+        d_up = gemms.grad_weight(g_up, Float8Operand.by_columns(x_cols_t, x_cols_scale))
+        return gemms.grad_input(g_up, up, ctx.x_dtype), d_up.to(up.dtype), d_down, None, None
 
 
 def _sigmoid_gate_impl(g: Tensor, o: Tensor) -> Tensor:
@@ -652,8 +697,7 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     register_cuda("swiglu", _k.swiglu)
     register_cuda("swiglu_backward", _k.swiglu_backward)
     register_cuda("swiglu_with_scale", functools.partial(_k.swiglu_with_scale, tiny=TINY))
-    register_cuda("swiglu_backward_float8",
-                  functools.partial(_k.swiglu_backward_float8, tiny=TINY))
+    register_cuda("swiglu_backward_float8", _k.swiglu_backward_float8)
     register_cuda("causal_conv", _k.causal_conv)
 
     def _causal_conv_backward_cuda(dy: Tensor, x: Tensor, tail: Tensor | None, weight: Tensor,

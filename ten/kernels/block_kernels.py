@@ -7,11 +7,13 @@ block of columns (SwiGLU), or per tile of tokens and channels of one sequence (t
 convolution, whose backward writes weight-gradient shares torch sums); loops over a
 runtime count are while loops (Triton 3.6's interpreter takes no runtime bound in
 range()). For the float8 SwiGLU block (ten.kernels.fp8, one scale a tensor) the
-LayerNorm before it and the SwiGLU forward with AMAX, and the SwiGLU's float8 backward,
-also store each program's largest magnitude of what they wrote, so the output's scale is
-reduced from one float a program, not from another pass over the output; the float8
-backward (tiles of tokens and columns) writes the product in float8 as its GEMM reads
-it, transposed, in place of the bf16 product the plain backward writes over dy.
+LayerNorm before it and the SwiGLU forward with AMAX also store each program's largest
+magnitude of what they wrote, so the output's scale is reduced from one float a program,
+not from another pass over the output (the SwiGLU forward the largest gain of its
+backward too, which bounds the gradient's scale); the float8 backward (tiles of tokens
+and columns) writes its GEMMs' operands in float8 as they read them: [d a | d b] by its
+rows and transposed, and the product transposed, where the plain backward writes both
+in bf16.
 
 Arithmetic is in ``ACC``: fp32 for bf16, fp16 and fp32 tensors, fp64 for fp64 ones (a
 float64 model, and the gradient checks, stay exact on the GPU as on the CPU)."""
@@ -138,12 +140,17 @@ def _partial_amax(part_ptr, magnitude):
 @triton.jit
 def _swiglu_forward_kernel(ab_ptr, y_ptr, part_ptr, h, BH: tl.constexpr, ACC: tl.constexpr,
                            AMAX: tl.constexpr):
-    """y = silu(a)·b; with AMAX, this program's largest |y| as stored, into part."""
+    """y = silu(a)·b; with AMAX, this program's largest |y| as stored into part's first
+    half, and its largest gain max(|b·silu'(a)|, |silu(a)|) (what the backward multiplies
+    dy by) into its second."""
     row, cols, mask, a, b = _swiglu_halves(ab_ptr, h, BH, ACC)
-    y = (a * tl.sigmoid(a) * b).to(y_ptr.dtype.element_ty)
+    s = tl.sigmoid(a)
+    y = (a * s * b).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row * h + cols, y, mask=mask)
-    if AMAX:  # masked lanes hold silu(0)·0 = 0
+    if AMAX:  # masked lanes hold silu(0)·0 = 0, and gains of 0
         _partial_amax(part_ptr, tl.abs(y.to(tl.float32)))
+        gain = max_nan(tl.abs(b * s * (1.0 + a * (1.0 - s))), tl.abs(a * s)).to(tl.float32)
+        _partial_amax(part_ptr + tl.num_programs(0) * tl.num_programs(1), gain)
 
 
 @triton.jit
@@ -161,14 +168,25 @@ def _swiglu_backward_kernel(dy_ptr, ab_ptr, dab_ptr, h, BH: tl.constexpr, ACC: t
 
 
 @triton.jit
-def _swiglu_backward_float8_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, y_scale_ptr, y8_t_ptr,
-                                   M, Mp, h, Y8: tl.constexpr, TOP: tl.constexpr,
-                                   MANT: tl.constexpr, EMIN: tl.constexpr, BR: tl.constexpr,
-                                   BC: tl.constexpr):
-    """On a BR x BC tile of tokens and columns: [d a | d b] for y = silu(a)·b, this
-    program's largest |d a|, |d b| as stored into part, and y as forward stored it, in
-    float8 (Y8) with forward's scale, written transposed into y8_t (H, Mp) for the down
-    projection's weight gradient, rows M to Mp zeros (their a and b read as zeros)."""
+def _inverse(scale_ptr):
+    """The reciprocal of the one scale at scale_ptr, IEEE's, as a (1, 1) tile."""
+    return tl.math.div_rn(tl.full((1, 1), 1.0, tl.float32),
+                          tl.load(scale_ptr + tl.zeros((1, 1), tl.int32)))
+
+
+@triton.jit
+def _swiglu_backward_float8_kernel(dy_ptr, ab_ptr, dab8_ptr, dab8_t_ptr, grad_scale_ptr,
+                                   y_scale_ptr, y8_t_ptr, M, Mp, h, G8: tl.constexpr,
+                                   G_TOP: tl.constexpr, G_MANT: tl.constexpr,
+                                   G_EMIN: tl.constexpr, Y8: tl.constexpr,
+                                   Y_TOP: tl.constexpr, Y_MANT: tl.constexpr,
+                                   Y_EMIN: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """On a BR x BC tile of tokens and columns: [d a | d b] for y = silu(a)·b, rounded to
+    ab's dtype, then in float8 (G8) with grad_scale, written by its rows into dab8 (Mp, 2H)
+    and transposed into dab8_t (2H, Mp) for the up projection's two GEMMs; and y as
+    forward stored it, in float8 (Y8) with forward's scale, transposed into y8_t (H, Mp)
+    for the down projection's weight gradient. Rows M to Mp are zeros (their a and b read
+    as zeros)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     cols = (tl.program_id(1) * BC + tl.arange(0, BC)).to(tl.int64)  # cols * Mp: past 2^31
     inside = (rows[:, None] < M) & (cols[None, :] < h)
@@ -178,19 +196,21 @@ def _swiglu_backward_float8_kernel(dy_ptr, ab_ptr, dab_ptr, part_ptr, y_scale_pt
     g = tl.load(dy_ptr + rows[:, None] * h + cols[None, :], mask=inside,
                 other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
-    da = (g * b * s * (1.0 + a * (1.0 - s))).to(dab_ptr.dtype.element_ty)
-    db = (g * a * s).to(dab_ptr.dtype.element_ty)
-    tl.store(dab_ptr + at, da, mask=inside)
-    tl.store(dab_ptr + at + h, db, mask=inside)
-    magnitude = max_nan(tl.abs(da.to(tl.float32)), tl.abs(db.to(tl.float32)))
-    tl.store(part_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-             tl.reduce(tl.reduce(magnitude, 1, max_nan), 0, max_nan))
-    y = (a * s * b).to(ab_ptr.dtype.element_ty).to(tl.float32)  # forward's, as it stored it
-    inverse = tl.math.div_rn(tl.full((1, 1), 1.0, tl.float32),
-                             tl.load(y_scale_ptr + tl.zeros((1, 1), tl.int32)))
-    tl.store(y8_t_ptr + cols[None, :] * Mp + rows[:, None],
-             quantize(y, inverse, TOP, MANT, EMIN).to(Y8),
-             mask=(rows[:, None] < Mp) & (cols[None, :] < h))
+    ab_dtype = ab_ptr.dtype.element_ty
+    da = (g * b * s * (1.0 + a * (1.0 - s))).to(ab_dtype).to(tl.float32)
+    db = (g * a * s).to(ab_dtype).to(tl.float32)
+    stored = (rows[:, None] < Mp) & (cols[None, :] < h)
+    inverse = _inverse(grad_scale_ptr)
+    da8 = quantize(da, inverse, G_TOP, G_MANT, G_EMIN).to(G8)
+    db8 = quantize(db, inverse, G_TOP, G_MANT, G_EMIN).to(G8)
+    tl.store(dab8_ptr + at, da8, mask=stored)
+    tl.store(dab8_ptr + at + h, db8, mask=stored)
+    at_t = cols[None, :] * Mp + rows[:, None]
+    tl.store(dab8_t_ptr + at_t, da8, mask=stored)
+    tl.store(dab8_t_ptr + at_t + h * Mp, db8, mask=stored)
+    y = (a * s * b).to(ab_dtype).to(tl.float32)  # forward's, as it stored it
+    tl.store(y8_t_ptr + at_t, quantize(y, _inverse(y_scale_ptr), Y_TOP, Y_MANT, Y_EMIN).to(Y8),
+             mask=stored)
 
 
 @triton.jit
@@ -407,11 +427,11 @@ def _swiglu_cut(ab: Tensor) -> tuple[int, int, int]:
 
 
 def _swiglu_forward(ab: Tensor, amax: bool) -> tuple[Tensor, Tensor | None]:
-    """(y, and with ``amax`` the partial maxima of |y|: one a program)."""
+    """(y, and with ``amax`` the partial maxima (2, programs): of |y|, and of the gain)."""
     rows, h, bh = _swiglu_cut(ab)
     grid = (rows, triton.cdiv(h, bh))
     y = ab.new_empty(*ab.shape[:-1], h)
-    part = ab.new_empty(grid, dtype=torch.float32) if amax else None
+    part = ab.new_empty((2, grid[0] * grid[1]), dtype=torch.float32) if amax else None
     if rows:
         _swiglu_forward_kernel[grid](ab, y, y if part is None else part, h, BH=bh,
                                      ACC=acc(ab), AMAX=amax, num_warps=4)
@@ -431,39 +451,43 @@ def swiglu_backward(dy: Tensor, ab: Tensor) -> Tensor:
     return dab
 
 
-def swiglu_with_scale(ab: Tensor, dtype: torch.dtype, *, tiny: float) -> tuple[Tensor, Tensor]:
-    """``ten::swiglu_with_scale``: y and its float8 scale for ``dtype`` from the maxima the
-    SwiGLU pass took as it wrote y (a reduction of one float a program, not a pass over y);
-    ``tiny`` as ten.kernels.fp8 binds it for its own scales."""
+def swiglu_with_scale(ab: Tensor, dtype: torch.dtype, *,
+                      tiny: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``ten::swiglu_with_scale``: y, its float8 scale for ``dtype`` and the largest gain,
+    from the maxima the SwiGLU pass took as it wrote y (a reduction of one float a program
+    each, not a pass over y); ``tiny`` as ten.kernels.fp8 binds it for its own scales."""
     y, part = _swiglu_forward(ab, amax=True)
-    return y, fp8_scale(part, dtype, None, tiny=tiny)
+    return y, fp8_scale(part[:1], dtype, None, tiny=tiny), part[1].amax()
 
 
-# the float8 backward's tile (tokens x columns) and warps: 32 x 64, a transposed row of 32
-# float8 bytes (a DRAM sector) a store; 64 x 64 took 166 registers in 4 warps, 68 in 8,
-# and 3 programs an SM on the H100 either way (benchmarks/kernel_check.py)
-SWIGLU_F8_BR, SWIGLU_F8_BC, SWIGLU_F8_WARPS = 32, 64, 4
+# the float8 backward's tile (tokens x columns) and warps: 32 x 32, a transposed row of 32
+# float8 bytes (a DRAM sector) a store. Writing [d a | d b] in float8 by rows and
+# transposed beside y, 32 x 64 took 128 registers (Triton 3.7.1) and 166-182 (3.6, the lent
+# GPUs'), 2-4 programs an SM; 32 x 32 takes 48 and 80-89, 5-10 (benchmarks/kernel_check.py)
+SWIGLU_F8_BR, SWIGLU_F8_BC, SWIGLU_F8_WARPS = 32, 32, 4
 
 
-def swiglu_backward_float8(dy: Tensor, ab: Tensor, y_scale: Tensor, grad_dtype: torch.dtype,
-                           y_dtype: torch.dtype, rows_to: int, *,
-                           tiny: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``ten::swiglu_backward_float8``: ([d a | d b], its float8 scale for ``grad_dtype``
-    from the maxima the pass took, y in ``y_dtype`` with ``y_scale`` transposed (H, M')
-    with zero rows up to a multiple of ``rows_to``); dy (M, H) and ab (M, 2H) are read
-    only."""
+def swiglu_backward_float8(dy: Tensor, ab: Tensor, y_scale: Tensor, grad_scale: Tensor,
+                           grad_dtype: torch.dtype, y_dtype: torch.dtype,
+                           rows_to: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``ten::swiglu_backward_float8``: [d a | d b] in ``grad_dtype`` with ``grad_scale``
+    by its rows (M', 2H) and transposed (2H, M'), and y in ``y_dtype`` with ``y_scale``
+    transposed (H, M'), each with zero rows up to M' a multiple of ``rows_to``; dy (M, H)
+    and ab (M, 2H) are read only."""
     M, h = dy.shape
     Mp = M + (-M % rows_to)
     grid = (triton.cdiv(Mp, SWIGLU_F8_BR), triton.cdiv(h, SWIGLU_F8_BC))
-    dab = torch.empty_like(ab)
-    part = ab.new_empty(grid, dtype=torch.float32)
+    dab8 = ab.new_empty((Mp, 2 * h), dtype=grad_dtype)
+    dab8_t = ab.new_empty((2 * h, Mp), dtype=grad_dtype)
     y8_t = ab.new_empty((h, Mp), dtype=y_dtype)
-    fmt, top, mant, emin = FORMATS[y_dtype]
+    g8, g_top, g_mant, g_emin = FORMATS[grad_dtype]
+    y8, y_top, y_mant, y_emin = FORMATS[y_dtype]
     if M:
         _swiglu_backward_float8_kernel[grid](
-            dy, ab, dab, part, y_scale, y8_t, M, Mp, h, Y8=fmt, TOP=top, MANT=mant, EMIN=emin,
+            dy, ab, dab8, dab8_t, grad_scale, y_scale, y8_t, M, Mp, h, G8=g8, G_TOP=g_top,
+            G_MANT=g_mant, G_EMIN=g_emin, Y8=y8, Y_TOP=y_top, Y_MANT=y_mant, Y_EMIN=y_emin,
             BR=SWIGLU_F8_BR, BC=SWIGLU_F8_BC, num_warps=SWIGLU_F8_WARPS)
-    return dab, fp8_scale(part, grad_dtype, None, tiny=tiny), y8_t
+    return dab8, dab8_t, y8_t
 
 
 # A conv forward program's channels and tokens: one tile.

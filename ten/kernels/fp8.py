@@ -24,12 +24,13 @@ torch's kernels here, Triton's on CUDA (ten.kernels.fp8_kernels: the same bits, 
 an element from bf16 where eager torch moved ~40), each writing its operand in the layout
 its GEMM reads, zero rows included, so no copy follows; in the SwiGLU block the kernels
 that write its operands (the norm before it, the SwiGLU) take their scales as they write
-them, and its backward writes the product in float8 itself
-(ten.kernels.block_fused.float8_swiglu). The casts are what FP8 costs: on the flagship's
-micro-batch they move 44 GB under one scale a tensor, 13 ms at an H100's bandwidth
-against the 27 ms of GEMM time FP8 saves it, 51 ms on an L40S against 74
-(benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md, "Float8 casts" and "scales
-from the kernels that write them").
+them, and its backward writes the product and its own gradient in float8 itself, the
+gradient with a scale bounded before it is computed (ten.kernels.block_fused.float8_swiglu).
+The casts are what FP8 costs: on the flagship's micro-batch they move ~21 GB under one
+scale a tensor, 6 ms at an H100's bandwidth against the 27 ms of GEMM time FP8 saves it,
+24 ms on an L40S against 74 (benchmarks/bench_traffic.py's rooflines; BENCHMARKS.md,
+"Float8 casts", "scales from the kernels that write them" and "the gradient's scale from
+a bound").
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with

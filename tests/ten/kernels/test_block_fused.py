@@ -517,46 +517,58 @@ def test_the_swiglu_forward_scales_what_it_writes_as_a_pass_over_it_would(kernel
     of it afterwards. The largest magnitude is planted in the ragged last block of a row."""
     ab = rand(2, 3, 2 * h).to(dtype)
     ab[1, 2, h - 1] = ab[1, 2, 2 * h - 1] = 40.0  # silu(40)·40: the product's largest
-    y, y_scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    ab[0, 1, h - 2] = 1.0  # b·silu'(a) = -100·silu'(1): the largest gain, not the product's
+    ab[0, 1, 2 * h - 2] = -100.0
+    y, y_scale, gain = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
     assert torch.equal(y, kernels.swiglu(ab))
     assert torch.equal(y_scale.cpu(), torch.ops.ten.fp8_scale.default(y.cpu().view(-1, h),
                                                                        E4M3, None))
-    assert_fake_layout("swiglu_with_scale", (ab, E4M3), (y, y_scale))
+    want = torch.ops.ten.swiglu_with_scale.default(ab.cpu(), E4M3)[2]
+    assert want.item() == pytest.approx(100 * 0.9277, rel=1e-3)  # silu'(1) = 0.9277
+    torch.testing.assert_close(gain.cpu(), want, rtol=1e-6, atol=0)
+    assert_fake_layout("swiglu_with_scale", (ab, E4M3), (y, y_scale, gain))
 
 
 @pytest.mark.parametrize("rows, h", [(6, 5), (70, 100)])  # one tile; tiles and ragged ones
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_float8_swiglu_backward_is_the_plain_one_with_its_scale_and_y_cast(kernels, rows,
                                                                                h, dtype):
-    """The float8 block's backward pass: [d a | d b] as the plain kernel writes it, its
-    scale as ten::fp8_scale takes it of that, and y (which the plain kernel writes over
-    dy in bf16) in float8 with forward's scale, transposed with zero rows to 16, the bytes
-    ten::fp8_cast writes of the plain kernels' y; dy is left as it was. The gradient's
-    largest magnitudes are planted in the last, ragged tile."""
+    """The float8 block's backward pass writes its GEMMs' operands in float8: [d a | d b]
+    as the plain kernel writes it, cast with the given scale by its rows and transposed,
+    the bytes ten::fp8_cast_both writes of it, and y (which the plain kernel writes over
+    dy in bf16) with forward's scale, transposed, the bytes ten::fp8_cast writes of the
+    plain kernels' y; each with zero rows to 16; dy is left as it was. Large gradients
+    are planted in the last, ragged tile, and the scale leaves one of them saturated."""
     ab, dy = rand(rows, 2 * h).to(dtype), rand(rows, h, seed=1).to(dtype)
     ab[rows - 1, 2 * h - 1], dy[rows - 1, h - 1] = 3.0, 50.0
-    y, y_scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    y, y_scale, _ = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    dab = kernels.swiglu_backward(dy.clone(), ab)
+    grad_scale = (dab.float().abs().amax() / 2 / torch.finfo(E5M2).max).reshape(())
     before = dy.clone()
-    dab, dab_scale, y8_t = kernels.swiglu_backward_float8(dy, ab, y_scale, E5M2, E4M3, 16,
-                                                          tiny=TINY)
+    dab8, dab8_t, y8_t = kernels.swiglu_backward_float8(dy, ab, y_scale, grad_scale, E5M2,
+                                                        E4M3, 16)
     assert torch.equal(dy, before)
-    assert torch.equal(dab, kernels.swiglu_backward(dy.clone(), ab))
-    assert torch.equal(dab_scale.cpu(), torch.ops.ten.fp8_scale.default(dab.cpu(), E5M2, None))
+    want8, want8_t = torch.ops.ten.fp8_cast_both.default(dab.cpu(), grad_scale.cpu(), E5M2, 16)
+    Mp = rows + (-rows % 16)
+    assert dab8.shape == want8.shape == (Mp, 2 * h) and dab8_t.shape == (2 * h, Mp)
+    assert torch.equal(dab8.cpu().view(torch.uint8), want8.view(torch.uint8))
+    assert torch.equal(dab8_t.cpu().view(torch.uint8), want8_t.view(torch.uint8))
     want = torch.ops.ten.fp8_cast.default(y.cpu(), y_scale.cpu(), E4M3, True, 16)
-    assert y8_t.shape == want.shape == (h, rows + (-rows % 16))
+    assert y8_t.shape == want.shape == (h, Mp)
     assert torch.equal(y8_t.cpu().view(torch.uint8), want.view(torch.uint8))
-    assert_fake_layout("swiglu_backward_float8", (dy, ab, y_scale, E5M2, E4M3, 16),
-                       (dab, dab_scale, y8_t))
+    assert_fake_layout("swiglu_backward_float8", (dy, ab, y_scale, grad_scale, E5M2, E4M3, 16),
+                       (dab8, dab8_t, y8_t))
 
 
 def test_a_nan_in_the_swiglu_output_makes_its_scale_nan_as_torchs_amax_does(kernels):
-    """A non-finite step must show in the float8 scale (the trainer's non-finite check
-    then skips the step), not be dropped by a max that ignores NaN."""
+    """A non-finite step must show in the float8 scale and the gain (the trainer's
+    non-finite check then skips the step), not be dropped by a max that ignores NaN."""
     ab = rand(4, 2 * 64)
     ab[2, 3] = float("nan")
-    _, scale = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
-    assert torch.isnan(scale).item()
-    assert torch.isnan(torch.ops.ten.swiglu_with_scale.default(ab.cpu(), E4M3)[1]).item()
+    _, scale, gain = kernels.swiglu_with_scale(ab, E4M3, tiny=TINY)
+    assert torch.isnan(scale).item() and torch.isnan(gain).item()
+    _, scale, gain = torch.ops.ten.swiglu_with_scale.default(ab.cpu(), E4M3)
+    assert torch.isnan(scale).item() and torch.isnan(gain).item()
 
 
 def test_in_fp64_the_kernels_compute_in_fp64(kernels):
