@@ -369,9 +369,12 @@ def _bounded_grad_scale(dz_scale: Tensor, down: Tensor, gain: Tensor) -> Tensor:
     measured 12-33x above the true amax (5x with dy's own amax) on a trained model's
     blocks, where the rounding errors of [d a | d b], dx and dw were those of the exact
     scale to the third digit and no element more flushed to zero (BENCHMARKS.md, "Float8:
-    the gradient's scale from a bound"). A NaN or an inf anywhere stays in the scale."""
+    the gradient's scale from a bound"). A NaN or an inf anywhere stays in the scale; a
+    bound of 0 (a zero weight, or a zero input's gain) is floored as an amax of zeros is,
+    or the cast's reciprocal would make the zeros NaN."""
     norm = torch.linalg.matrix_norm(down.detach().float(), ord=1)
-    return (dz_scale * norm * gain * GRAD_BOUND_MARGIN).reshape(())
+    floor = TINY / torch.finfo(E5M2).max
+    return (dz_scale * norm * gain * GRAD_BOUND_MARGIN).clamp_min(floor).reshape(())
 
 
 class _Float8SwiGLU(torch.autograd.Function):

@@ -399,3 +399,16 @@ def test_a_float8_model_recomputing_its_blocks_gets_the_same_gradients(scaling):
     assert (forwards, forwards_again) == (2, 4)  # each block's SwiGLU ran again
     assert torch.equal(loss_again, loss)
     assert all(torch.equal(a, b) for a, b in zip(grads_again, grads, strict=True))
+
+
+@pytest.mark.parametrize("zero", ["down", "x"])
+def test_a_block_whose_gradient_bound_is_zero_gets_zero_gradients_not_nans(zero):
+    """A zero down projection (‖W‖₁ = 0) or a zero input (the gain 0) bounds [d a | d b]
+    by 0: its scale is floored as an amax of zeros is, so the gradients stay finite."""
+    x, up, down, dz = swiglu_block_inputs()
+    with torch.no_grad():
+        {"down": down, "x": x}[zero].zero_()
+    float8_swiglu(x, up, down, Float8Gemms("tensor")).backward(dz)
+    for grad in (x.grad, up.grad, down.grad):
+        assert torch.isfinite(grad).all()
+    assert not up.grad.any()
