@@ -531,8 +531,8 @@ def test_the_swiglu_forward_scales_what_it_writes_as_a_pass_over_it_would(kernel
 
 @pytest.mark.parametrize("rows, h", [(6, 5), (70, 100)])  # one tile; tiles and ragged ones
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_float8_swiglu_backward_is_the_plain_one_with_its_scale_and_y_cast(kernels, rows,
-                                                                               h, dtype):
+def test_the_float8_swiglu_backward_writes_the_plain_gradient_and_y_in_float8(kernels, rows,
+                                                                             h, dtype):
     """The float8 block's backward pass writes its GEMMs' operands in float8: [d a | d b]
     as the plain kernel writes it, cast with the given scale by its rows and transposed,
     the bytes ten::fp8_cast_both writes of it, and y (which the plain kernel writes over
