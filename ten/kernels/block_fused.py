@@ -64,7 +64,7 @@ from ten.kernels.fp8 import (
 from ten.kernels.ops import define, register_cuda
 
 __all__ = ["LayerNorm", "add_layer_norm", "add_layer_norm_with_scale", "causal_conv",
-           "causal_conv_and_linear", "float8_swiglu", "layer_norm",
+           "causal_conv_and_linear", "float8_swiglu", "layer_norm", "linears",
            "swiglu_down"]
 
 # --- the operators: torch reference -----------------------------------------------------------
@@ -540,6 +540,49 @@ class _ConvAndLinear(torch.autograd.Function):
         dx.view(-1, x.shape[-1]).addmm_(rows, w)
         return (dx, None if tail is None else dtail, dconv_w, dconv_b,
                 rows.t() @ x.reshape(-1, x.shape[-1]), rows.sum(0))
+
+
+class _Linears(torch.autograd.Function):
+    """(x @ w₁ᵀ, x @ w₂ᵀ, ...): linear maps of one x (no bias), whose d x autograd would
+    sum in passes of their own over (..., d), each reading two and writing one (the
+    matrix state's drive, values and queries: of the flagship's micro-batch, 16 such
+    passes, 12.9 GB). Here the GEMMs for d x add themselves into the first's (beta = 1,
+    in their epilogues), as :class:`_ConvAndLinear`'s does. Each output its own
+    tensor, as its reader takes it: one GEMM of the stacked weights would write them
+    as column slices of one, which the scans copy out and autograd's split joins back
+    in backward (two passes as large as the three outputs). Not an operator, for the
+    tracers (as :class:`_ConvAndLinear`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+        ctx.save_for_backward(x, *weights)
+        ctx.set_materialize_grads(False)  # an unused output's gradient: None, not zeros
+        with torch.autocast(x.device.type, enabled=False):  # in the inputs' dtypes
+            return tuple(F.linear(x, w) for w in weights)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        x, *weights = ctx.saved_tensors
+        rows = x.reshape(-1, x.shape[-1])
+        dx, dws = None, []
+        for g, w in zip(grads, weights, strict=True):
+            if g is None:  # an output no loss reached
+                dws.append(None)
+                continue
+            g = g.reshape(-1, w.shape[0])
+            dx = g @ w if dx is None else dx.addmm_(g, w)
+            dws.append(g.t() @ rows)
+        dx = torch.zeros_like(rows) if dx is None else dx
+        return (dx.view(x.shape), *dws)
+
+
+def linears(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+    """``tuple(F.linear(x, w) for w in weights)`` with one d x (see :class:`_Linears`):
+    in the autocast dtype where autocast is on, as F.linear's would be, the weights cast to
+    it, else in x's."""
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return _Linears.apply(x.to(dtype), *(w.to(dtype) for w in weights))
 
 
 # --- the public functions ---------------------------------------------------------------------

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear
+from ten.kernels.block_fused import LayerNorm, causal_conv, causal_conv_and_linear, linears
 from ten.kernels.matrix_scan import matrix_scan
 from ten.kernels.scan import resolve_backend, scan
 from ten.kernels.selective import DELTA_BIAS, MIN_WRITE, selective_drive, step_of
@@ -166,14 +166,33 @@ class EigenstateMixer(nn.Module):
         """(log λ, β = γ ⊙ W_in·u) for the scan: β (B, T, 2K); log λ (2K,) fixed or (B, T, 2K)
         selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.kernels.selective)
         on u's two projections, W_in·u and the step's, computed as one."""
+        if self.delta is None or self.many_tokens(u):  # [W_in; W_Δ]: one matmul
+            return self.drive_from(F.linear(u, self.drive_weight()))
+        # a few tokens: their two projections stacked, not the weights
+        return self.drive_from(torch.cat([self.in_proj(u), F.linear(u, self.delta.weight)],
+                                         dim=-1))
+
+    def drive_weight(self) -> Tensor:
+        """The drive's projection weight: W_in (2K, d), or [W_in; W_Δ] (3K, d) selective."""
+        if self.delta is None:
+            return self.in_proj.weight
+        return torch.cat([self.in_proj.weight, self.delta.weight])
+
+    def drive_from(self, p: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`drive` of u from u's projection by :meth:`drive_weight`."""
         if self.delta is None:
             log_lam, gamma = self.eigenvalues()
-            return log_lam, self.in_proj(u) * gamma
-        if self.many_tokens(u):  # [W_in; W_Δ]: one matmul
-            pz = F.linear(u, torch.cat([self.in_proj.weight, self.delta.weight]))
-        else:  # a few tokens: their two projections stacked, not the weights
-            pz = torch.cat([self.in_proj(u), F.linear(u, self.delta.weight)], dim=-1)
-        return selective_drive(pz, self.delta.bias, self.nu, self.theta)
+            return log_lam, p * gamma
+        return selective_drive(p, self.delta.bias, self.nu, self.theta)
+
+    def matrix_inputs(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(log λ, β, the values W_v·u, the queries W_q·u) of the matrix state. For many
+        tokens the three projections of u are ``linears``: one d u, not three that autograd
+        sums (of the flagship's micro-batch, 12.9 GB)."""
+        if self.many_tokens(u):
+            p, v, q = linears(u, self.drive_weight(), self.value.weight, self.query.weight)
+            return (*self.drive_from(p), v, q)
+        return (*self.drive(u), self.value(u), self.query(u))
 
     def many_tokens(self, x: Tensor) -> bool:
         """Whether x (B, T, ·) holds at least d tokens: then work on a (·, d) weight once
@@ -193,13 +212,14 @@ class EigenstateMixer(nn.Module):
             u, g = xn, self.gate(xn)
         else:  # xn's two readers, the convolution and the gate, in one
             u, g, tail = self.conv.with_linear(xn, tail, self.gate)
-        log_lam, beta = self.drive(u)
         if self.cfg.state == "matrix":  # β is the key of a value vector, read by a query
-            read, eig = matrix_scan(beta, self.value(u), self.query(u), log_lam, eig,
+            log_lam, beta, v, q = self.matrix_inputs(u)
+            read, eig = matrix_scan(beta, v, q, log_lam, eig,
                                     heads=self.cfg.n_heads, backend=self.cfg.scan_backend,
                                     chunk_size=self.cfg.chunk_size)
             o = self.out_proj(read.to(g.dtype))
         else:
+            log_lam, beta = self.drive(u)
             c, eig = scan(beta, log_lam, eig,
                           backend=self.cfg.scan_backend, chunk_size=self.cfg.chunk_size)
             o = self.project(c)

@@ -21,6 +21,7 @@ from ten.kernels.block_fused import (
     causal_conv,
     causal_conv_and_linear,
     layer_norm,
+    linears,
     swiglu_down,
 )
 from ten.kernels.fp8 import E4M3, E5M2, TINY
@@ -290,6 +291,61 @@ def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of
         counted = Adds()
         with counted:
             torch.autograd.grad((u * g).sum(), [x])
+        assert counted.full == adds, together
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp64", "bf16-autocast"])
+def test_linears_of_one_input_equal_the_linears_apart(amp):
+    """linears (the matrix state's drive, values and queries of one input) against the
+    three F.linear calls, autograd summing x's gradients: the same outputs in the same
+    dtypes, and the gradients of x and of each weight; an output no loss reaches gets its
+    weight no gradient, as apart."""
+    dtype = torch.float32 if amp else torch.float64
+    weights = [rand(n, 6, dtype=dtype, seed=n).requires_grad_() for n in (9, 4, 6)]
+    x = rand(2, 5, 6, dtype=torch.bfloat16 if amp else dtype).requires_grad_()
+    device = torch.device(DEVICE).type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+        want = tuple(F.linear(x, w) for w in weights)
+        got = linears(x, *weights)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if amp else {"rtol": 1e-12, "atol": 1e-12}
+    for reached in ((0, 1, 2), (0, 2)):  # the second: the middle output unused
+        grads = [rand(*want[i].shape, seed=10 + i).to(want[i].dtype) for i in reached]
+
+        def gradients(outs, reached=reached, grads=grads):
+            return torch.autograd.grad([outs[i] for i in reached], [x, *weights], grads,
+                                       retain_graph=True, allow_unused=True)
+
+        for w, g in zip((*want, *gradients(want)), (*got, *gradients(got)), strict=True):
+            assert (g is None) == (w is None)
+            if w is not None:
+                assert g.dtype == w.dtype
+                torch.testing.assert_close(g, w, **tol)
+
+
+def test_linears_of_one_input_sum_its_gradient_without_a_pass_of_their_own():
+    """Apart, autograd adds x's three gradients in two adds of their own (each a read of
+    two and a write: 12.9 GB in the flagship's micro-batch under the matrix state);
+    together each GEMM after the first adds itself into the first's d x."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Adds(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.full = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split(".")[0] in ("add", "add_") and out.numel() == 2 * 5 * 6:
+                self.full += 1  # a pass over x's whole gradient to add, in any shape
+            return out
+
+    weights = [rand(n, 6, seed=n) for n in (9, 4, 6)]
+    x = rand(2, 5, 6).requires_grad_()
+    for together, adds in ((False, 2), (True, 0)):
+        outs = linears(x, *weights) if together else tuple(F.linear(x, w) for w in weights)
+        counted = Adds()
+        with counted:
+            torch.autograd.grad(sum(o.sum() for o in outs), [x])
         assert counted.full == adds, together
 
 
