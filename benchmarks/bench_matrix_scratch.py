@@ -64,10 +64,10 @@ def fused_grads(inputs: list[torch.Tensor], dy: torch.Tensor, heads: int,
     scores = fused._scores_impl(k, q, ll, heads)
     states = fused._states_impl(k, v, q, ll, None, heads)
     dstates, _ = fused._dstates_impl(k, q, ll, dy, None, heads)
-    dk, dq, dv, step = fused._backward_impl(k, v, q, ll, scores, states.to(scratch).float(),
-                                            dstates.to(scratch).float(), dy, heads)
+    dk, dq, dv, within, totals = fused._backward_impl(
+        k, v, q, ll, scores, states.to(scratch).float(), dstates.to(scratch).float(), dy, heads)
     _, s_end = fused._forward_impl(k, v, q, ll, None, scores, heads)
-    dll = fused._log_lam_grad(step, ll, s_end, None)
+    dll = fused._log_lam_grad(within, totals, ll, k.shape[1], s_end, None)
     return [t.double().cpu() for t in (dk, dv, dq, dll)]
 
 

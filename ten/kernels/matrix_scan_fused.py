@@ -61,9 +61,9 @@ u it is the pairs with s < u ≤ j, which is
     dR_u = Σ_{t≥u} Re(conj(q_t) dq_t) − Re(conj(k_t) dk_t)     (+ the last state's read)
     dφ_u = Σ_{t≥u} −Im(conj(q_t) dq_t) + Im(conj(k_t) dk_t)
 
-each step's term written by the kernel, the reverse cumulative sum over the sequence
-done by torch, plus, when the last state has a gradient, the term of its read, Re / −Im
-of Σ_p conj(dC) C, at every u.
+the reverse cumulative sum within a chunk written by the kernel with the chunk's total,
+the later chunks' totals added by torch in one pass, with, when the last state has a
+gradient, the term of its read, Re / −Im of Σ_p conj(dC) C, at every u.
 
 Arithmetic is in the keys' dtype (``matrix_scan`` passes float32, or float64), and so
 are the states, the scratch buffers and log λ's gradient; the matrix products use IEEE
@@ -305,13 +305,16 @@ def _neighbour(k_ptr, q_ptr, ll_ptr, b, h, c, odd, T, K, H, N, P, ll_sb, ll_st,
 
 @triton.jit
 def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr, dy_ptr,
-                            dk_ptr, dv_ptr, dq_ptr, step_ptr,
+                            dk_ptr, dv_ptr, dq_ptr, step_ptr, total_ptr,
                             T, K, H, N, P, ll_sb, ll_st, n_chunks,
                             BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr):
     """One (batch row, head, chunk), every value column: dk, dq and dv from the state
     entering and the gradient leaving the chunk (the module doc's formulas), and each
-    step's share of d log λ, [Re | -Im](conj(q) dq) - [Re | -Im](conj(k) dk), which torch
-    sums backwards over time. The (BT, BT, BN) decays are formed once, for all columns.
+    step's share of d log λ, [Re | -Im](conj(q) dq) - [Re | -Im](conj(k) dk), summed
+    back over the chunk's later steps (``step``, (B, chunks·BT, 2K): zeros past T) with
+    the chunk's total apart (``total``, (B, chunks, 2K)), from which torch adds the later
+    chunks' (:func:`_log_lam_grad`). The (BT, BT, BN) decays are formed once, for all
+    columns.
 
     The scratch keeps one state of each pair of chunks (2m, 2m + 1), S_in(2m) and
     dS_out(2m + 1); the chunk's other one is a step of its neighbour (n) from the kept one:
@@ -418,8 +421,17 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
     tl.store(dk_ptr + row, dkr, mask=m)
     tl.store(dk_ptr + row + K, dki, mask=m)
     # conj(q) dq and conj(k) dk do not change when both turn by e^{-iφ}: the rotated ones
-    tl.store(step_ptr + row, qhr * dqhr + qhi * dqhi - khr * dkhr - khi * dkhi, mask=m)
-    tl.store(step_ptr + row + K, qhi * dqhr - qhr * dqhi - khr * dkhi + khi * dkhr, mask=m)
+    # (0 past T, where q and k are)
+    share_r = qhr * dqhr + qhi * dqhi - khr * dkhr - khi * dkhi
+    share_i = qhi * dqhr - qhr * dqhi - khr * dkhi + khi * dkhr
+    col = h * N + n
+    padded = (b.to(tl.int64) * n_chunks * BT + t)[:, None] * (2 * K) + col[None, :]
+    nm = (n < N)[None, :]  # every step of the chunk, past T too
+    tl.store(step_ptr + padded, tl.cumsum(share_r, axis=0, reverse=True), mask=nm)
+    tl.store(step_ptr + padded + K, tl.cumsum(share_i, axis=0, reverse=True), mask=nm)
+    chunk = (b.to(tl.int64) * n_chunks + c) * (2 * K) + col
+    tl.store(total_ptr + chunk, tl.sum(share_r, axis=0), mask=n < N)
+    tl.store(total_ptr + chunk + K, tl.sum(share_i, axis=0), mask=n < N)
 
 
 # True when triton built the kernels for its interpreter (TRITON_INTERPRET=1 at import).
@@ -550,20 +562,24 @@ def _dstates_fake(k, q, log_lam, dy, ds_end, heads):
 
 def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, scores: Tensor,
                    states: Tensor, dstates: Tensor, dy: Tensor, heads: int
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dk, dq, dv, each step's share of d log λ (B, T, 2K))."""
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dk, dq, dv, the steps' shares of d log λ summed within their chunk
+    (B, chunks·BT, 2K), each chunk's total (B, chunks, 2K))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    dk, dq, dv, step = _backward_fake(k, v, q, log_lam, scores, states, dstates, dy, heads)
+    dk, dq, dv, step, total = _backward_fake(k, v, q, log_lam, scores, states, dstates, dy,
+                                             heads)
     _matrix_backward_kernel[(B, heads, n_chunks)](
-        k, v, q, log_lam, scores, states, dstates, dy, dk, dv, dq, step,
+        k, v, q, log_lam, scores, states, dstates, dy, dk, dv, dq, step, total,
         T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
         BT=BLOCK_T, BN=_block_n(N), BP=_block_p(P, BACKWARD_BLOCK[0]),
         num_warps=BACKWARD_BLOCK[1])
-    return dk, dq, dv, step
+    return dk, dq, dv, step, total
 
 
 def _backward_fake(k, v, q, log_lam, scores, states, dstates, dy, heads):
-    return torch.empty_like(k), torch.empty_like(q), torch.empty_like(v), torch.empty_like(k)
+    B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
+    return (torch.empty_like(k), torch.empty_like(q), torch.empty_like(v),
+            k.new_empty(B, n_chunks * BLOCK_T, 2 * K), k.new_empty(B, n_chunks, 2 * K))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -578,22 +594,30 @@ def _backward(ctx, dy: Tensor | None, ds_end: Tensor | None):
     ds_end = None if ds_end is None else ds_end.contiguous()
     states = _states_op(k, v, q, log_lam, s0, ctx.heads)
     dstates, ds0 = _dstates_op(k, q, log_lam, dy, ds_end, ctx.heads)
-    dk, dq, dv, step = _backward_op(k, v, q, log_lam, scores, states, dstates, dy, ctx.heads)
-    return (dk, dv, dq, _log_lam_grad(step, log_lam, s_end, ds_end),
+    dk, dq, dv, within, totals = _backward_op(k, v, q, log_lam, scores, states, dstates, dy,
+                                              ctx.heads)
+    return (dk, dv, dq, _log_lam_grad(within, totals, log_lam, k.shape[1], s_end, ds_end),
             ds0 if s0 is not None else None, None, None)
 
 
-def _log_lam_grad(step: Tensor, log_lam: Tensor, s_end: Tensor, ds_end: Tensor | None
-                  ) -> Tensor:
+def _log_lam_grad(within: Tensor, totals: Tensor, log_lam: Tensor, T: int, s_end: Tensor,
+                  ds_end: Tensor | None) -> Tensor:
     """d log λ (the module docstring): each step's reads minus its writes, summed over
-    that step and every later one, plus the last state's read when it has a gradient."""
-    d = step.flip(1).cumsum(1).flip(1)
+    that step and every later one, plus the last state's read when it has a gradient.
+    The backward kernel gave the sums within each chunk (``within``, (B, chunks·BT, 2K))
+    and each chunk's total (B, chunks, 2K); here the later chunks' totals, and the read,
+    are added to a chunk's steps in one pass (a flip, a cumsum and a flip over
+    (B, T, 2K), then an add, had taken four: of the flagship's micro-batch, 8.6 GB)."""
+    later = totals.flip(1).cumsum(1).flip(1) - totals  # small: a float a chunk
     if ds_end is not None:  # Re / -Im of Σ_p conj(dC) C per eigenstate, at every step
         Cr, Ci, dCr, dCi = s_end[:, :, 0], s_end[:, :, 1], ds_end[:, :, 0], ds_end[:, :, 1]
         read = torch.cat([(dCr * Cr + dCi * Ci).sum(-1).flatten(1),
                           (dCi * Cr - dCr * Ci).sum(-1).flatten(1)], dim=-1)  # (B, 2K)
-        d = d + read[:, None, :]
-    return d if log_lam.dim() == 3 else d.sum(dim=(0, 1))
+        later = later + read[:, None, :]
+    B, chunks, K2 = totals.shape
+    d = (within.view(B, chunks, BLOCK_T, K2) + later[:, :, None, :]).view(B, -1, K2)[:, :T]
+    # (a copy only where T is not a multiple of the chunk)
+    return d.contiguous() if log_lam.dim() == 3 else d.sum(dim=(0, 1))
 
 
 _states_op = define(
@@ -604,8 +628,8 @@ _dstates_op = define(
     "int heads) -> (Tensor, Tensor)", _dstates_impl, _dstates_fake)
 _backward_op = define(
     "matrix_scan_fused_backward(Tensor k, Tensor v, Tensor q, Tensor log_lam, Tensor scores, "
-    "Tensor states, Tensor dstates, Tensor dy, int heads) -> (Tensor, Tensor, Tensor, Tensor)",
-    _backward_impl, _backward_fake)
+    "Tensor states, Tensor dstates, Tensor dy, int heads) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)", _backward_impl, _backward_fake)
 _scores_op = define(
     "matrix_scan_fused_scores(Tensor k, Tensor q, Tensor log_lam, int heads) -> Tensor",
     _scores_impl, _scores_fake)
