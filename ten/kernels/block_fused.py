@@ -25,6 +25,9 @@ reads it; SwiGLU is a chunk, a silu, a product and, in backward, two more produc
                   they are, not copied in front of x (a (B, T, d) copy per layer);
                   causal_conv_and_linear: with the gate's linear map of the same x, whose
                   d x adds itself into the convolution's (no third pass to sum them)
+    linears       several linear maps of one x (the matrix state's drive, values and
+                  queries), their d x summed in the GEMMs' epilogues, not in passes of
+                  their own
     float8_swiglu the SwiGLU block with its six GEMMs in float8 (ten.kernels.fp8): under
                   one scale a tensor the norm before it (add_layer_norm_with_scale) and
                   its SwiGLU forward take each operand's scale as they write it, and the
