@@ -263,10 +263,10 @@ def test_the_convolution_and_the_gate_of_one_input_equal_the_two_apart(amp, with
         torch.testing.assert_close(g, w, **tol)
 
 
-def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of_its_own():
-    """Apart, autograd adds x's two gradients in an add of their own (a read of both and a
-    write, 6.4 GB in the flagship's micro-batch of 4); together the gate's d x GEMM adds
-    itself into the convolution's."""
+def adds_over(x: torch.Tensor, loss: torch.Tensor) -> int:
+    """How many passes backward of ``loss`` takes only to add gradients as large as x's
+    (``add``/``add_`` of x's number of elements, in any shape; a GEMM's ``addmm_``, which
+    adds in its epilogue, is not one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Adds(TorchDispatchMode):
@@ -276,10 +276,20 @@ def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if func.__name__.startswith("add") and tuple(out.shape) == (2, 9, 6):
-                self.full += 1  # a pass over x's whole gradient to add
+            if func.__name__.split(".")[0] in ("add", "add_") and out.numel() == x.numel():
+                self.full += 1
             return out
 
+    counted = Adds()
+    with counted:
+        torch.autograd.grad(loss, [x])
+    return counted.full
+
+
+def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of_its_own():
+    """Apart, autograd adds x's two gradients in an add of their own (a read of both and a
+    write, 6.4 GB in the flagship's micro-batch of 4); together the gate's d x GEMM adds
+    itself into the convolution's."""
     conv = nn.Conv1d(6, 6, 4, groups=6, device=DEVICE)
     gate = nn.Linear(6, 6, device=DEVICE)
     x = rand(2, 9, 6).requires_grad_()
@@ -288,10 +298,7 @@ def test_the_convolution_and_the_gate_sum_their_input_gradient_without_a_pass_of
             u, g = causal_conv_and_linear(x, None, conv.weight, conv.bias, gate)
         else:
             u, g = causal_conv(x, None, conv.weight, conv.bias), gate(x)
-        counted = Adds()
-        with counted:
-            torch.autograd.grad((u * g).sum(), [x])
-        assert counted.full == adds, together
+        assert adds_over(x, (u * g).sum()) == adds, together
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp64", "bf16-autocast"])
@@ -326,27 +333,11 @@ def test_linears_of_one_input_sum_its_gradient_without_a_pass_of_their_own():
     """Apart, autograd adds x's three gradients in two adds of their own (each a read of
     two and a write: 12.9 GB in the flagship's micro-batch under the matrix state);
     together each GEMM after the first adds itself into the first's d x."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Adds(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.full = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func.__name__.split(".")[0] in ("add", "add_") and out.numel() == 2 * 5 * 6:
-                self.full += 1  # a pass over x's whole gradient to add, in any shape
-            return out
-
     weights = [rand(n, 6, seed=n) for n in (9, 4, 6)]
     x = rand(2, 5, 6).requires_grad_()
     for together, adds in ((False, 2), (True, 0)):
         outs = linears(x, *weights) if together else tuple(F.linear(x, w) for w in weights)
-        counted = Adds()
-        with counted:
-            torch.autograd.grad(sum(o.sum() for o in outs), [x])
-        assert counted.full == adds, together
+        assert adds_over(x, sum(o.sum() for o in outs)) == adds, together
 
 
 # --- the kernels against the operators ---------------------------------------------------------
