@@ -194,7 +194,7 @@ def matrix_scan_variants(f: str, narrow: str) -> list[tuple[str, str, dict, dict
           **sizes}, {**dst, "HAS_DSEND": False}, dst_warps),
         ("matrix scan backward", f"{where}:_matrix_backward_kernel",
          {**pointers("k_ptr", "v_ptr", "q_ptr", "ll_ptr", "sc_ptr", "st_ptr", "dst_ptr",
-                     "dy_ptr", "dk_ptr", "dv_ptr", "dq_ptr", "step_ptr", "total_ptr"), **sizes},
+                     "dy_ptr", "dk_ptr", "dv_ptr", "dq_ptr", "within_ptr", "total_ptr"), **sizes},
          bwd, bwd_warps),
     ]
 

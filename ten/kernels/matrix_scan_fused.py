@@ -305,14 +305,14 @@ def _neighbour(k_ptr, q_ptr, ll_ptr, b, h, c, odd, T, K, H, N, P, ll_sb, ll_st,
 
 @triton.jit
 def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr, dy_ptr,
-                            dk_ptr, dv_ptr, dq_ptr, step_ptr, total_ptr,
+                            dk_ptr, dv_ptr, dq_ptr, within_ptr, total_ptr,
                             T, K, H, N, P, ll_sb, ll_st, n_chunks,
                             BT: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr):
     """One (batch row, head, chunk), every value column: dk, dq and dv from the state
     entering and the gradient leaving the chunk (the module doc's formulas), and each
     step's share of d log λ, [Re | -Im](conj(q) dq) - [Re | -Im](conj(k) dk), summed
-    back over the chunk's later steps (``step``, (B, chunks·BT, 2K): zeros past T) with
-    the chunk's total apart (``total``, (B, chunks, 2K)), from which torch adds the later
+    back over the chunk's later steps (``within``, (B, chunks·BT, 2K): zeros past T)
+    with the chunk's total apart (``total``, (B, chunks, 2K)), from which torch adds the later
     chunks' (:func:`_log_lam_grad`). The (BT, BT, BN) decays are formed once, for all
     columns.
 
@@ -427,8 +427,8 @@ def _matrix_backward_kernel(k_ptr, v_ptr, q_ptr, ll_ptr, sc_ptr, st_ptr, dst_ptr
     col = h * N + n
     padded = (b.to(tl.int64) * n_chunks * BT + t)[:, None] * (2 * K) + col[None, :]
     nm = (n < N)[None, :]  # every step of the chunk, past T too
-    tl.store(step_ptr + padded, tl.cumsum(share_r, axis=0, reverse=True), mask=nm)
-    tl.store(step_ptr + padded + K, tl.cumsum(share_i, axis=0, reverse=True), mask=nm)
+    tl.store(within_ptr + padded, tl.cumsum(share_r, axis=0, reverse=True), mask=nm)
+    tl.store(within_ptr + padded + K, tl.cumsum(share_i, axis=0, reverse=True), mask=nm)
     chunk = (b.to(tl.int64) * n_chunks + c) * (2 * K) + col
     tl.store(total_ptr + chunk, tl.sum(share_r, axis=0), mask=n < N)
     tl.store(total_ptr + chunk + K, tl.sum(share_i, axis=0), mask=n < N)
@@ -566,14 +566,14 @@ def _backward_impl(k: Tensor, v: Tensor, q: Tensor, log_lam: Tensor, scores: Ten
     """(dk, dq, dv, the steps' shares of d log λ summed within their chunk
     (B, chunks·BT, 2K), each chunk's total (B, chunks, 2K))."""
     B, T, K, N, P, n_chunks = _launch_shape(k, v, heads)
-    dk, dq, dv, step, total = _backward_fake(k, v, q, log_lam, scores, states, dstates, dy,
-                                             heads)
+    dk, dq, dv, within, total = _backward_fake(k, v, q, log_lam, scores, states, dstates,
+                                               dy, heads)
     _matrix_backward_kernel[(B, heads, n_chunks)](
-        k, v, q, log_lam, scores, states, dstates, dy, dk, dv, dq, step, total,
+        k, v, q, log_lam, scores, states, dstates, dy, dk, dv, dq, within, total,
         T, K, heads, N, P, *_ll_strides(log_lam), n_chunks,
         BT=BLOCK_T, BN=_block_n(N), BP=_block_p(P, BACKWARD_BLOCK[0]),
         num_warps=BACKWARD_BLOCK[1])
-    return dk, dq, dv, step, total
+    return dk, dq, dv, within, total
 
 
 def _backward_fake(k, v, q, log_lam, scores, states, dstates, dy, heads):
