@@ -63,6 +63,7 @@ from ten.kernels.fp8 import (
     check_widths,
     float8_copy,
     gemm_rows,
+    linear_dtype,
 )
 from ten.kernels.ops import define, register_cuda
 
@@ -580,11 +581,9 @@ class _Linears(torch.autograd.Function):
 
 
 def linears(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
-    """``tuple(F.linear(x, w) for w in weights)`` with one d x (see :class:`_Linears`):
-    in the autocast dtype where autocast is on, as F.linear's would be, the weights cast to
-    it, else in x's."""
-    dev = x.device.type
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    """``tuple(F.linear(x, w) for w in weights)`` with one d x (see :class:`_Linears`),
+    in F.linear's dtype (``linear_dtype``: autocast's, the weights cast to it, or x's)."""
+    dtype = linear_dtype(x)
     return _Linears.apply(x.to(dtype), *(w.to(dtype) for w in weights))
 
 

@@ -337,11 +337,16 @@ def check_widths(caller: str, *weights: Tensor) -> None:
                              f"got a ({N}, {K}) weight")
 
 
-def gemm_rows(x: Tensor) -> tuple[Tensor, torch.dtype]:
-    """(x (..., K) as the (M, K) rows a float8 layer multiplies, the dtype of its output):
-    autocast's where autocast is on, as F.linear's output would be, else x's."""
+def linear_dtype(x: Tensor) -> torch.dtype:
+    """The dtype F.linear's output takes for x: autocast's where autocast is on, else x's."""
     dev = x.device.type
-    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def gemm_rows(x: Tensor) -> tuple[Tensor, torch.dtype]:
+    """(x (..., K) as the (M, K) rows a float8 layer multiplies, the dtype of its output,
+    :func:`linear_dtype`'s)."""
+    out_dtype = linear_dtype(x)
     return x.reshape(-1, x.shape[-1]).to(out_dtype).contiguous(), out_dtype
 
 
