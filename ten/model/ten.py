@@ -166,7 +166,7 @@ class EigenstateMixer(nn.Module):
         """(log λ, β = γ ⊙ W_in·u) for the scan: β (B, T, 2K); log λ (2K,) fixed or (B, T, 2K)
         selective, where it is ``eigenvalues(u)``'s formula as one operator (ten.kernels.selective)
         on u's two projections, W_in·u and the step's, computed as one."""
-        if self.delta is None or self.many_tokens(u):  # [W_in; W_Δ]: one matmul
+        if self.delta is None or self.many_tokens(u):  # drive_weight: one matmul
             return self.drive_from(F.linear(u, self.drive_weight()))
         # a few tokens: their two projections stacked, not the weights
         return self.drive_from(torch.cat([self.in_proj(u), F.linear(u, self.delta.weight)],
