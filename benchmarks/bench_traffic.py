@@ -159,7 +159,8 @@ class TrafficMode(TorchDispatchMode):
             if arg.alias_info is not None and arg.alias_info.is_write and \
                     id(value) not in returned:  # aten's x.add_() returns x: counted already
                 nbytes += _bytes(value)  # an input written in place is also written
-        if func.namespace == "ten" and name == "cross_entropy_rows":
+        if func.namespace == "ten" and name in ("cross_entropy_rows",
+                                                "cross_entropy_rows_float8"):
             nbytes += _bytes(args[0])  # its two passes read the logits twice
         if name in ("zero_", "fill_", "zeros", "full", "ones", "zeros_like", "ones_like",
                     "full_like", "copy_"):

@@ -103,6 +103,20 @@ def variants() -> list[tuple[str, str, dict, dict, int]]:
                 {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
                  "scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"), "V": "i32"},
                 {"BV": 1024, "GRAD": True}, NUM_WARPS))
+    import torch
+
+    from ten.kernels import fp8_kernels, loss_fused
+
+    fmt, top, mant, emin = fp8_kernels.FORMATS[torch.float8_e5m2]  # the head's gradient
+    out.append(("cross-entropy rows float8", "ten.kernels.loss_fused:"
+                "_cross_entropy_rows_float8_kernel",
+                {"x_ptr": _p("bf16"), "stride": "i32", "target_ptr": _p("i64"),
+                 "scale_ptr": _p("fp32"), "g_scale_ptr": _p("fp32"), "loss_ptr": _p("fp32"),
+                 "g_ptr": _p("fp8e5"), "g_t_ptr": _p("fp8e5"), "R": "i32", "Rp": "i32",
+                 "V": "i32"},
+                {"OUT": fmt, "TOP": top, "MANT": mant, "EMIN": emin, "BR": loss_fused.BLOCK_R,
+                 "BV": loss_fused.BLOCK_RV},
+                NUM_WARPS))
     out += element_wise_variants("fp32", "bf16")
     out += [(f"{name} fp64", *rest) for name, *rest in element_wise_variants("fp64", "fp64")]
     out += fp8_variants()

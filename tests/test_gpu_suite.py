@@ -201,6 +201,20 @@ def test_fp8_keeps_its_steps_before_its_loss_runs(tmp_path):
     (kept,) = saves
     assert {"layers", "bf16", "tensor", "row"} <= set(kept) and "loss_fp8" not in kept
     assert kept["bf16"]["tokens_per_s"] > 0 and "loss_fp8" in r
+    assert "loss_fp8_head" in r and r["head_in_float8"] is False  # no step timed here
+
+
+def test_the_fp8_sections_figures_take_the_head_only_where_it_holds_the_loss():
+    fp8 = {"speedup": 1.10, "mfu": 0.50, "loss_fp8": 3.03, "loss_delta": 0.003,
+           "head": {"speedup": 1.25, "mfu": 0.57}, "loss_fp8_head": 3.05,
+           "loss_delta_head": 0.009}
+    r = gpu_suite.with_head_if_it_holds(fp8)
+    assert r["head_in_float8"] and (r["speedup"], r["mfu"], r["loss_fp8"], r["loss_delta"]) \
+        == (1.25, 0.57, 3.05, 0.009)
+    lossy = gpu_suite.with_head_if_it_holds({**fp8, "loss_delta_head": -0.011})
+    assert not lossy["head_in_float8"] and (lossy["speedup"], lossy["mfu"]) == (1.10, 0.50)
+    slower = gpu_suite.with_head_if_it_holds({**fp8, "head": {"speedup": 1.05, "mfu": 0.48}})
+    assert not slower["head_in_float8"] and slower["loss_delta"] == 0.003
 
 
 def test_recall_keeps_each_run_as_it_finishes(tmp_path):

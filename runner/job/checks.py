@@ -47,6 +47,9 @@ def cross(job: JobSchema) -> Found:
         found.append((("train", "optimizer"), "adamw8bit needs a CUDA device (hint: use adamw "
                       "with device: cpu)"))
     found += _seq_warmup(t, d.seq_len)
+    if job.model.overrides.get("fp8_head") and t.loss in ("liger", "reference"):
+        found.append((("train", "loss"), f"{t.loss} runs the head in the autocast dtype; "
+                      "model.fp8_head needs loss chunked, fused or auto"))
     if d.tokenizer.path is not None and "vocab_size" in d.tokenizer.model_fields_set:
         found.append((("data", "tokenizer", "vocab_size"), "give either tokenizer.path or "
                       "tokenizer.vocab_size, not both (the .model file fixes the vocabulary)"))

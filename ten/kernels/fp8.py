@@ -34,8 +34,8 @@ a bound").
 
 ``_scaled_mm`` on CUDA takes its first operand row-major and its second column-major,
 inner and output widths that are multiples of 16, at least one e4m3 operand, and, with
-row scales, a bf16 output; ``_mm`` holds every call to that on any device, so the tests
-on a CPU keep the contract a GPU enforces. A layer whose widths are not multiples of 16
+row scales, a bf16 output; :func:`scaled_mm` holds every call to that on any device, so
+the tests on a CPU keep the contract a GPU enforces. A layer whose widths are not multiples of 16
 is not FP8's to run: :func:`fp8_eligible`.
 """
 
@@ -192,7 +192,7 @@ def cast_both(t: Tensor, scale: Tensor, dtype: torch.dtype, *,
     return _cast_both(t, scale, dtype, rows_to)
 
 
-def _mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
+def scaled_mm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
         out_dtype: torch.dtype) -> Tensor:
     """a (M, K) @ b (K, N) in float8, scaled back, in ``out_dtype``; refuses (ValueError)
     what CUDA's ``_scaled_mm`` would."""
@@ -277,19 +277,19 @@ class Float8Gemms:
     def forward(self, x: Float8Operand, w: Tensor, out_dtype: torch.dtype) -> Tensor:
         """y = x wᵀ (M, N) in ``out_dtype``: x by its rows, w by its rows (y's columns)."""
         sw = scale_of(w, E4M3, 1 if self._row else None)  # (N, 1) or ()
-        return _mm(x.rows, cast(w, sw, E4M3).t(), x.rows_scale, sw.t() if self._row else sw,
+        return scaled_mm(x.rows, cast(w, sw, E4M3).t(), x.rows_scale, sw.t() if self._row else sw,
                    torch.bfloat16 if self._row else out_dtype).to(out_dtype)
 
     def grad_input(self, g: Float8Operand, w: Tensor, out_dtype: torch.dtype) -> Tensor:
         """dx = dy w (M, K) in ``out_dtype``: dy by its rows, w by its columns."""
         sw = scale_of(w, E4M3, 0 if self._row else None)  # (1, K) or ()
-        return _mm(g.rows, cast(w, sw, E4M3, transpose=True).t(), g.rows_scale, sw,
+        return scaled_mm(g.rows, cast(w, sw, E4M3, transpose=True).t(), g.rows_scale, sw,
                    torch.bfloat16 if self._row else out_dtype).to(out_dtype)
 
     def grad_weight(self, g: Float8Operand, x: Float8Operand) -> Tensor:
         """dw = dyᵀ x (N, K) in float32: dy by its columns, x by its columns, both with
         zero rows up to a multiple of 16 (the sum runs over them)."""
-        return _mm(g.cols_t, x.cols_t.t(), _as_rows_scale(g.cols_scale), x.cols_scale,
+        return scaled_mm(g.cols_t, x.cols_t.t(), _as_rows_scale(g.cols_scale), x.cols_scale,
                    torch.bfloat16 if self._row else torch.float32).float()
 
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ten.config import LOSSES
+from ten.kernels import loss_float8
 
 LOSS_BACKENDS = LOSSES  # declared with the training settings (ten.config)
 IGNORE_INDEX = -100  # as F.cross_entropy; the data never pads, but the loss honours it
@@ -65,28 +66,31 @@ def default_chunk_rows(n: int, d: int, v: int, elements: int = MIN_CHUNK_ELEMENT
 
 def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                                  ignore_index: int = IGNORE_INDEX,
-                                 chunk_rows: int | None = None) -> Tensor:
+                                 chunk_rows: int | None = None, fp8: bool = False) -> Tensor:
     """The same loss as :func:`reference_linear_cross_entropy`, one chunk of rows at a time.
 
     Under autocast the logits are computed in the autocast dtype (as ``F.linear`` would),
-    everything after in fp32. No host sync.
+    everything after in fp32; with ``fp8`` the head's GEMMs in float8
+    (ten.kernels.loss_float8). No host sync.
     """
     rows = chunk_rows or default_chunk_rows(*hidden.shape[-2:], weight.shape[0])
-    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_torch)
+    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_torch,
+                                 fp8)
 
 
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                                ignore_index: int = IGNORE_INDEX,
-                               chunk_rows: int | None = None) -> Tensor:
+                               chunk_rows: int | None = None, fp8: bool = False) -> Tensor:
     """:func:`chunked_linear_cross_entropy` with each chunk's softmax and gradient one
     Triton kernel (``ten.kernels.loss_fused``). No host sync."""
     rows = chunk_rows or default_chunk_rows(*hidden.shape[-2:], weight.shape[0],
                                             FUSED_CHUNK_ELEMENTS)
-    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_fused)
+    return _linear_cross_entropy(hidden, weight, targets, ignore_index, rows, _rows_fused,
+                                 fp8)
 
 
 def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
-                          ignore_index: int, rows: int, rows_fn: RowsFn) -> Tensor:
+                          ignore_index: int, rows: int, rows_fn: RowsFn, fp8: bool) -> Tensor:
     if hidden.dim() != 2 or weight.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"need hidden (N, d), weight (V, d), targets (N,); got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
@@ -97,18 +101,19 @@ def _linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                else torch.promote_types(hidden.dtype, weight.dtype))
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _ChunkedLinearCE.apply(hidden, weight, targets, ignore_index, rows, compute,
-                                      rows_fn)
+                                      rows_fn, fp8)
     with torch.autocast(dev, enabled=False):
         loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
-                                    rows_fn, None, None)
+                                    rows_fn, None, None, fp8)
     return loss_sum / n_valid
 
 
 def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, rows: int,
             compute: torch.dtype, rows_fn: RowsFn, grad_h: Tensor | None,
-            grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
+            grad_w: Tensor | None, fp8: bool) -> tuple[Tensor, Tensor]:
     """(sum of per-row losses, number of non-ignored rows); fills grad_h / grad_w (when
-    given) with d(mean loss)/dh and d(mean loss)/dW."""
+    given) with d(mean loss)/dh and d(mean loss)/dW; with ``fp8`` the head's GEMMs in
+    float8 (ten.kernels.loss_float8)."""
     acc = torch.promote_types(compute, torch.float32)  # fp32 (fp64 in gradient checks)
     valid = targets != ignore_index  # (N,)
     n_valid = valid.sum()
@@ -116,20 +121,34 @@ def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, 
     row_scale = valid.to(acc) / n_valid.clamp(min=1).to(acc)  # (N,)
     safe_t = torch.where(valid, targets, 0)
     need_grad = grad_h is not None or grad_w is not None
+    chunk_losses = loss_float8.chunk_losses if fp8 else _chunk_losses
+    loss_sum = chunk_losses(hidden, weight, safe_t, valid, row_scale if need_grad else None,
+                            rows, compute, rows_fn, grad_h, grad_w)
+    return loss_sum, n_valid
+
+
+def _chunk_losses(hidden: Tensor, weight: Tensor, targets: Tensor, valid: Tensor,
+                  row_scale: Tensor | None, rows: int, compute: torch.dtype, rows_fn: RowsFn,
+                  grad_h: Tensor | None, grad_w: Tensor | None) -> Tensor:
+    """The sum of the per-row losses, the head's GEMMs in ``compute`` (the autocast dtype),
+    ``rows`` rows a chunk; with ``row_scale`` (the rows' weights in the mean) fills grad_h
+    and adds into grad_w the gradients of Σ_r w_r · loss_r."""
     w = weight.to(compute)
-    loss_sum = torch.zeros((), dtype=acc, device=hidden.device)
+    loss_sum = torch.zeros((), dtype=torch.promote_types(compute, torch.float32),
+                           device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
         sl = slice(start, start + rows)
         h = hidden[sl].to(compute)  # (R, d)
         logits = h @ w.t()  # (R, V) in the matmul's dtype: the chunk's V-wide buffer
-        row_loss, dlogits = rows_fn(logits, safe_t[sl], row_scale[sl] if need_grad else None)
-        loss_sum += (row_loss.to(acc) * valid[sl]).sum()
+        row_loss, dlogits = rows_fn(logits, targets[sl],
+                                    None if row_scale is None else row_scale[sl])
+        loss_sum += (row_loss.to(loss_sum.dtype) * valid[sl]).sum()
         if grad_h is not None:
             grad_h[sl].copy_(dlogits @ w)  # (R, d), a view of the (N, d) buffer
         if grad_w is not None:  # (V, d), accumulated in fp32
             add_weight_grad(grad_w, dlogits, h)
         del logits, dlogits  # before the next chunk's matmul: one chunk's buffer at a time
-    return loss_sum, n_valid
+    return loss_sum
 
 
 def add_weight_grad(grad_w: Tensor, dlogits: Tensor, h: Tensor) -> None:
@@ -219,14 +238,15 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor,
-                ignore_index: int, rows: int, compute: torch.dtype, rows_fn: RowsFn) -> Tensor:
+                ignore_index: int, rows: int, compute: torch.dtype, rows_fn: RowsFn,
+                fp8: bool) -> Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         acc = torch.promote_types(compute, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         with torch.autocast(hidden.device.type, enabled=False):
             loss_sum, n_valid = _chunks(hidden, weight, targets, ignore_index, rows, compute,
-                                        rows_fn, grad_h, grad_w)
+                                        rows_fn, grad_h, grad_w, fp8)
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w)
         return loss_sum / n_valid
@@ -236,7 +256,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out.to(grad_w.dtype)).to(ctx.weight_dtype)
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
 
 
 def liger_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
@@ -306,15 +326,26 @@ def _auto(device: torch.device) -> tuple[str, str]:
 _BACKEND_FNS = {"chunked": chunked_linear_cross_entropy, "fused": fused_linear_cross_entropy}
 
 
+def check_fp8_head(backend: str) -> None:
+    """ValueError naming the fix unless ``backend`` can run the head's GEMMs in float8
+    (a model's ``fp8_head``): chunked and fused can (``auto`` picks one of them)."""
+    if backend not in (*_BACKEND_FNS, "auto"):
+        raise ValueError(f"loss {backend!r} runs the head in the autocast dtype; the model's "
+                         "fp8_head needs loss chunked, fused or auto")
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
                          ignore_index: int = IGNORE_INDEX, backend: str = "chunked",
-                         chunk_rows: int | None = None) -> Tensor:
+                         chunk_rows: int | None = None, fp8: bool = False) -> Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; hidden (..., d) and
     targets (...) are flattened. ``backend``: chunked, fused, liger or reference (resolve
-    ``auto`` with :func:`resolve_loss_backend` first)."""
+    ``auto`` with :func:`resolve_loss_backend` first); ``fp8``: the head's GEMMs in float8
+    (ten.kernels.loss_float8), chunked and fused only."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if backend in _BACKEND_FNS:
-        return _BACKEND_FNS[backend](hidden, weight, targets, ignore_index, chunk_rows)
+        return _BACKEND_FNS[backend](hidden, weight, targets, ignore_index, chunk_rows, fp8)
+    if fp8:
+        check_fp8_head(backend)
     if backend == "liger":
         return liger_linear_cross_entropy(hidden, weight, targets, ignore_index)
     if backend == "reference":
@@ -343,6 +374,9 @@ class NextTokenLoss(nn.Module):
                              f"and output_weight; {type(lm).__name__} has none: use "
                              "'reference'")
         self.lm, self.backend, self.chunk_rows = lm, backend, chunk_rows
+        self.fp8_head = getattr(getattr(lm, "config", None), "fp8_head", False)
+        if self.fp8_head:
+            check_fp8_head(backend)
 
     def forward(self, inputs: Tensor, targets: Tensor) -> Tensor:
         if self.backend == "reference":
@@ -351,5 +385,6 @@ class NextTokenLoss(nn.Module):
                                    ignore_index=IGNORE_INDEX)
         hidden, _ = self.lm.hidden_states(inputs)  # (B, T, d)
         return linear_cross_entropy(hidden, self.lm.output_weight, targets,
-                                    backend=self.backend, chunk_rows=self.chunk_rows)
+                                    backend=self.backend, chunk_rows=self.chunk_rows,
+                                    fp8=self.fp8_head)
 

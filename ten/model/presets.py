@@ -47,10 +47,11 @@ if tuple(PRESETS) != PRESET_NAMES:  # the torch-free name list the job schema ac
 
 # Model fields that change how the model computes, not what: the chunked scan is exact for
 # any chunk size, the backends agree, checkpointing recomputes the same activations, and the
-# residual stream's dtype and float8 GEMMs change only their rounding. A resume may change
-# them (unlike d_model, say).
+# residual stream's dtype and float8 GEMMs (the head's too) change only their rounding. A
+# resume may change them (unlike d_model, say).
 EXECUTION_FIELDS = frozenset({"chunk_size", "scan_backend", "grad_checkpointing",
-                              "checkpoint_blocks", "residual_dtype", "fp8"})
+                              "checkpoint_blocks", "residual_dtype", "fp8",
+                              "fp8_head"})
 # Fields read only when the weights are made: a model started from trained weights
 # (TrainConfig.init_from) replaces what they chose.
 INIT_FIELDS = frozenset({"init_std", "lambda_min", "lambda_max", "theta_max", "gate_bias"})
@@ -147,7 +148,7 @@ def config_of(model_class: str, fields: dict[str, Any]) -> TENConfig | Transform
     from its fields; KeyError for a class this library does not have. Without float8: a
     trained model is evaluated, sampled and exported at its weights' precision on any
     device (fp8 was how it trained, not what it is)."""
-    return CONFIG_OF_CLASS[model_class](**{**fields, "fp8": "off"})
+    return CONFIG_OF_CLASS[model_class](**{**fields, "fp8": "off", "fp8_head": False})
 
 
 def count_params(cls: type[LanguageModel], config: Any) -> int:

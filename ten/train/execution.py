@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ten.kernels.fp8 import check_device
-from ten.kernels.loss import resolve_loss_backend
+from ten.kernels.loss import check_fp8_head, resolve_loss_backend
 from ten.kernels.scan import resolve_scan
 
 __all__ = ["Execution", "planned_for_cuda", "resolve_execution", "resolve_precision"]
@@ -68,10 +68,13 @@ def resolve_execution(model_config: Any, precision: str, loss: str,
     when an explicit backend cannot run here, and FP8Error for a model's float8 GEMMs on
     a device without FP8 tensor cores."""
     notes = []
-    fp8 = getattr(model_config, "fp8", "off")
+    fp8, head = getattr(model_config, "fp8", "off"), getattr(model_config, "fp8_head", False)
     if fp8 != "off":
         check_device(device, f"{type(model_config).__name__}.fp8")
-        notes.append(f"fp8: the feed-forward block's GEMMs in float8 (one scale a {fp8})")
+        if head:
+            check_fp8_head(loss)
+        notes.append(f"fp8: the feed-forward block's GEMMs in float8 (one scale a {fp8})"
+                     + (", and the head's (one scale a tensor)" if head else ""))
     scan = getattr(model_config, "scan_backend", None)  # TEN's only
     if scan is not None:
         scan, note = resolve_scan(scan, device)

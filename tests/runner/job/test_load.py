@@ -169,6 +169,13 @@ BAD = [
     ("adamw8bit-cpu", MINIMAL.replace("max_steps: 10",
                                       "max_steps: 10, optimizer: adamw8bit, device: cpu"),
      [(4, "train.optimizer: adamw8bit needs a CUDA device")]),
+    ("fp8-head-liger", MINIMAL.replace("preset: tiny}", "preset: tiny, fp8: tensor, "
+                                       "fp8_head: true}").replace("max_steps: 10",
+                                                                  "max_steps: 10, loss: liger"),
+     [(4, "train.loss: liger runs the head in the autocast dtype; model.fp8_head needs loss "
+          "chunked, fused or auto")]),
+    ("fp8-head-without-fp8", MINIMAL.replace("preset: tiny}", "preset: tiny, fp8_head: true}"),
+     [(2, "model.fp8_head: needs fp8 set to tensor or row")]),
 ]
 
 

@@ -16,10 +16,10 @@ from ten.kernels.fp8 import (
     E4M3,
     E5M2,
     Float8Gemms,
-    _mm,
     fp8_eligible,
     fp8_linear,
     reference_linear,
+    scaled_mm,
     to_fp8,
 )
 
@@ -123,16 +123,16 @@ def test_widths_that_are_not_multiples_of_16_are_refused_not_run():
 def test_every_call_keeps_cudas_layout_and_format_rules():
     a8, sa = to_fp8(torch.randn(16, 32), E4M3)
     b8, sb = to_fp8(torch.randn(48, 32), E4M3)
-    assert _mm(a8, b8.t(), sa, sb, torch.float32).shape == (16, 48)  # row- by column-major
+    assert scaled_mm(a8, b8.t(), sa, sb, torch.float32).shape == (16, 48)  # row- by column-major
     with pytest.raises(ValueError, match="row-major, the second column-major"):
-        _mm(a8, b8.t().contiguous(), sa, sb, torch.float32)
+        scaled_mm(a8, b8.t().contiguous(), sa, sb, torch.float32)
     g8, sg = to_fp8(torch.randn(16, 32), E5M2)
     with pytest.raises(ValueError, match="two e5m2"):
-        _mm(g8, to_fp8(torch.randn(48, 32), E5M2)[0].t(), sg, sg, torch.float32)
+        scaled_mm(g8, to_fp8(torch.randn(48, 32), E5M2)[0].t(), sg, sg, torch.float32)
     with pytest.raises(ValueError, match="row scales give a bf16 output only"):
-        _mm(a8, b8.t(), torch.ones(16, 1), torch.ones(1, 48), torch.float32)
+        scaled_mm(a8, b8.t(), torch.ones(16, 1), torch.ones(1, 48), torch.float32)
     with pytest.raises(ValueError, match="not multiples of 16"):
-        _mm(a8[:, :24], b8[:, :24].t(), sa, sb, torch.float32)
+        scaled_mm(a8[:, :24], b8[:, :24].t(), sa, sb, torch.float32)
 
 
 def swiglu_block_inputs():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ten.config import FieldError
+from ten.kernels.loss import NextTokenLoss
 from ten.model.config import TENConfig, TransformerConfig
 from ten.model.presets import EXECUTION_FIELDS, build_model
 
@@ -28,6 +29,7 @@ def train(config, steps=40):
     torch.manual_seed(SEED)
     print(f"seed {SEED}")
     model = build_model(config, "cpu")
+    objective = NextTokenLoss(model, "chunked")  # the head in float8 where fp8_head is set
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(SEED)
     pattern = torch.randint(0, config.vocab_size, (8,), generator=g)
@@ -35,8 +37,7 @@ def train(config, steps=40):
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        logits, _ = model(x[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss = objective(x[:, :-1], x[:, 1:])
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -50,6 +51,15 @@ def test_a_float8_model_learns_as_the_same_model_without_float8(config):
     assert on[0] == pytest.approx(off[0], rel=0.01)  # the same start, rounded differently
     assert on[-1] < 0.5 * on[0]  # it learns the pattern
     assert on[-1] == pytest.approx(off[-1], rel=0.05)  # seen: 0.7% (TEN), 0.1%
+
+
+@pytest.mark.parametrize("config", configs(), ids=lambda c: type(c).__name__)
+def test_a_model_with_its_head_in_float8_learns_as_without(config):
+    body = train(dataclasses.replace(config, fp8="tensor"))
+    head = train(dataclasses.replace(config, fp8="tensor", fp8_head=True))
+    assert head[0] == pytest.approx(body[0], rel=0.01)
+    assert head[-1] < 0.5 * head[0]
+    assert head[-1] == pytest.approx(body[-1], rel=0.05)  # seen: +2.5% (TEN), +0.2%
 
 
 @pytest.mark.parametrize("config", configs(), ids=lambda c: type(c).__name__)
@@ -70,6 +80,11 @@ def test_widths_float8_cannot_multiply_are_refused_naming_the_field():
         TransformerConfig(d_model=40, n_heads=2, mlp_hidden=128, fp8="tensor")
     with pytest.raises(FieldError, match="fp8: must be one of off, tensor, row"):
         TENConfig(fp8="block")
+    with pytest.raises(FieldError, match="fp8_head: needs fp8 set to tensor or row"):
+        TENConfig(fp8_head=True)
+    with pytest.raises(FieldError, match="fp8_head: needs vocab_size to be a multiple of 16 "
+                                         r"\(it is 1000\)"):
+        TENConfig(vocab_size=1000, fp8="tensor", fp8_head=True)
 
 
 def test_a_model_trained_with_float8_loads_without_it():
@@ -77,6 +92,7 @@ def test_a_model_trained_with_float8_loads_without_it():
     without FP8 tensor cores): at the weights' precision."""
     from ten.model.presets import config_of
 
-    config = dataclasses.replace(configs()[0], fp8="tensor")
+    config = dataclasses.replace(configs()[0], fp8="tensor", fp8_head=True)
     loaded = config_of("TENLM", dataclasses.asdict(config))
-    assert loaded == dataclasses.replace(config, fp8="off")
+    assert loaded == dataclasses.replace(config, fp8="off", fp8_head=False)
+    assert {"fp8", "fp8_head"} <= EXECUTION_FIELDS  # a resume may turn either on or off
