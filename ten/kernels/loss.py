@@ -18,6 +18,9 @@ signature ``(hidden (N, d), weight (V, d), targets (N,)) -> mean loss (fp32 scal
   idea in fused kernels, with a host sync per call. Optional: ``pip install
   'ten-runner[gpu]'``.
 
+``chunked`` and ``fused`` also run the head's GEMMs in float8 where the model sets
+``fp8_head`` (``ten.kernels.loss_float8``).
+
 ``auto`` picks ``fused`` on CUDA when triton imports, else ``chunked``, and says which and
 why; naming a backend that cannot run here raises with the fix, never falls back.
 """

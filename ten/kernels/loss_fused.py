@@ -15,6 +15,10 @@ read from a device tensor: no host sync. Everything is computed in fp32 whatever
 logits' dtype. Imported only when the ``fused`` backend runs (``ten.kernels.loss`` works without
 triton); under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the
 tests compare it with the torch-ops chunked loss.
+
+With the head in float8 (ten.kernels.loss_float8) ``ten::cross_entropy_rows_float8``'s
+kernel runs the same two passes over a tile of rows, and writes the gradient in e5m2 by
+its rows and transposed (what its two float8 GEMMs read), leaving the logits as they were.
 """
 
 from __future__ import annotations

@@ -60,12 +60,12 @@ class LMConfig:
     fp8: Annotated[Literal[FP8_MODES], Doc(
         "the feed-forward block's GEMMs (forward and backward) in float8, with one scale a "
         "tensor or one a row (ten.kernels.fp8): a GPU with FP8 tensor cores (compute "
-        "capability 8.9+: L40S, H100). The mixers, the head and the loss stay in the "
-        "autocast dtype. off: no float8")] = "off"
+        "capability 8.9+: L40S, H100). The mixers stay in the autocast dtype, and the "
+        "head too unless fp8_head is set. off: no float8")] = "off"
     fp8_head: Annotated[bool, Doc(
         "with fp8 on: the head's three GEMMs (the logits, their gradient into the hidden "
         "states and into the tied embedding) in float8 too, with one scale a tensor "
-        "whatever fp8's scaling (ten.kernels.loss): 28% of small_32k's FLOPs. Off, as "
+        "whatever fp8's scaling (ten.kernels.loss_float8): 28% of small_32k's FLOPs. Off, as "
         "the field mostly trains: the head stays in the autocast dtype")] = False
 
     def _check_fp8(self) -> None:
