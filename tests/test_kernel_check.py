@@ -65,10 +65,11 @@ def test_no_kernel_spills_or_starves_an_sm(rows):
     spilled 32 B."""
     fast = [r for r in rows if r.speed_matters]
     assert len(fast) == 2 * 64  # per arch: 11 scan, 5 matrix scan, the loss's 2 (the bf16
-    # head's and the float8 head's), 24 block kernels (3 norms, each of a bf16 stream too, one gated: the mixer's gate applied as
-    # it adds; 2 norms, a SwiGLU forward and backward for the float8 block; 2 candidate
-    # tiles of the conv backward), the drive's 2, float8's 18 (3 amax, the scales,
-    # 7 casts a format), and 8-bit AdamW's step (8-bit and float32 moments)
+    # head's and the float8 head's), 24 block kernels (3 norms, each of a bf16 stream
+    # too, one gated: the mixer's gate applied as it adds; 2 norms, a SwiGLU forward and
+    # backward for the float8 block; 2 candidate tiles of the conv backward), the drive's
+    # 2, float8's 18 (3 amax, the scales, 7 casts a format), and 8-bit AdamW's step
+    # (8-bit and float32 moments)
     assert [(r.name, r.arch, r.problems()) for r in fast if r.problems()] == []
     assert all(r.programs_per_sm >= r.min_programs and r.spills == 0 for r in fast)
     assert {r.name for r in fast if r.min_programs < 4} == {
