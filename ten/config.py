@@ -25,6 +25,7 @@ PRESET_NAMES = ("tiny", "small", "small_32k", "medium", "large")  # ten.model.pr
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit")
 LOSSES = ("auto", "chunked", "fused", "liger", "reference")  # ten.kernels.loss's backends
+FP8_HEAD_LOSSES = ("auto", "chunked", "fused")  # those that run a model's fp8_head
 SCAN_BACKENDS = ("auto", "chunked", "fused", "ref")  # ten.kernels.scan.BACKENDS, and auto
 FP8_SCALINGS = ("tensor", "row")  # ten.kernels.fp8's: a scale a tensor, or a row
 FP8_MODES = ("off", *FP8_SCALINGS)  # a model's fp8 field

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from runner.job.errors import describe_hidden, shorten, show, suggest
 from runner.job.schema import JobSchema, ModelSection, model_fields
-from ten.config import FieldError, budget_problem
+from ten.config import FP8_HEAD_LOSSES, FieldError, budget_problem
 
 Path_ = tuple[str | int, ...]
 Found = list[tuple[Path_, str]]
@@ -47,7 +47,7 @@ def cross(job: JobSchema) -> Found:
         found.append((("train", "optimizer"), "adamw8bit needs a CUDA device (hint: use adamw "
                       "with device: cpu)"))
     found += _seq_warmup(t, d.seq_len)
-    if job.model.overrides.get("fp8_head") and t.loss in ("liger", "reference"):
+    if job.model.overrides.get("fp8_head") and t.loss not in FP8_HEAD_LOSSES:
         found.append((("train", "loss"), f"{t.loss} runs the head in the autocast dtype; "
                       "model.fp8_head needs loss chunked, fused or auto"))
     if d.tokenizer.path is not None and "vocab_size" in d.tokenizer.model_fields_set:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ten.config import LOSSES
+from ten.config import FP8_HEAD_LOSSES, LOSSES
 from ten.kernels import loss_float8
 
 LOSS_BACKENDS = LOSSES  # declared with the training settings (ten.config)
@@ -332,7 +332,7 @@ _BACKEND_FNS = {"chunked": chunked_linear_cross_entropy, "fused": fused_linear_c
 def check_fp8_head(backend: str) -> None:
     """ValueError naming the fix unless ``backend`` can run the head's GEMMs in float8
     (a model's ``fp8_head``): chunked and fused can (``auto`` picks one of them)."""
-    if backend not in (*_BACKEND_FNS, "auto"):
+    if backend not in FP8_HEAD_LOSSES:
         raise ValueError(f"loss {backend!r} runs the head in the autocast dtype; the model's "
                          "fp8_head needs loss chunked, fused or auto")
 
